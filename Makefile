@@ -1,0 +1,34 @@
+# fleetguard: `make test` is the one test command (CI runs it through .ci/run).
+
+GO ?= go
+FUZZTIME ?= 10s
+
+.PHONY: test redis-server vet unit bench caddy
+
+test: redis-server vet unit
+
+# Tests start real redis-server processes (internal/redistest). Install the
+# Debian package when it is missing and we can; otherwise say how.
+redis-server:
+	@if command -v redis-server >/dev/null 2>&1; then \
+		redis-server --version; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "redis-server missing: installing Debian's redis-server"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null && redis-server --version; \
+	else \
+		echo "redis-server is required by the tests; install it with: sudo apt-get update && sudo apt-get install -y redis-server" >&2; \
+		exit 1; \
+	fi
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
+
+unit:
+	$(GO) test -race -count=1 ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+caddy:
+	$(GO) build -o bin/caddy ./cmd/caddy

@@ -1,0 +1,25 @@
+package keyhash
+
+import "testing"
+
+func TestStableAcrossProcesses(t *testing.T) {
+	// The digest names keys shared by every instance and release, so it is
+	// pinned: a change here would silently split a fleet's counters.
+	const emptyDigest = "99aa06d3014798d86001c324468d497f" // XXH3-128 of ""
+	if got := Of("").String(); got != emptyDigest {
+		t.Fatalf("Of(\"\") = %s, want %s", got, emptyDigest)
+	}
+	if Of("a") == Of("b") {
+		t.Fatal("distinct keys must have distinct digests")
+	}
+	if len(Of("x").String()) != 32 {
+		t.Fatal("a digest renders as 32 hex digits")
+	}
+}
+
+func TestOfDoesNotAllocate(t *testing.T) {
+	s := "Bearer sk-live-abcdefghijklmnopqrstuvwxyz"
+	if n := testing.AllocsPerRun(100, func() { _ = Of(s) }); n != 0 {
+		t.Fatalf("Of allocates %v times per call, want 0", n)
+	}
+}

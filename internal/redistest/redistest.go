@@ -1,0 +1,154 @@
+// Package redistest starts real redis-server processes for tests.
+//
+// Tests never talk to a mock: each Server is a redis-server child process on a
+// free loopback port with persistence off, stopped at the test's cleanup. Stop
+// and Start let a test simulate an outage and a recovery on the same address.
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// InstallHint is the command that provides redis-server on this project's machines.
+const InstallHint = "apt-get update && apt-get install -y redis-server"
+
+// Server is one redis-server process owned by a test.
+type Server struct {
+	t    testing.TB
+	bin  string
+	port int
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// Start launches a redis-server on a free loopback port and registers its
+// shutdown with t.Cleanup. A missing redis-server fails the test with the
+// install command: a test that needs Redis never passes without it.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
+	}
+	s := &Server{t: t, bin: bin, port: freePort(t)}
+	if err := s.start(); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// URL is a redis:// URL for database 0 of the server.
+func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+
+// Stop kills the server and waits for it to exit. Stopping a stopped server
+// does nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart starts the server again on the same port after Stop, with an empty
+// dataset (persistence is off), as after a real crash of a cache node.
+func (s *Server) Restart() {
+	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatalf("redistest: restart: %v", err)
+	}
+}
+
+func (s *Server) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return fmt.Errorf("redis-server on port %d is already running", s.port)
+	}
+	cmd := exec.Command(s.bin,
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--protected-mode", "no",
+	)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", s.bin, err)
+	}
+	ready := make(chan struct{})
+	var log []string
+	go func() {
+		sc := bufio.NewScanner(out)
+		signalled := false
+		for sc.Scan() {
+			line := sc.Text()
+			if !signalled {
+				log = append(log, line)
+				if strings.Contains(line, "Ready to accept connections") {
+					signalled = true
+					close(ready)
+				}
+			}
+		}
+		if !signalled {
+			close(ready)
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+	}
+	if err := waitDial(s.Addr(), 5*time.Second); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fmt.Errorf("redis-server did not come up on %s: %w; output: %v", s.Addr(), err, log)
+	}
+	s.cmd = cmd
+	return nil
+}
+
+func waitDial(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("redistest: finding a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
