@@ -188,7 +188,7 @@ retry:
 			used := en.fleetUsed(now, staleAfter)
 			if used >= l.Events {
 				v.Fleet = true
-				v.RetryAfter = time.Duration(en.fleetRetryAfter(now, used-l.Events+1))
+				v.RetryAfter = time.Duration(en.fleetRetryAfter(now, used, used-l.Events+1))
 				if denied < 0 {
 					denied = i
 				}

@@ -265,3 +265,31 @@ func TestMemoryStoreReconcile(t *testing.T) {
 		t.Fatal("3 reconciled + 2 local = the limit of 5")
 	}
 }
+
+func TestFleetRetryAfter(t *testing.T) {
+	w := 10 * time.Second
+	base := int64(1000 * w) // an epoch boundary
+	tests := []struct {
+		name             string
+		elapsed          time.Duration
+		prev, used, over int64
+		want             time.Duration
+	}{
+		// 10 in the previous epoch, none in this one, at the boundary: one
+		// event of the previous epoch decays every second.
+		{"previous decays", 0, 10, 10, 1, time.Second},
+		{"previous decays for two", 0, 10, 10, 2, 2 * time.Second},
+		// All 5 in the current epoch, 2s in: nothing decays until the
+		// boundary (8s), then the 5 decay one per 2s.
+		{"current waits for the boundary", 2 * time.Second, 0, 5, 1, 10 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			en := &entry{window: w, remotePrev: tt.prev}
+			got := time.Duration(en.fleetRetryAfter(base+int64(tt.elapsed), tt.used, tt.over))
+			if got != tt.want {
+				t.Fatalf("retry after %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

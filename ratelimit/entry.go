@@ -94,20 +94,25 @@ func (e *entry) fleetUsed(now, staleAfter int64) int64 {
 	return used
 }
 
-// fleetRetryAfter estimates how long until one more request fits the fleet
-// window, given that used exceeds the limit by over-1 events. Only the previous
-// epoch's weight decays inside the current epoch; past its end, the caller
-// retries and gets a fresh answer.
-func (e *entry) fleetRetryAfter(now int64, over int64) int64 {
-	rest := int64(window.Remaining(now, e.window))
-	if e.remotePrev <= 0 {
-		return rest
+// fleetRetryAfter estimates how long until the sliding window has room for
+// one more request, when used exceeds the limit by over-1. Inside the current
+// epoch only the previous epoch's share decays; past the boundary the current
+// epoch's count becomes the previous one and decays in turn. Events are
+// assumed spread evenly, as the sliding estimate itself assumes.
+func (e *entry) fleetRetryAfter(now, used, over int64) int64 {
+	w := float64(e.window)
+	rest := float64(window.Remaining(now, e.window))
+	prev := float64(e.remotePrev)
+	prevShare := prev * rest / w
+	if prev > 0 && prevShare >= float64(over) {
+		return int64(math.Ceil(float64(over) * w / prev))
 	}
-	wait := int64(math.Ceil(float64(over) * float64(e.window) / float64(e.remotePrev)))
-	if wait < rest {
-		return wait
+	cur := float64(used) - prevShare
+	if cur <= 0 {
+		return int64(rest)
 	}
-	return rest
+	wait := rest + math.Ceil((float64(over)-prevShare)*w/cur)
+	return int64(math.Min(wait, rest+w))
 }
 
 // pending reports whether the entry holds admits the store has not seen.

@@ -1,0 +1,228 @@
+package fleetguard
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/ratelimit"
+)
+
+func init() {
+	caddy.RegisterModule(FleetLimit{})
+}
+
+// maxZonesPerHandler keeps one request's zones on the stack.
+const maxZonesPerHandler = 16
+
+// FleetLimit is the `http.handlers.fleetlimit` handler: a rate limit per key
+// that holds across every Caddy instance sharing the fleetguard store.
+type FleetLimit struct {
+	// Zones by name. A zone name is a counter identity across the fleet: two
+	// handlers naming the same zone share its counters.
+	Zones map[string]*ZoneConfig `json:"zones,omitempty"`
+	// DryRun logs and counts denials but lets every request through.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	zones  []zoneRuntime // ordered by ratelimit zone ID, the engine's lock order
+	policy string        // RateLimit-Policy header, the same for every response
+	engine *engine
+	logger *zap.Logger
+}
+
+// ZoneConfig is one zone's policy.
+type ZoneConfig struct {
+	// Key identifies who is limited, usually with placeholders such as
+	// {http.request.header.X-API-Key} or {http.request.remote.host}. A key that
+	// resolves to the empty string is a key of its own: every such request
+	// shares one counter. Keys are hashed before they are stored or logged.
+	Key string `json:"key,omitempty"`
+	// Events is how many requests a key may make per Window, fleet-wide.
+	Events int64 `json:"events,omitempty"`
+	// Window is the length of the sliding window.
+	Window caddy.Duration `json:"window,omitempty"`
+	// Burst caps how many requests one instance admits at once for a key
+	// (a local GCRA). Default: Events.
+	Burst int64 `json:"burst,omitempty"`
+	// MaxKeys caps how many keys the zone tracks fleet-wide; a new key past the
+	// cap is limited by the local cap only. Default 100000.
+	MaxKeys int64 `json:"max_keys,omitempty"`
+}
+
+type zoneRuntime struct {
+	name    string
+	key     string
+	limit   ratelimit.Limit
+	zone    *ratelimit.Zone
+	allowed prometheus.Counter
+	denied  prometheus.Counter
+}
+
+// CaddyModule returns the Caddy module information.
+func (FleetLimit) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.fleetlimit",
+		New: func() caddy.Module { return new(FleetLimit) },
+	}
+}
+
+var (
+	_ caddy.Provisioner           = (*FleetLimit)(nil)
+	_ caddy.Validator             = (*FleetLimit)(nil)
+	_ caddyhttp.MiddlewareHandler = (*FleetLimit)(nil)
+)
+
+// Validate checks the zones; errors name the zone and the field.
+func (h *FleetLimit) Validate() error {
+	if len(h.Zones) == 0 {
+		return fmt.Errorf("fleetlimit: zones: at least one zone is required")
+	}
+	if len(h.Zones) > maxZonesPerHandler {
+		return fmt.Errorf("fleetlimit: zones: at most %d zones per handler, got %d", maxZonesPerHandler, len(h.Zones))
+	}
+	for name, z := range h.Zones {
+		if err := z.validate(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (z *ZoneConfig) validate(name string) error {
+	switch {
+	case name == "" || strings.ContainsAny(name, "{}:\" \t"):
+		return fmt.Errorf("fleetlimit: zone %q: name must be non-empty without braces, colons, quotes or spaces", name)
+	case z == nil:
+		return fmt.Errorf("fleetlimit: zone %q: empty zone", name)
+	case z.Key == "":
+		return fmt.Errorf("fleetlimit: zone %q: key is required", name)
+	case z.Events <= 0:
+		return fmt.Errorf("fleetlimit: zone %q: events must be > 0", name)
+	case z.Window <= 0:
+		return fmt.Errorf("fleetlimit: zone %q: window must be > 0", name)
+	case z.Burst < 0:
+		return fmt.Errorf("fleetlimit: zone %q: burst must be >= 0", name)
+	case z.MaxKeys < 0:
+		return fmt.Errorf("fleetlimit: zone %q: max_keys must be >= 0", name)
+	}
+	if _, err := ratelimit.NewLimit(z.Events, time.Duration(z.Window), z.Burst); err != nil {
+		return fmt.Errorf("fleetlimit: zone %q: %w", name, err)
+	}
+	return nil
+}
+
+// Provision resolves the zones against the shared engine.
+func (h *FleetLimit) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	eng, err := engineFrom(ctx)
+	if err != nil {
+		return fmt.Errorf("fleetlimit: %w", err)
+	}
+	h.engine = eng
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("fleetlimit: metrics: %w", err)
+	}
+	h.zones = h.zones[:0]
+	for name, z := range h.Zones {
+		limit, _ := ratelimit.NewLimit(z.Events, time.Duration(z.Window), z.Burst)
+		zone := eng.limiter.Zone(name)
+		zone.SetMaxKeys(z.MaxKeys)
+		h.zones = append(h.zones, zoneRuntime{
+			name:    name,
+			key:     z.Key,
+			limit:   limit,
+			zone:    zone,
+			allowed: metrics.fleetDecisions.WithLabelValues(name, "allowed"),
+			denied:  metrics.fleetDecisions.WithLabelValues(name, "denied"),
+		})
+	}
+	sort.Slice(h.zones, func(i, j int) bool { return h.zones[i].zone.ID() < h.zones[j].zone.ID() })
+	policies := make([]string, len(h.zones))
+	for i, z := range h.zones {
+		policies[i] = fmt.Sprintf("%q;q=%d;w=%d", z.name, z.limit.Events, ceilSeconds(z.limit.Window))
+	}
+	h.policy = strings.Join(policies, ", ")
+	return nil
+}
+
+// ServeHTTP gates the request on every zone, then calls next. It never waits
+// on the store.
+func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	n := len(h.zones)
+	var checks [maxZonesPerHandler]ratelimit.Check
+	var verdicts [maxZonesPerHandler]ratelimit.Verdict
+	for i := range h.zones {
+		z := &h.zones[i]
+		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: keyhash.Of(repl.ReplaceAll(z.key, ""))}
+	}
+	denied, err := h.engine.limiter.Allow(time.Now().UnixNano(), checks[:n], verdicts[:n])
+	if err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("fleetlimit: %w", err))
+	}
+	hdr := w.Header()
+	hdr.Set("RateLimit-Policy", h.policy)
+	hdr.Set("RateLimit", h.rateLimitHeader(verdicts[:n]))
+	if denied < 0 {
+		for i := range h.zones {
+			h.zones[i].allowed.Inc()
+		}
+		return next.ServeHTTP(w, r)
+	}
+
+	z := &h.zones[denied]
+	z.denied.Inc()
+	retry := ceilSeconds(verdicts[denied].RetryAfter)
+	if h.DryRun {
+		h.logger.Info("dry run: request would be rate limited",
+			zap.String("zone", z.name),
+			zap.Bool("fleet", verdicts[denied].Fleet),
+			zap.Int64("retry_after", retry))
+		return next.ServeHTTP(w, r)
+	}
+	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
+	repl.Set("http.fleetlimit.zone", z.name)
+	repl.Set("http.fleetlimit.retry_after", retry)
+	return caddyhttp.Error(http.StatusTooManyRequests,
+		fmt.Errorf("fleetlimit: zone %q: rate limit exceeded, retry after %ds", z.name, retry))
+}
+
+// rateLimitHeader renders `"<zone>";r=<remaining>;t=<reset s>` for every zone.
+func (h *FleetLimit) rateLimitHeader(verdicts []ratelimit.Verdict) string {
+	buf := make([]byte, 0, 48*len(verdicts))
+	for i, v := range verdicts {
+		if i > 0 {
+			buf = append(buf, ", "...)
+		}
+		reset := v.Reset
+		if !v.Allowed {
+			reset = v.RetryAfter
+		}
+		buf = strconv.AppendQuote(buf, h.zones[i].name)
+		buf = append(buf, ";r="...)
+		buf = strconv.AppendInt(buf, v.Remaining, 10)
+		buf = append(buf, ";t="...)
+		buf = strconv.AppendInt(buf, ceilSeconds(reset), 10)
+	}
+	return string(buf)
+}
+
+// ceilSeconds rounds a duration up to whole seconds, as Retry-After wants.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}

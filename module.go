@@ -1,0 +1,206 @@
+// Package fleetguard is the Caddy adapter of fleetguard: the `fleetguard` app
+// that owns the shared store, and the HTTP handlers `fleetlimit` (a fleet-wide
+// rate limit) and `llmbudget` (hard LLM token and dollar budgets).
+//
+// The engines live in the ratelimit and budget packages, which know nothing of
+// Caddy; this package turns Caddyfile and JSON into their values and their
+// decisions into HTTP responses, placeholders, logs and metrics.
+package fleetguard
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/fleetguard/fleetguard/ratelimit"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+}
+
+// DefaultPrefix starts every store key when the config does not say.
+const DefaultPrefix = "fleetguard"
+
+// shutdownFlushTimeout bounds the last push of pending counts when an engine
+// is destroyed, so a dead Redis cannot hold up a Caddy shutdown.
+const shutdownFlushTimeout = 2 * time.Second
+
+// engines holds one engine per store identity. Configs acquire it in
+// Provision and release it in Cleanup; a reload acquires the same engine
+// before the old config releases it, so counters survive and no reconciler
+// goroutine leaks.
+var engines = caddy.NewUsagePool()
+
+// App is the `fleetguard` app: the store that every fleetguard handler of a
+// config shares. Without it (no global option) handlers use the embedded
+// memory store, which limits a single instance.
+type App struct {
+	// Redis is a redis:// or rediss:// URL. Empty: the embedded memory store.
+	Redis string `json:"redis,omitempty"`
+	// Prefix starts every store key; fleets sharing a Redis keep apart by it.
+	// Default "fleetguard".
+	Prefix string `json:"prefix,omitempty"`
+	// SyncInterval is the period of the fleet reconciler. Default 250ms.
+	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
+
+	engine   *engine
+	poolKey  string
+	acquired bool
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "fleetguard",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+)
+
+// Provision acquires the engine for the configured store.
+func (a *App) Provision(ctx caddy.Context) error {
+	if a.Prefix == "" {
+		a.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(a.Prefix, "{} \t\n") {
+		return fmt.Errorf("fleetguard: prefix %q: must not contain braces or spaces", a.Prefix)
+	}
+	if a.SyncInterval < 0 {
+		return fmt.Errorf("fleetguard: sync_interval %s: must not be negative", time.Duration(a.SyncInterval))
+	}
+	interval := time.Duration(a.SyncInterval)
+	if interval == 0 {
+		interval = ratelimit.DefaultSyncInterval
+	}
+	logger := ctx.Logger()
+
+	key := "memory|" + a.Prefix
+	var opts *redis.Options
+	if a.Redis != "" {
+		var err error
+		opts, err = parseRedisURL(a.Redis)
+		if err != nil {
+			return err
+		}
+		key = fmt.Sprintf("redis|%s|%s|%d|%s", opts.Addr, opts.Username, opts.DB, a.Prefix)
+	}
+	val, _, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return newEngine(opts, a.Prefix, interval, logger)
+	})
+	if err != nil {
+		return fmt.Errorf("fleetguard: starting the engine: %w", err)
+	}
+	a.engine = val.(*engine)
+	a.poolKey, a.acquired = key, true
+	// A reload may change the interval of a store that is kept.
+	a.engine.limiter.SetSyncInterval(interval)
+	return nil
+}
+
+// parseRedisURL validates the redis option; the error names the field and
+// never echoes a password.
+func parseRedisURL(raw string) (*redis.Options, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+		return nil, fmt.Errorf("fleetguard: redis: %q is not a redis:// or rediss:// URL with a host", redactURL(raw))
+	}
+	opts, err := redis.ParseURL(raw)
+	if err != nil {
+		return nil, fmt.Errorf("fleetguard: redis: %w", err)
+	}
+	// Short dial and I/O timeouts: the reconciler runs every few hundred ms,
+	// and a Redis that answers slower than that is treated as down.
+	opts.DialTimeout = 500 * time.Millisecond
+	opts.ReadTimeout = 500 * time.Millisecond
+	opts.WriteTimeout = 500 * time.Millisecond
+	opts.MaxRetries = 1
+	return opts, nil
+}
+
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		if i := strings.LastIndex(raw, "@"); i >= 0 {
+			return "…@" + raw[i+1:]
+		}
+		return raw
+	}
+	return u.Redacted()
+}
+
+// Start implements caddy.App; the engine already runs.
+func (a *App) Start() error { return nil }
+
+// Stop implements caddy.App; the engine outlives the config (see Cleanup).
+func (a *App) Stop() error { return nil }
+
+// Cleanup releases this config's hold on the engine; the last holder's
+// release stops it.
+func (a *App) Cleanup() error {
+	if !a.acquired {
+		return nil
+	}
+	a.acquired = false
+	_, err := engines.Delete(a.poolKey)
+	return err
+}
+
+// engine is what the configs of one store share across reloads.
+type engine struct {
+	limiter *ratelimit.Engine
+	client  redis.UniversalClient // nil for the embedded memory store
+}
+
+func newEngine(opts *redis.Options, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {
+	e := &engine{}
+	var store ratelimit.CounterStore = ratelimit.NewMemoryStore()
+	if opts != nil {
+		e.client = redis.NewClient(opts)
+		store = ratelimit.NewRedisStore(e.client)
+	}
+	lim, err := ratelimit.NewEngine(ratelimit.Options{
+		Store:        store,
+		Prefix:       prefix,
+		SyncInterval: interval,
+		Logger:       logger.Named("reconciler"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	e.limiter = lim
+	lim.Start()
+	return e, nil
+}
+
+// Destruct stops the reconciler after a last push and closes the client.
+func (e *engine) Destruct() error {
+	e.limiter.Close(shutdownFlushTimeout)
+	if e.client != nil {
+		if err := e.client.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {
+			return err
+		}
+	}
+	return nil
+}
+
+// engineFrom returns the engine of the config's fleetguard app, loading an
+// empty app (embedded memory store) when the config has none.
+func engineFrom(ctx caddy.Context) (*engine, error) {
+	appIface, err := ctx.App("fleetguard")
+	if err != nil {
+		return nil, fmt.Errorf("loading the fleetguard app: %w", err)
+	}
+	return appIface.(*App).engine, nil
+}
