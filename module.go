@@ -167,6 +167,7 @@ func newEngine(opts *redis.Options, prefix string, interval time.Duration, logge
 	e := &engine{}
 	var store ratelimit.CounterStore = ratelimit.NewMemoryStore()
 	if opts != nil {
+		routeRedisLog()
 		e.client = redis.NewClient(opts)
 		store = ratelimit.NewRedisStore(e.client)
 	}

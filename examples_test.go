@@ -1,0 +1,45 @@
+package fleetguard
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// TestExamplesLoad provisions every config in examples/ the way `caddy
+// validate` does: adapted, decoded strictly and provisioned, not started.
+func TestExamplesLoad(t *testing.T) {
+	files, err := filepath.Glob("examples/*")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfgJSON := raw
+			if !strings.HasSuffix(f, ".json") {
+				var warnings []caddyconfigWarning
+				cfgJSON, warnings, err = adaptCaddyfileFile(raw, f)
+				if err != nil {
+					t.Fatalf("adapting: %v", err)
+				}
+				for _, w := range warnings {
+					t.Errorf("warning: %s", w)
+				}
+			}
+			var cfg caddy.Config
+			if err := caddy.StrictUnmarshalJSON(cfgJSON, &cfg); err != nil {
+				t.Fatalf("decoding: %v", err)
+			}
+			if err := caddy.Validate(&cfg); err != nil {
+				t.Fatalf("validating: %v", err)
+			}
+		})
+	}
+}

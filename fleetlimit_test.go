@@ -1,0 +1,208 @@
+package fleetguard
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+func fleetCaddyfile(port int, extraGlobal, zoneExtra string) string {
+	return fmt.Sprintf(`{
+	admin {ADMIN}
+	%s
+}
+:%d {
+	fleetlimit {
+		zone per_key {
+			key {http.request.header.X-API-Key}
+			events 5
+			window 1m
+			%s
+		}
+	}
+	handle_errors 429 {
+		respond "limited by {http.fleetlimit.zone}, retry in {http.fleetlimit.retry_after}s" 429
+	}
+	respond "ok"
+}`, extraGlobal, port, zoneExtra)
+}
+
+// assertFiveThenLimited sends five admitted requests and one denied one.
+func assertFiveThenLimited(t *testing.T, url, key string) {
+	t.Helper()
+	for i := 1; i <= 5; i++ {
+		resp, body := get(t, url, "X-API-Key: "+key)
+		if resp.StatusCode != http.StatusOK || body != "ok" {
+			t.Fatalf("request %d: %d %q, want 200 ok", i, resp.StatusCode, body)
+		}
+		if got, want := resp.Header.Get("RateLimit-Policy"), `"per_key";q=5;w=60`; got != want {
+			t.Fatalf("RateLimit-Policy = %q, want %q", got, want)
+		}
+		if got := resp.Header.Get("RateLimit"); !strings.HasPrefix(got, fmt.Sprintf(`"per_key";r=%d;t=`, 5-i)) {
+			t.Fatalf("request %d: RateLimit = %q, want r=%d", i, got, 5-i)
+		}
+	}
+	assertLimited(t, url, key)
+}
+
+func assertLimited(t *testing.T, url, key string) {
+	t.Helper()
+	resp, body := get(t, url, "X-API-Key: "+key)
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("6th request: %d %q, want 429", resp.StatusCode, body)
+	}
+	retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	// The sliding window can hold a key for up to two windows: admits late in
+	// one epoch weigh on the next.
+	if err != nil || retry < 1 || retry > 120 {
+		t.Fatalf("Retry-After = %q, want whole seconds in [1, 120]", resp.Header.Get("Retry-After"))
+	}
+	if !strings.HasPrefix(resp.Header.Get("RateLimit"), `"per_key";r=0;t=`) {
+		t.Fatalf("RateLimit on a denial = %q", resp.Header.Get("RateLimit"))
+	}
+	if want := fmt.Sprintf("limited by per_key, retry in %ds", retry); body != want {
+		t.Fatalf("handle_errors body = %q, want %q", body, want)
+	}
+}
+
+func TestFleetLimitCaddyfileAndReload(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	cfg := fleetCaddyfile(port, "", "")
+	tc := startCaddy(t, cfg)
+	assertFiveThenLimited(t, url, "alice")
+
+	// Another key has its own budget.
+	if resp, _ := get(t, url, "X-API-Key: bob"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("bob: %d, want 200", resp.StatusCode)
+	}
+
+	// A reload with the same zone keeps the counters.
+	if code, body := tc.load("text/caddyfile", cfg); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	assertLimited(t, url, "alice")
+
+	// A bad config is refused with the field named, and the running one stays.
+	bad := strings.Replace(cfg, "events 5", "events 0", 1)
+	code, body := tc.load("text/caddyfile", bad)
+	if code == http.StatusOK || !strings.Contains(body, "events must be > 0") {
+		t.Fatalf("bad reload: %d %s, want an error naming events", code, body)
+	}
+	assertLimited(t, url, "alice")
+	if resp, _ := get(t, url, "X-API-Key: carol"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after a refused reload the old config still serves: %d", resp.StatusCode)
+	}
+}
+
+func TestFleetLimitJSONConfig(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	tc := startCaddy(t, fmt.Sprintf("{\n\tadmin {ADMIN}\n}\n:%d {\n\trespond \"before\"\n}", port))
+	json := fmt.Sprintf(`{
+	"admin": {"listen": "{ADMIN}"},
+	"apps": {
+		"http": {"servers": {"srv0": {
+			"listen": [":%d"],
+			"routes": [{"handle": [
+				{"handler": "fleetlimit", "zones": {"per_key": {
+					"key": "{http.request.header.X-API-Key}", "events": 5, "window": "1m"}}},
+				{"handler": "static_response", "body": "ok"}
+			]}],
+			"errors": {"routes": [{"handle": [{"handler": "static_response",
+				"status_code": 429,
+				"body": "limited by {http.fleetlimit.zone}, retry in {http.fleetlimit.retry_after}s"}]}]}
+		}}}
+	}
+}`, port)
+	if code, body := tc.load("application/json", json); code != http.StatusOK {
+		t.Fatalf("POST /load: %d %s", code, body)
+	}
+	assertFiveThenLimited(t, url, "json-user")
+
+	for _, tt := range []struct{ name, from, to, want string }{
+		{"unknown field", `"events": 5`, `"events": 5, "evnets": 3`, "evnets"},
+		{"zero window", `"window": "1m"`, `"window": "0s"`, "window must be > 0"},
+		{"negative burst", `"events": 5`, `"events": 5, "burst": -1`, "burst must be >= 0"},
+		{"missing events", `"events": 5, `, ``, "events must be > 0"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body := tc.load("application/json", strings.Replace(json, tt.from, tt.to, 1))
+			if code == http.StatusOK || !strings.Contains(body, tt.want) {
+				t.Fatalf("got %d %s, want an error containing %q", code, body, tt.want)
+			}
+			assertLimited(t, url, "json-user")
+		})
+	}
+}
+
+func TestFleetLimitCaddyfileErrors(t *testing.T) {
+	tests := []struct{ name, zone, want string }{
+		{"unknown subdirective", "evnts 5", `unknown subdirective "evnts"`},
+		{"missing events", "", "events must be > 0"},
+		{"negative burst", "burst -2", "burst must be >= 0"},
+		{"bad window", "", "window"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := "key {http.request.header.X-API-Key}\n" + tt.zone + "\n"
+			if tt.zone != "" && !strings.HasPrefix(tt.zone, "evnts") {
+				body += "events 5\n"
+			}
+			if tt.name != "bad window" {
+				body += "window 1m\n"
+			} else {
+				body += "events 5\nwindow soon\n"
+			}
+			src := ":0 {\n fleetlimit {\n zone z {\n" + body + "}\n }\n}"
+			_, _, err := adaptCaddyfile(src)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+	if _, _, err := adaptCaddyfile("{\n fleetguard {\n redis 127.0.0.1:6379\n }\n}\n:0 {\n respond ok\n}"); err != nil {
+		t.Fatalf("the URL is checked at load, not adapt: %v", err)
+	}
+}
+
+func TestInvalidRedisURLIsRefusedAtLoad(t *testing.T) {
+	port := freePort(t)
+	tc := startCaddy(t, fleetCaddyfile(port, "", ""))
+	bad := fleetCaddyfile(port, "fleetguard {\n redis 127.0.0.1:6379\n }", "")
+	code, body := tc.load("text/caddyfile", bad)
+	if code == http.StatusOK || !strings.Contains(body, "fleetguard: redis") {
+		t.Fatalf("got %d %s, want an error naming the redis option", code, body)
+	}
+	if resp, _ := get(t, fmt.Sprintf("http://127.0.0.1:%d/", port), "X-API-Key: x"); resp.StatusCode != http.StatusOK {
+		t.Fatal("the running config must stay")
+	}
+}
+
+func TestFleetLimitDryRunAdmits(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	startCaddy(t, strings.Replace(fleetCaddyfile(port, "", ""), "zone per_key {", "dry_run\n\t\tzone per_key {", 1))
+	for i := 0; i < 8; i++ {
+		if resp, _ := get(t, url, "X-API-Key: dry"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("dry run request %d: %d, want 200", i+1, resp.StatusCode)
+		}
+	}
+}
+
+func TestFleetLimitWithRedisDownServesPerInstance(t *testing.T) {
+	srv := redistest.Start(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	srv.Stop() // Redis is unreachable from the start
+	startCaddy(t, fleetCaddyfile(port, "fleetguard {\n redis "+srv.URL()+"\n sync_interval 50ms\n }", ""))
+	assertFiveThenLimited(t, url, "outage")
+	srv.Restart()
+	if resp, _ := get(t, url, "X-API-Key: after"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after Redis returns: %d", resp.StatusCode)
+	}
+}

@@ -1,0 +1,125 @@
+package fleetguard
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+)
+
+// testCaddy is a real Caddy running in this test process, driven through its
+// admin API like an operator would.
+type testCaddy struct {
+	t     *testing.T
+	admin string // host:port of the admin endpoint
+}
+
+// freePort returns a loopback port nobody listens on right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startCaddy adapts a Caddyfile (in which {ADMIN} stands for the admin
+// address) and runs it until the test ends.
+func startCaddy(t *testing.T, caddyfile string) *testCaddy {
+	t.Helper()
+	tc := &testCaddy{t: t, admin: fmt.Sprintf("localhost:%d", freePort(t))}
+	cfg := tc.adapt(caddyfile)
+	if err := caddy.Load(cfg, true); err != nil {
+		t.Fatalf("loading Caddy: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := caddy.Stop(); err != nil {
+			t.Logf("stopping Caddy: %v", err)
+		}
+	})
+	return tc
+}
+
+func (tc *testCaddy) adapt(caddyfile string) []byte {
+	tc.t.Helper()
+	src := strings.ReplaceAll(caddyfile, "{ADMIN}", tc.admin)
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	cfg, warnings, err := adapter.Adapt([]byte(src), nil)
+	if err != nil {
+		tc.t.Fatalf("adapting Caddyfile: %v", err)
+	}
+	for _, w := range warnings {
+		tc.t.Logf("Caddyfile warning: %s", w.String())
+	}
+	return cfg
+}
+
+// load posts a config to the admin API's /load and returns the status and
+// body of the answer.
+func (tc *testCaddy) load(contentType, body string) (int, string) {
+	tc.t.Helper()
+	body = strings.ReplaceAll(body, "{ADMIN}", tc.admin)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+tc.admin+"/load", strings.NewReader(body))
+	req.Header.Set("Content-Type", contentType)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tc.t.Fatalf("POST /load: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var apiErr struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(b, &apiErr) == nil && apiErr.Error != "" {
+		return resp.StatusCode, apiErr.Error
+	}
+	return resp.StatusCode, string(b)
+}
+
+// get sends a request with optional headers ("Name: value").
+func get(t *testing.T, url string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	return do(t, http.MethodGet, url, "", headers...)
+}
+
+func do(t *testing.T, method, url, body string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ":")
+		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func adaptCaddyfile(src string) ([]byte, []caddyconfig.Warning, error) {
+	return caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+}
+
+type caddyconfigWarning = caddyconfig.Warning
+
+func adaptCaddyfileFile(src []byte, filename string) ([]byte, []caddyconfig.Warning, error) {
+	return caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": filename})
+}
