@@ -1,0 +1,132 @@
+package budget
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Unit is what a budget counts.
+type Unit uint8
+
+const (
+	// Tokens counts input plus output tokens.
+	Tokens Unit = iota
+	// USD counts cost in integer micro-dollars, priced by the PriceBook.
+	USD
+)
+
+func (u Unit) String() string {
+	if u == USD {
+		return "usd"
+	}
+	return "tokens"
+}
+
+// ParseUnit reads "tokens" or "usd".
+func ParseUnit(s string) (Unit, error) {
+	switch strings.ToLower(s) {
+	case "tokens":
+		return Tokens, nil
+	case "usd":
+		return USD, nil
+	}
+	return 0, fmt.Errorf("unit %q: want tokens or usd", s)
+}
+
+// Scope is what a budget is kept per.
+type Scope uint8
+
+const (
+	// Global is one budget for all traffic.
+	Global Scope = iota
+	// PerKey is one budget per principal (API key, user).
+	PerKey
+	// PerModel is one budget per requested model.
+	PerModel
+	// PerTeam is one budget per team.
+	PerTeam
+)
+
+func (s Scope) String() string {
+	switch s {
+	case PerKey:
+		return "key"
+	case PerModel:
+		return "model"
+	case PerTeam:
+		return "team"
+	}
+	return "global"
+}
+
+// ParseScope reads global, key, model or team.
+func ParseScope(s string) (Scope, error) {
+	switch strings.ToLower(s) {
+	case "global":
+		return Global, nil
+	case "key":
+		return PerKey, nil
+	case "model":
+		return PerModel, nil
+	case "team":
+		return PerTeam, nil
+	}
+	return 0, fmt.Errorf("scope %q: want global, key, model or team", s)
+}
+
+// Budget is a ceiling on tokens or dollars per fixed window.
+type Budget struct {
+	Name   string
+	Scope  Scope
+	Unit   Unit
+	Limit  int64 // tokens, or micro-dollars
+	Window time.Duration
+}
+
+// MicrosPerUSD converts dollars to the integer unit USD budgets count in.
+const MicrosPerUSD = 1_000_000
+
+// USDToMicros converts a dollar amount to micro-dollars, rounding to nearest.
+func USDToMicros(usd float64) int64 { return int64(math.Round(usd * MicrosPerUSD)) }
+
+// Validate checks a budget; the error names the budget and the field.
+func (b *Budget) Validate() error {
+	switch {
+	case b.Name == "" || strings.ContainsAny(b.Name, "{}: \t\""):
+		return fmt.Errorf("budget %q: name must be non-empty without braces, colons, quotes or spaces", b.Name)
+	case b.Limit <= 0:
+		return fmt.Errorf("budget %q: limit must be > 0", b.Name)
+	case b.Window < time.Second:
+		return fmt.Errorf("budget %q: window must be at least 1s", b.Name)
+	case b.Window%time.Second != 0:
+		return fmt.Errorf("budget %q: window must be whole seconds", b.Name)
+	}
+	return nil
+}
+
+// WindowIndex is the index of the fixed window containing now.
+func (b *Budget) WindowIndex(now time.Time) int64 {
+	return now.Unix() / int64(b.Window/time.Second)
+}
+
+// WindowEnd is when the window containing now ends.
+func (b *Budget) WindowEnd(now time.Time) time.Time {
+	secs := int64(b.Window / time.Second)
+	return time.Unix((now.Unix()/secs+1)*secs, 0)
+}
+
+// Amount is what spend costs in this budget's unit.
+func (b *Budget) Amount(s Spend) int64 {
+	if b.Unit == USD {
+		return s.CostMicros
+	}
+	return s.Tokens
+}
+
+// Spend is an amount in both units, so each budget charges the one it counts.
+type Spend struct {
+	Tokens     int64
+	CostMicros int64
+}

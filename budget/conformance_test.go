@@ -1,0 +1,283 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// storeCase builds a fresh store of one kind for a test.
+type storeCase struct {
+	name string
+	new  func(t *testing.T) Store
+}
+
+func storeCases() []storeCase {
+	return []storeCase{
+		{"memory", func(t *testing.T) Store { return NewMemoryStore() }},
+		{"redis", func(t *testing.T) Store { return NewRedisStore(redisClient(t, redistest.Start(t))) }},
+	}
+}
+
+func redisClient(t testing.TB, srv *redistest.Server) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func tokenBudget(name string, scope Scope, limit int64) Budget {
+	return Budget{Name: name, Scope: scope, Unit: Tokens, Limit: limit, Window: time.Hour}
+}
+
+// TestStoreConformance runs the same cases against every Store.
+func TestStoreConformance(t *testing.T) {
+	cases := []struct {
+		name string
+		run  func(t *testing.T, s Store)
+	}{
+		{"reserve within limit charges", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c1")
+			b := []Budget{tokenBudget("daily", PerKey, 100)}
+			r, d, err := e.Reserve(context.Background(), b, Dims{Principal: "alice"}, Spend{Tokens: 60})
+			if err != nil || d != nil || r == nil {
+				t.Fatalf("reserve: %v %v", d, err)
+			}
+			if r.Holds[0].Used != 60 {
+				t.Fatalf("used after = %d, want 60", r.Holds[0].Used)
+			}
+			assertUsed(t, e, b, Dims{Principal: "alice"}, 60)
+			assertUsed(t, e, b, Dims{Principal: "bob"}, 0)
+		}},
+		{"reserve over limit charges nothing", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c2")
+			b := []Budget{tokenBudget("daily", Global, 100)}
+			mustReserve(t, e, b, Dims{}, 60)
+			_, d, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 41})
+			if err != nil || d == nil || d.Budget.Name != "daily" || d.Used != 60 || d.Amount != 41 {
+				t.Fatalf("want a denial by daily with 60 used: %+v %v", d, err)
+			}
+			assertUsed(t, e, b, Dims{}, 60)
+			mustReserve(t, e, b, Dims{}, 40) // exactly up to the limit fits
+			assertUsed(t, e, b, Dims{}, 100)
+		}},
+		{"multi-budget all or nothing", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c3")
+			b := []Budget{tokenBudget("a", Global, 1000), tokenBudget("b", PerTeam, 50)}
+			dims := Dims{Team: "red"}
+			_, d, err := e.Reserve(context.Background(), b, dims, Spend{Tokens: 80})
+			if err != nil || d == nil || d.Budget.Name != "b" {
+				t.Fatalf("want a denial by b: %+v %v", d, err)
+			}
+			assertUsed(t, e, b[:1], dims, 0) // a fits, but is untouched
+			mustReserve(t, e, b, dims, 50)
+			used, _ := e.Used(context.Background(), b, dims)
+			if used[0] != 50 || used[1] != 50 {
+				t.Fatalf("both budgets charged: %v, want [50 50]", used)
+			}
+		}},
+		{"settle applies once", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c4")
+			b := []Budget{tokenBudget("daily", Global, 1000)}
+			r := mustReserve(t, e, b, Dims{}, 300)
+			for i := 0; i < 3; i++ {
+				if err := e.Settle(context.Background(), r, Spend{Tokens: 120}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			assertUsed(t, e, b, Dims{}, 120)
+		}},
+		{"settle above the estimate charges the difference", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c5")
+			b := []Budget{tokenBudget("daily", Global, 1000)}
+			r := mustReserve(t, e, b, Dims{}, 100)
+			if err := e.Settle(context.Background(), r, Spend{Tokens: 150}); err != nil {
+				t.Fatal(err)
+			}
+			assertUsed(t, e, b, Dims{}, 150)
+		}},
+		{"release returns everything", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c6")
+			b := []Budget{tokenBudget("daily", PerModel, 1000)}
+			dims := Dims{Model: "gpt-4o"}
+			r := mustReserve(t, e, b, dims, 400)
+			if err := e.Release(context.Background(), r); err != nil {
+				t.Fatal(err)
+			}
+			assertUsed(t, e, b, dims, 0)
+		}},
+		{"settle floors at zero", func(t *testing.T, s Store) {
+			adj := []Adjustment{{Key: "c7:bg:{b}:x", Delta: -50, TTL: time.Hour}}
+			if ok, err := s.Settle(context.Background(), "c7:bg:{b}:m1", time.Minute, adj); err != nil || !ok {
+				t.Fatalf("settle: %v %v", ok, err)
+			}
+			got, _ := s.Get(context.Background(), []string{"c7:bg:{b}:x"})
+			if got[0] != 0 {
+				t.Fatalf("counter = %d, want 0", got[0])
+			}
+			if ok, _ := s.Settle(context.Background(), "c7:bg:{b}:m1", time.Minute, adj); ok {
+				t.Fatal("a repeated marker must not apply")
+			}
+		}},
+		{"usd budgets count micro-dollars", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c8")
+			b := []Budget{{Name: "spend", Scope: Global, Unit: USD, Limit: USDToMicros(1), Window: time.Hour}, tokenBudget("tok", Global, 1<<40)}
+			r, d, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 5000, CostMicros: 700_000})
+			if err != nil || d != nil {
+				t.Fatal(d, err)
+			}
+			if r.Holds[0].Amount != 700_000 || r.Holds[1].Amount != 5000 {
+				t.Fatalf("amounts %d, %d", r.Holds[0].Amount, r.Holds[1].Amount)
+			}
+			_, d, _ = e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 1, CostMicros: 300_001})
+			if d == nil || d.Budget.Unit != USD {
+				t.Fatal("the dollar budget must deny past $1")
+			}
+		}},
+	}
+	for _, sc := range storeCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) { c.run(t, sc.new(t)) })
+			}
+		})
+	}
+}
+
+func mustReserve(t *testing.T, e *Engine, b []Budget, dims Dims, tokens int64) *Reservation {
+	t.Helper()
+	r, d, err := e.Reserve(context.Background(), b, dims, Spend{Tokens: tokens})
+	if err != nil || d != nil {
+		t.Fatalf("reserve %d: denial %+v, error %v", tokens, d, err)
+	}
+	return r
+}
+
+func assertUsed(t *testing.T, e *Engine, b []Budget, dims Dims, want int64) {
+	t.Helper()
+	used, err := e.Used(context.Background(), b, dims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, u := range used {
+		if u != want {
+			t.Fatalf("budget %s: used %d, want %d", b[i].Name, u, want)
+		}
+	}
+}
+
+func TestRedisKeysHideThePrincipalAndExpire(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redisClient(t, srv)
+	e := NewEngine(NewRedisStore(c), "keys")
+	b := []Budget{tokenBudget("daily", PerKey, 1000)}
+	mustReserve(t, e, b, Dims{Principal: "Bearer sk-secret-123"}, 10)
+	keys, err := c.Keys(context.Background(), "*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %v %v", keys, err)
+	}
+	for _, k := range keys {
+		if strings.Contains(k, "sk-secret") {
+			t.Fatalf("store key %q carries the principal", k)
+		}
+		ttl := c.PTTL(context.Background(), k).Val()
+		if ttl <= time.Hour || ttl > 2*time.Hour {
+			t.Fatalf("TTL of %s = %v, want two windows", k, ttl)
+		}
+	}
+}
+
+func TestSettleFailureIsDrift(t *testing.T) {
+	srv := redistest.Start(t)
+	e := NewEngine(NewRedisStore(redisClient(t, srv)), "drift")
+	b := []Budget{tokenBudget("daily", Global, 1000)}
+	r := mustReserve(t, e, b, Dims{}, 100)
+	srv.Stop()
+	err := e.Settle(context.Background(), r, Spend{Tokens: 10})
+	if !errors.Is(err, ErrDrift) {
+		t.Fatalf("settle against a stopped Redis: %v, want ErrDrift", err)
+	}
+	if _, _, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 1}); err == nil {
+		t.Fatal("reserve against a stopped Redis must fail")
+	}
+}
+
+// TestFleetNeverOvershoots runs 3 engines on one Redis with 300 concurrent
+// reservations against one budget while a watcher reads the counter.
+func TestFleetNeverOvershoots(t *testing.T) {
+	srv := redistest.Start(t)
+	const limit = 20_000
+	b := []Budget{tokenBudget("shared", Global, limit)}
+	engines := []*Engine{
+		NewEngine(NewRedisStore(redisClient(t, srv)), "fleet"),
+		NewEngine(NewRedisStore(redisClient(t, srv)), "fleet"),
+		NewEngine(NewRedisStore(redisClient(t, srv)), "fleet"),
+	}
+	watcher := engines[0]
+	stop := make(chan struct{})
+	var maxSeen atomic.Int64
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if used, err := watcher.Used(context.Background(), b, Dims{}); err == nil && used[0] > maxSeen.Load() {
+				maxSeen.Store(used[0])
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var admitted, actualSum atomic.Int64
+	for i := 0; i < 300; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			e := engines[i%3]
+			r, d, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 200})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d != nil {
+				return
+			}
+			admitted.Add(1)
+			actual := int64(50 + i%150) // always at most the reservation
+			time.Sleep(time.Duration(i%7) * time.Millisecond)
+			if err := e.Settle(context.Background(), r, Spend{Tokens: actual}); err != nil {
+				t.Error(err)
+				return
+			}
+			actualSum.Add(actual)
+		}(i)
+	}
+	wg.Wait()
+	close(stop)
+	<-watchDone
+	if maxSeen.Load() > limit {
+		t.Fatalf("counter reached %d, over the limit %d", maxSeen.Load(), limit)
+	}
+	used, err := watcher.Used(context.Background(), b, Dims{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used[0] != actualSum.Load() {
+		t.Fatalf("counter %d after all settles, want the sum of actual usage %d", used[0], actualSum.Load())
+	}
+	if admitted.Load() < limit/200 {
+		t.Fatalf("admitted only %d reservations of 200 against %d", admitted.Load(), limit)
+	}
+	t.Logf("admitted %d of 300, max counter seen %d, final %d", admitted.Load(), maxSeen.Load(), used[0])
+}

@@ -1,0 +1,112 @@
+package budget
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// MemoryStore is the embedded Store of a single instance. One lock covers a
+// whole reservation, which is what makes it all or nothing.
+type MemoryStore struct {
+	mu       sync.Mutex
+	counters map[string]memoryValue
+	markers  map[string]time.Time
+	now      func() time.Time
+	lastGC   time.Time
+}
+
+type memoryValue struct {
+	value   int64
+	expires time.Time
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// NewMemoryStore returns an empty store.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{
+		counters: make(map[string]memoryValue),
+		markers:  make(map[string]time.Time),
+		now:      time.Now,
+	}
+}
+
+// get reads a live counter; callers hold m.mu.
+func (m *MemoryStore) get(key string, now time.Time) int64 {
+	if v, ok := m.counters[key]; ok && now.Before(v.expires) {
+		return v.value
+	}
+	return 0
+}
+
+// Reserve implements Store.
+func (m *MemoryStore) Reserve(_ context.Context, charges []Charge) (ReserveResult, error) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.collect(now)
+	res := ReserveResult{Denied: -1, Used: make([]int64, len(charges))}
+	for i, c := range charges {
+		res.Used[i] = m.get(c.Key, now)
+		if res.Denied < 0 && res.Used[i]+c.Amount > c.Limit {
+			res.Denied = i
+		}
+	}
+	if res.Denied >= 0 {
+		return res, nil
+	}
+	for i, c := range charges {
+		res.Used[i] += c.Amount
+		m.counters[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
+	}
+	res.Admitted = true
+	return res, nil
+}
+
+// Settle implements Store.
+func (m *MemoryStore) Settle(_ context.Context, marker string, markerTTL time.Duration, adjs []Adjustment) (bool, error) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if exp, ok := m.markers[marker]; ok && now.Before(exp) {
+		return false, nil
+	}
+	m.markers[marker] = now.Add(markerTTL)
+	for _, a := range adjs {
+		v := max(m.get(a.Key, now)+a.Delta, 0)
+		m.counters[a.Key] = memoryValue{value: v, expires: now.Add(a.TTL)}
+	}
+	return true, nil
+}
+
+// Get implements Store.
+func (m *MemoryStore) Get(_ context.Context, keys []string) ([]int64, error) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]int64, len(keys))
+	for i, k := range keys {
+		out[i] = m.get(k, now)
+	}
+	return out, nil
+}
+
+// collect drops expired counters and markers, at most once a second, so the
+// maps stay bounded by what is live. Callers hold m.mu.
+func (m *MemoryStore) collect(now time.Time) {
+	if now.Sub(m.lastGC) < time.Second {
+		return
+	}
+	m.lastGC = now
+	for k, v := range m.counters {
+		if !now.Before(v.expires) {
+			delete(m.counters, k)
+		}
+	}
+	for k, exp := range m.markers {
+		if !now.Before(exp) {
+			delete(m.markers, k)
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package budget
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+)
+
+// Price is what a model costs, in USD per one million tokens.
+type Price struct {
+	Input       float64
+	Output      float64
+	CachedInput float64 // cached input tokens; 0 means the input price
+}
+
+// Usage is what one request used, as the upstream reports it.
+type Usage struct {
+	// InputTokens is every input token, cached ones included.
+	InputTokens int64
+	// CachedInputTokens is the part of InputTokens read from a prompt cache.
+	CachedInputTokens int64
+	OutputTokens      int64
+}
+
+// Tokens is input plus output.
+func (u Usage) Tokens() int64 { return u.InputTokens + u.OutputTokens }
+
+// PriceBook maps models to prices. A model name ending in * matches every
+// model it is a prefix of, so "gpt-4o*" prices "gpt-4o-2024-08-06"; an exact
+// name wins over a prefix, and a longer prefix over a shorter one.
+type PriceBook struct {
+	exact    map[string]Price
+	prefixes []prefixPrice // longest first
+}
+
+type prefixPrice struct {
+	prefix string
+	price  Price
+}
+
+// NewPriceBook validates prices given by model name.
+func NewPriceBook(prices map[string]Price) (*PriceBook, error) {
+	pb := &PriceBook{exact: make(map[string]Price)}
+	for model, p := range prices {
+		if model == "" || model == "*" {
+			return nil, fmt.Errorf("price %q: a model name is required", model)
+		}
+		for _, v := range []float64{p.Input, p.Output, p.CachedInput} {
+			if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+				return nil, fmt.Errorf("price %q: prices must be finite and >= 0", model)
+			}
+		}
+		if p.CachedInput == 0 {
+			p.CachedInput = p.Input
+		}
+		if prefix, ok := strings.CutSuffix(model, "*"); ok {
+			pb.prefixes = append(pb.prefixes, prefixPrice{prefix, p})
+		} else {
+			pb.exact[model] = p
+		}
+	}
+	sort.Slice(pb.prefixes, func(i, j int) bool { return len(pb.prefixes[i].prefix) > len(pb.prefixes[j].prefix) })
+	return pb, nil
+}
+
+// Lookup finds the price of model.
+func (pb *PriceBook) Lookup(model string) (Price, bool) {
+	if pb == nil {
+		return Price{}, false
+	}
+	if p, ok := pb.exact[model]; ok {
+		return p, true
+	}
+	for _, pp := range pb.prefixes {
+		if strings.HasPrefix(model, pp.prefix) {
+			return pp.price, true
+		}
+	}
+	return Price{}, false
+}
+
+// CostMicros is the cost of usage in micro-dollars, rounded up: a budget never
+// undercharges by rounding. (USD per 1M tokens equals micro-USD per token.)
+func (p Price) CostMicros(u Usage) int64 {
+	cached := min(max(u.CachedInputTokens, 0), u.InputTokens)
+	uncached := u.InputTokens - cached
+	c := float64(uncached)*p.Input + float64(cached)*p.CachedInput + float64(u.OutputTokens)*p.Output
+	return int64(math.Ceil(c - 1e-9))
+}

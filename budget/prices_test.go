@@ -1,0 +1,98 @@
+package budget
+
+import (
+	"testing"
+	"time"
+)
+
+func TestPriceBookLookup(t *testing.T) {
+	pb, err := NewPriceBook(map[string]Price{
+		"gpt-4o":       {Input: 2.5, Output: 10, CachedInput: 1.25},
+		"gpt-4o*":      {Input: 3, Output: 12},
+		"gpt-4o-mini*": {Input: 0.15, Output: 0.6},
+		"claude-*":     {Input: 3, Output: 15},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		model string
+		want  float64 // input price
+		found bool
+	}{
+		{"gpt-4o", 2.5, true},                  // exact wins over a prefix
+		{"gpt-4o-2024-08-06", 3, true},         // prefix
+		{"gpt-4o-mini-2024-07-18", 0.15, true}, // the longer prefix wins
+		{"claude-sonnet-4-5", 3, true},
+		{"gpt-5", 0, false},
+		{"", 0, false},
+	}
+	for _, tt := range tests {
+		p, ok := pb.Lookup(tt.model)
+		if ok != tt.found || p.Input != tt.want {
+			t.Errorf("Lookup(%q) = %v %v, want input %v found %v", tt.model, p, ok, tt.want, tt.found)
+		}
+	}
+}
+
+func TestPriceBookRejectsBadPrices(t *testing.T) {
+	for _, bad := range []map[string]Price{
+		{"m": {Input: -1}},
+		{"": {Input: 1}},
+		{"*": {Input: 1}},
+	} {
+		if _, err := NewPriceBook(bad); err == nil {
+			t.Errorf("NewPriceBook(%v) must fail", bad)
+		}
+	}
+}
+
+func TestCostMicros(t *testing.T) {
+	p := Price{Input: 2.5, Output: 10, CachedInput: 1.25}
+	tests := []struct {
+		name string
+		u    Usage
+		want int64
+	}{
+		{"one million input tokens cost the input price", Usage{InputTokens: 1_000_000}, 2_500_000},
+		{"output", Usage{OutputTokens: 1000}, 10_000},
+		{"cached input is cheaper", Usage{InputTokens: 1000, CachedInputTokens: 1000}, 1250},
+		{"mixed", Usage{InputTokens: 1000, CachedInputTokens: 400, OutputTokens: 100}, 600*2.5 + 400*1.25 + 100*10},
+		{"rounds up", Usage{InputTokens: 1}, 3},
+		{"cached above input is clamped", Usage{InputTokens: 10, CachedInputTokens: 50}, 13},
+	}
+	for _, tt := range tests {
+		if got := p.CostMicros(tt.u); got != tt.want {
+			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestBudgetValidateAndWindows(t *testing.T) {
+	bad := []Budget{
+		{Name: "", Limit: 1, Window: time.Hour},
+		{Name: "x", Limit: 0, Window: time.Hour},
+		{Name: "x", Limit: 1, Window: 500 * time.Millisecond},
+		{Name: "x", Limit: 1, Window: 1500 * time.Millisecond},
+		{Name: "a:b", Limit: 1, Window: time.Hour},
+	}
+	for _, b := range bad {
+		if err := b.Validate(); err == nil {
+			t.Errorf("%+v must not validate", b)
+		}
+	}
+	b := Budget{Name: "d", Limit: 1, Window: time.Hour}
+	now := time.Unix(3600*10+5, 0)
+	if b.WindowIndex(now) != 10 || !b.WindowEnd(now).Equal(time.Unix(3600*11, 0)) {
+		t.Fatalf("window %d ends %v", b.WindowIndex(now), b.WindowEnd(now))
+	}
+	if _, err := ParseUnit("bananas"); err == nil {
+		t.Error("unknown unit")
+	}
+	if _, err := ParseScope("galaxy"); err == nil {
+		t.Error("unknown scope")
+	}
+	if USDToMicros(250.00) != 250_000_000 {
+		t.Error("USDToMicros")
+	}
+}
