@@ -1,0 +1,191 @@
+package usage
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+const (
+	// MediaPartTokens is what an image, audio or file part of a prompt counts,
+	// whatever its size: its bytes (often base64) say little about its tokens.
+	// The settle corrects the estimate to what the upstream reports.
+	MediaPartTokens = 1000
+	// MessageOverheadTokens is added per message for roles and separators.
+	MessageOverheadTokens = 4
+	// BytesPerToken is the text-to-token ratio of the estimate.
+	BytesPerToken = 4
+	// MaxOutputCap is the largest output cap accepted; more is a client error.
+	MaxOutputCap = 1_000_000
+	// MaxChoices is the largest n accepted.
+	MaxChoices = 128
+)
+
+// Request is what a request asks of the model, as far as budgets care.
+type Request struct {
+	Model  string
+	Stream bool
+	// IncludeUsage is stream_options.include_usage of an OpenAI chat stream.
+	IncludeUsage bool
+	// N is how many choices are asked for (1 unless the body says).
+	N int64
+	// MaxOutputTokens is the output cap the body gives (max_tokens,
+	// max_completion_tokens or max_output_tokens); 0 when it gives none.
+	MaxOutputTokens int64
+	// PromptTokens estimates the input tokens from the text parts.
+	PromptTokens int64
+}
+
+// ErrBadRequest wraps every reason a body is refused; the message is safe to
+// show to the client.
+var ErrBadRequest = errors.New("bad request")
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+}
+
+type rawRequest struct {
+	Model         json.RawMessage `json:"model"`
+	Stream        *bool           `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	N                   *int64 `json:"n"`
+	MaxTokens           *int64 `json:"max_tokens"`
+	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+	MaxOutputTokens     *int64 `json:"max_output_tokens"`
+
+	Messages     []json.RawMessage `json:"messages"`
+	Input        json.RawMessage   `json:"input"`
+	Instructions json.RawMessage   `json:"instructions"`
+	System       json.RawMessage   `json:"system"`
+	Tools        json.RawMessage   `json:"tools"`
+	Prompt       json.RawMessage   `json:"prompt"`
+}
+
+// ParseRequest reads a request body of format f. Errors wrap ErrBadRequest.
+func ParseRequest(f Format, body []byte) (Request, error) {
+	var raw rawRequest
+	if err := json.Unmarshal(body, &raw); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return Request{}, badRequest("field %q must be %s", typeErr.Field, jsonKind(typeErr.Type.Kind()))
+		}
+		return Request{}, badRequest("body is not valid JSON")
+	}
+	var req Request
+	if err := json.Unmarshal(raw.Model, &req.Model); err != nil || strings.TrimSpace(req.Model) == "" {
+		return Request{}, badRequest("field \"model\" is required and must be a non-empty string")
+	}
+	req.Stream = raw.Stream != nil && *raw.Stream
+	req.IncludeUsage = raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage
+	req.N = 1
+	if raw.N != nil {
+		if *raw.N < 1 || *raw.N > MaxChoices {
+			return Request{}, badRequest("field \"n\" must be between 1 and %d", MaxChoices)
+		}
+		req.N = *raw.N
+	}
+	for _, c := range []struct {
+		name string
+		v    *int64
+	}{{"max_tokens", raw.MaxTokens}, {"max_completion_tokens", raw.MaxCompletionTokens}, {"max_output_tokens", raw.MaxOutputTokens}} {
+		if c.v == nil {
+			continue
+		}
+		if *c.v < 1 || *c.v > MaxOutputCap {
+			return Request{}, badRequest("field %q must be between 1 and %d", c.name, MaxOutputCap)
+		}
+		req.MaxOutputTokens = max(req.MaxOutputTokens, *c.v)
+	}
+	if f == Anthropic && raw.MaxTokens == nil {
+		return Request{}, badRequest("field \"max_tokens\" is required by the Messages API")
+	}
+
+	var est estimator
+	for _, m := range raw.Messages {
+		est.messages++
+		est.add(m)
+	}
+	for _, part := range []json.RawMessage{raw.Input, raw.Instructions, raw.System, raw.Tools, raw.Prompt} {
+		est.add(part)
+	}
+	req.PromptTokens = est.tokens()
+	return req, nil
+}
+
+func jsonKind(k reflect.Kind) string {
+	switch k {
+	case reflect.Int64, reflect.Int:
+		return "an integer"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice:
+		return "an array"
+	}
+	return "an object"
+}
+
+// estimator counts the text bytes and media parts of prompt JSON.
+type estimator struct {
+	textBytes int64
+	media     int64
+	messages  int64
+}
+
+func (e *estimator) tokens() int64 {
+	return (e.textBytes+BytesPerToken-1)/BytesPerToken + e.media*MediaPartTokens + e.messages*MessageOverheadTokens
+}
+
+func (e *estimator) add(raw json.RawMessage) {
+	if len(raw) == 0 {
+		return
+	}
+	var v any
+	if json.Unmarshal(raw, &v) == nil {
+		e.walk(v)
+	}
+}
+
+// mediaTypes are content part types whose payload is not text.
+var mediaTypes = map[string]bool{
+	"image_url": true, "image": true, "input_image": true,
+	"file": true, "input_file": true, "document": true,
+	"input_audio": true, "audio": true,
+}
+
+// structuralKeys name fields that are not prompt text.
+var structuralKeys = map[string]bool{
+	"type": true, "role": true, "id": true, "cache_control": true,
+	"detail": true, "media_type": true, "format": true, "call_id": true, "tool_call_id": true,
+}
+
+func (e *estimator) walk(v any) {
+	switch v := v.(type) {
+	case string:
+		// An inline data: URL outside a typed part is media, not text.
+		if strings.HasPrefix(v, "data:") && len(v) > 1024 {
+			e.media++
+			return
+		}
+		e.textBytes += int64(len(v))
+	case []any:
+		for _, x := range v {
+			e.walk(x)
+		}
+	case map[string]any:
+		if t, ok := v["type"].(string); ok && mediaTypes[t] {
+			e.media++
+			return
+		}
+		for k, x := range v {
+			if !structuralKeys[k] {
+				e.walk(x)
+			}
+		}
+	}
+}
