@@ -8,17 +8,21 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
 )
 
 func init() {
 	httpcaddyfile.RegisterGlobalOption("fleetguard", parseGlobalOption)
 	httpcaddyfile.RegisterHandlerDirective("fleetlimit", parseFleetLimit)
 	httpcaddyfile.RegisterDirectiveOrder("fleetlimit", httpcaddyfile.Before, "basic_auth")
+	httpcaddyfile.RegisterHandlerDirective("llmbudget", parseLLMBudget)
+	httpcaddyfile.RegisterDirectiveOrder("llmbudget", httpcaddyfile.After, "encode")
 }
 
 var (
 	_ caddyfile.Unmarshaler = (*App)(nil)
 	_ caddyfile.Unmarshaler = (*FleetLimit)(nil)
+	_ caddyfile.Unmarshaler = (*LLMBudget)(nil)
 )
 
 // parseGlobalOption parses the `fleetguard` global option into the app.
@@ -162,6 +166,148 @@ func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 		return nil, d.Err(err.Error())
 	}
 	return z, nil
+}
+
+func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	lb := new(LLMBudget)
+	if err := lb.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return lb, nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	llmbudget {
+//		principal <placeholders>
+//		team      <placeholders>
+//		budget <name> {
+//			scope  global|key|model|team
+//			unit   tokens|usd
+//			limit  <number>
+//			window <duration>
+//		}
+//		price <model>[*] <input> <output> [<cached_input>]
+//		default_max_tokens <n>
+//		max_request_body   <size>
+//		format             openai_chat|openai_responses|anthropic
+//		fail_open
+//	}
+func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch field := d.Val(); field {
+		case "principal":
+			if !d.AllArgs(&h.Principal) {
+				return d.Errf("llmbudget: principal takes one value")
+			}
+		case "team":
+			if !d.AllArgs(&h.Team) {
+				return d.Errf("llmbudget: team takes one value")
+			}
+		case "format":
+			if !d.AllArgs(&h.Format) {
+				return d.Errf("llmbudget: format takes one value")
+			}
+		case "budget":
+			bc, err := parseBudget(d)
+			if err != nil {
+				return err
+			}
+			h.Budgets = append(h.Budgets, bc)
+		case "price":
+			args := d.RemainingArgs()
+			if len(args) < 3 || len(args) > 4 {
+				return d.Errf("llmbudget: price takes <model> <input> <output> [<cached_input>] (USD per 1M tokens)")
+			}
+			var nums [3]float64
+			for i, a := range args[1:] {
+				v, err := strconv.ParseFloat(a, 64)
+				if err != nil || v < 0 {
+					return d.Errf("llmbudget: price %q: %q is not a price >= 0", args[0], a)
+				}
+				nums[i] = v
+			}
+			if _, dup := h.Prices[args[0]]; dup {
+				return d.Errf("llmbudget: price %q is defined twice", args[0])
+			}
+			if h.Prices == nil {
+				h.Prices = make(map[string]PriceConfig)
+			}
+			h.Prices[args[0]] = PriceConfig{Input: nums[0], Output: nums[1], CachedInput: nums[2]}
+		case "default_max_tokens":
+			n, err := parseIntArg(d)
+			if err != nil {
+				return d.Errf("llmbudget: default_max_tokens: %v", err)
+			}
+			h.DefaultMaxTokens = n
+		case "max_request_body":
+			var s string
+			if !d.AllArgs(&s) {
+				return d.ArgErr()
+			}
+			size, err := humanize.ParseBytes(s)
+			if err != nil || size == 0 || size > 1<<40 {
+				return d.Errf("llmbudget: max_request_body: %q is not a size such as 16MiB", s)
+			}
+			h.MaxRequestBody = int64(size)
+		case "fail_open":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.FailOpen = true
+		default:
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format or fail_open)", field)
+		}
+	}
+	if err := h.compile(); err != nil {
+		return d.Err(err.Error())
+	}
+	return nil
+}
+
+func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
+	var bc BudgetConfig
+	if !d.Args(&bc.Name) {
+		return bc, d.Errf("llmbudget: budget needs a name")
+	}
+	if d.NextArg() {
+		return bc, d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch field := d.Val(); field {
+		case "scope":
+			if !d.AllArgs(&bc.Scope) {
+				return bc, d.Errf("llmbudget: budget %q: scope takes one value", bc.Name)
+			}
+		case "unit":
+			if !d.AllArgs(&bc.Unit) {
+				return bc, d.Errf("llmbudget: budget %q: unit takes one value", bc.Name)
+			}
+		case "limit":
+			var s string
+			if !d.AllArgs(&s) {
+				return bc, d.ArgErr()
+			}
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return bc, d.Errf("llmbudget: budget %q: limit %q is not a number", bc.Name, s)
+			}
+			bc.Limit = v
+		case "window":
+			dur, err := parseDurationArg(d)
+			if err != nil {
+				return bc, d.Errf("llmbudget: budget %q: window: %v", bc.Name, err)
+			}
+			bc.Window = dur
+		default:
+			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit or window)", bc.Name, field)
+		}
+	}
+	return bc, nil
 }
 
 func parseIntArg(d *caddyfile.Dispenser) (int64, error) {

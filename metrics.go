@@ -9,7 +9,10 @@ import (
 // metrics are created once per process and registered into every config's
 // registry, so their values survive a reload. No label carries a user key.
 var metrics = struct {
-	fleetDecisions *prometheus.CounterVec
+	fleetDecisions    *prometheus.CounterVec
+	llmRequests       *prometheus.CounterVec
+	llmSettles        *prometheus.CounterVec
+	llmSettleFailures prometheus.Counter
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
@@ -17,13 +20,31 @@ var metrics = struct {
 		Name:      "requests_total",
 		Help:      "Requests decided by fleetlimit, by zone and decision (allowed, denied; dry-run denials count as denied).",
 	}, []string{"zone", "decision"}),
+	llmRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "requests_total",
+		Help:      "LLM requests seen by llmbudget, by decision (admitted, denied, rejected, store_error, fail_open).",
+	}, []string{"decision"}),
+	llmSettles: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "settles_total",
+		Help:      "Reservations settled, by usage_source: reported (upstream usage), estimated, reserved (no usage: the reservation is kept) or released.",
+	}, []string{"usage_source"}),
+	llmSettleFailures: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "settle_failures_total",
+		Help:      "Settles that failed after retries: the counters keep the reservation (drift).",
+	}),
 }
 
 func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.fleetDecisions} {
+	for _, c := range []prometheus.Collector{metrics.fleetDecisions, metrics.llmRequests, metrics.llmSettles, metrics.llmSettleFailures} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
@@ -160,17 +161,21 @@ func (a *App) Cleanup() error {
 // engine is what the configs of one store share across reloads.
 type engine struct {
 	limiter *ratelimit.Engine
+	budgets *budget.Engine
 	client  redis.UniversalClient // nil for the embedded memory store
 }
 
 func newEngine(opts *redis.Options, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {
 	e := &engine{}
 	var store ratelimit.CounterStore = ratelimit.NewMemoryStore()
+	var budgetStore budget.Store = budget.NewMemoryStore()
 	if opts != nil {
 		routeRedisLog()
 		e.client = redis.NewClient(opts)
 		store = ratelimit.NewRedisStore(e.client)
+		budgetStore = budget.NewRedisStore(e.client)
 	}
+	e.budgets = budget.NewEngine(budgetStore, prefix)
 	lim, err := ratelimit.NewEngine(ratelimit.Options{
 		Store:        store,
 		Prefix:       prefix,

@@ -1,0 +1,419 @@
+package fleetguard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+)
+
+func init() {
+	caddy.RegisterModule(LLMBudget{})
+}
+
+const (
+	// DefaultMaxTokens is the output cap reserved for a request that gives none.
+	DefaultMaxTokens = 4096
+	// DefaultMaxRequestBody bounds the request body read to estimate a request.
+	DefaultMaxRequestBody = 16 << 20
+	// settleTimeout bounds a settle, which runs after the response on a
+	// context detached from the request (and from the config, which a reload
+	// may have cleaned up meanwhile).
+	settleTimeout = 5 * time.Second
+)
+
+// LLMBudget is the `http.handlers.llmbudget` handler: hard token and dollar
+// budgets in front of an OpenAI- or Anthropic-compatible API. It reserves an
+// estimate before forwarding, across the fleet and all or nothing, denies
+// what does not fit, and settles the reservation to the usage the upstream
+// reports.
+type LLMBudget struct {
+	// Principal identifies who a `key` budget is kept for, with placeholders,
+	// e.g. {http.request.header.Authorization}. It is hashed before it reaches
+	// a store key or a log. Requests where it resolves to "" share one budget.
+	Principal string `json:"principal,omitempty"`
+	// Team identifies the team of a `team` budget, with placeholders.
+	Team string `json:"team,omitempty"`
+	// Budgets are checked and charged together: a request must fit all.
+	Budgets []BudgetConfig `json:"budgets,omitempty"`
+	// Prices by model, USD per 1M tokens. A name ending in * matches by prefix.
+	Prices map[string]PriceConfig `json:"prices,omitempty"`
+	// DefaultMaxTokens is reserved for the output of a request that sets no
+	// max_tokens / max_completion_tokens / max_output_tokens. Default 4096.
+	DefaultMaxTokens int64 `json:"default_max_tokens,omitempty"`
+	// MaxRequestBody is the largest request body accepted, in bytes (413
+	// above). Default 16 MiB.
+	MaxRequestBody int64 `json:"max_request_body,omitempty"`
+	// FailOpen admits requests unbudgeted when the store fails. Default: deny
+	// with 503.
+	FailOpen bool `json:"fail_open,omitempty"`
+	// Format forces the API format (openai_chat, openai_responses,
+	// anthropic) for gateways that rewrite paths. Default: from the path.
+	Format string `json:"format,omitempty"`
+
+	budgets []budget.Budget
+	prices  *budget.PriceBook
+	hasUSD  bool
+	format  usage.Format
+	policy  string
+	engine  *engine
+	logger  *zap.Logger
+}
+
+// BudgetConfig is one budget.
+type BudgetConfig struct {
+	Name string `json:"name,omitempty"`
+	// Scope: global (default), key (per principal), model or team.
+	Scope string `json:"scope,omitempty"`
+	// Unit: tokens (default) or usd.
+	Unit string `json:"unit,omitempty"`
+	// Limit in tokens (an integer) or dollars.
+	Limit float64 `json:"limit,omitempty"`
+	// Window is the length of the fixed window, aligned to the Unix epoch.
+	Window caddy.Duration `json:"window,omitempty"`
+}
+
+// PriceConfig is a model's price in USD per one million tokens.
+type PriceConfig struct {
+	Input  float64 `json:"input"`
+	Output float64 `json:"output"`
+	// CachedInput prices cached input tokens; 0 means the input price.
+	CachedInput float64 `json:"cached_input,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (LLMBudget) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.llmbudget",
+		New: func() caddy.Module { return new(LLMBudget) },
+	}
+}
+
+var (
+	_ caddy.Provisioner           = (*LLMBudget)(nil)
+	_ caddyhttp.MiddlewareHandler = (*LLMBudget)(nil)
+)
+
+// Provision checks the config (errors name the field) and binds the engine.
+func (h *LLMBudget) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if err := h.compile(); err != nil {
+		return err
+	}
+	eng, err := engineFrom(ctx)
+	if err != nil {
+		return fmt.Errorf("llmbudget: %w", err)
+	}
+	h.engine = eng
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("llmbudget: metrics: %w", err)
+	}
+	return nil
+}
+
+// compile turns the JSON config into the engine's values.
+func (h *LLMBudget) compile() error {
+	if len(h.Budgets) == 0 {
+		return errors.New("llmbudget: budgets: at least one budget is required")
+	}
+	if h.DefaultMaxTokens < 0 || h.DefaultMaxTokens > usage.MaxOutputCap {
+		return fmt.Errorf("llmbudget: default_max_tokens: must be between 1 and %d", usage.MaxOutputCap)
+	}
+	if h.DefaultMaxTokens == 0 {
+		h.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if h.MaxRequestBody < 0 {
+		return errors.New("llmbudget: max_request_body: must be > 0")
+	}
+	if h.MaxRequestBody == 0 {
+		h.MaxRequestBody = DefaultMaxRequestBody
+	}
+	h.format = usage.Unknown
+	if h.Format != "" {
+		f, err := usage.ParseFormat(h.Format)
+		if err != nil {
+			return fmt.Errorf("llmbudget: %w", err)
+		}
+		h.format = f
+	}
+	seen := make(map[string]bool)
+	h.budgets = h.budgets[:0]
+	h.hasUSD = false
+	policies := make([]string, 0, len(h.Budgets))
+	for _, bc := range h.Budgets {
+		b, err := bc.compile()
+		if err != nil {
+			return err
+		}
+		if seen[b.Name] {
+			return fmt.Errorf("llmbudget: budget %q: defined twice", b.Name)
+		}
+		seen[b.Name] = true
+		h.hasUSD = h.hasUSD || b.Unit == budget.USD
+		h.budgets = append(h.budgets, b)
+		policies = append(policies, fmt.Sprintf("%q;q=%d;w=%d", b.Name, b.Limit, int64(b.Window/time.Second)))
+	}
+	h.policy = strings.Join(policies, ", ")
+	prices := make(map[string]budget.Price, len(h.Prices))
+	for model, p := range h.Prices {
+		prices[model] = budget.Price{Input: p.Input, Output: p.Output, CachedInput: p.CachedInput}
+	}
+	pb, err := budget.NewPriceBook(prices)
+	if err != nil {
+		return fmt.Errorf("llmbudget: %w", err)
+	}
+	h.prices = pb
+	return nil
+}
+
+func (bc *BudgetConfig) compile() (budget.Budget, error) {
+	b := budget.Budget{Name: bc.Name, Window: time.Duration(bc.Window)}
+	var err error
+	if bc.Scope != "" {
+		if b.Scope, err = budget.ParseScope(bc.Scope); err != nil {
+			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
+		}
+	}
+	if bc.Unit != "" {
+		if b.Unit, err = budget.ParseUnit(bc.Unit); err != nil {
+			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
+		}
+	}
+	switch {
+	case bc.Limit <= 0 || bc.Limit != bc.Limit:
+		return b, fmt.Errorf("llmbudget: budget %q: limit must be > 0", bc.Name)
+	case b.Unit == budget.Tokens && bc.Limit != float64(int64(bc.Limit)):
+		return b, fmt.Errorf("llmbudget: budget %q: a token limit must be a whole number", bc.Name)
+	case b.Unit == budget.USD:
+		b.Limit = budget.USDToMicros(bc.Limit)
+	default:
+		b.Limit = int64(bc.Limit)
+	}
+	if err := b.Validate(); err != nil {
+		return b, fmt.Errorf("llmbudget: %w", err)
+	}
+	return b, nil
+}
+
+// ServeHTTP reserves, forwards, and settles.
+func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	format := h.format
+	if format == usage.Unknown {
+		format = usage.FormatFromPath(r.URL.Path)
+	}
+	if format == usage.Unknown || r.Method != http.MethodPost {
+		return next.ServeHTTP(w, r) // not an LLM call this handler budgets
+	}
+
+	body, err := h.readBody(r)
+	if err != nil {
+		if errors.Is(err, errBodyTooLarge) {
+			metrics.llmRequests.WithLabelValues("rejected").Inc()
+			return h.reject(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+				fmt.Sprintf("request body exceeds %d bytes", h.MaxRequestBody))
+		}
+		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("llmbudget: reading the request body: %w", err))
+	}
+	req, err := usage.ParseRequest(format, body)
+	if err != nil {
+		metrics.llmRequests.WithLabelValues("rejected").Inc()
+		return h.reject(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+	}
+
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	dims := budget.Dims{Model: req.Model}
+	if h.Principal != "" {
+		dims.Principal = repl.ReplaceAll(h.Principal, "")
+	}
+	if h.Team != "" {
+		dims.Team = repl.ReplaceAll(h.Team, "")
+	}
+	outputCap := req.MaxOutputTokens
+	if outputCap == 0 {
+		outputCap = h.DefaultMaxTokens
+	}
+	estimate := budget.Usage{InputTokens: req.PromptTokens, OutputTokens: outputCap * req.N}
+	spend := budget.Spend{Tokens: estimate.Tokens()}
+	price, priced := h.prices.Lookup(req.Model)
+	if h.hasUSD {
+		if !priced {
+			metrics.llmRequests.WithLabelValues("denied").Inc()
+			return h.reject(w, http.StatusPaymentRequired, "budget_exceeded", "model_not_priced",
+				fmt.Sprintf("model %q has no price in the price book, so a dollar budget cannot admit it", req.Model))
+		}
+		spend.CostMicros = price.CostMicros(estimate)
+	}
+
+	res, denial, err := h.engine.budgets.Reserve(r.Context(), h.budgets, dims, spend)
+	switch {
+	case err != nil && h.FailOpen:
+		metrics.llmRequests.WithLabelValues("fail_open").Inc()
+		h.logger.Warn("budget store failed; admitting unbudgeted (fail_open)", zap.Error(err))
+		h.restoreBody(r, body)
+		return next.ServeHTTP(w, r)
+	case err != nil:
+		metrics.llmRequests.WithLabelValues("store_error").Inc()
+		h.logger.Error("budget store failed; denying (fail closed)", zap.Error(err))
+		return h.reject(w, http.StatusServiceUnavailable, "service_unavailable", "budget_store_unavailable",
+			"the budget store is unavailable; try again shortly")
+	case denial != nil:
+		metrics.llmRequests.WithLabelValues("denied").Inc()
+		return h.deny(w, repl, denial, dims)
+	}
+	metrics.llmRequests.WithLabelValues("admitted").Inc()
+	h.setRateLimitHeaders(w.Header(), res.Holds, time.Now())
+	h.restoreBody(r, body)
+
+	mw := &meteringWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	defer h.finish(res, mw, format, price)
+	return next.ServeHTTP(mw, r)
+}
+
+var errBodyTooLarge = errors.New("request body too large")
+
+// readBody reads at most MaxRequestBody bytes.
+func (h *LLMBudget) readBody(r *http.Request) ([]byte, error) {
+	if r.ContentLength > h.MaxRequestBody {
+		return nil, errBodyTooLarge
+	}
+	if r.Body == nil {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, h.MaxRequestBody+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(body)) > h.MaxRequestBody {
+		return nil, errBodyTooLarge
+	}
+	return body, nil
+}
+
+// restoreBody hands the body to the next handler and asks the upstream for an
+// uncompressed response so its usage can be read (encode, ordered before this
+// handler, still compresses for the client).
+func (h *LLMBudget) restoreBody(r *http.Request, body []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	r.Header.Del("Accept-Encoding")
+}
+
+// finish settles a reservation once, from what the response showed: it runs
+// deferred, so it also runs when a later handler fails or panics.
+func (h *LLMBudget) finish(res *budget.Reservation, mw *meteringWriter, format usage.Format, price budget.Price) {
+	var (
+		source string
+		err    error
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	status := mw.status
+	switch {
+	case status == 0 || status < 200 || status >= 300:
+		// Nothing reached the client, or the upstream refused: no charge.
+		source = "released"
+		err = h.engine.budgets.Release(ctx, res)
+	default:
+		u, ok := mw.usage(format)
+		if !ok {
+			// A success with no readable usage keeps the whole reservation:
+			// never free.
+			source = "reserved"
+			break
+		}
+		source = "reported"
+		err = h.engine.budgets.Settle(ctx, res, budget.Spend{Tokens: u.Tokens(), CostMicros: price.CostMicros(u)})
+	}
+	metrics.llmSettles.WithLabelValues(source).Inc()
+	if err != nil {
+		metrics.llmSettleFailures.Inc()
+		h.logger.Error("settling a budget reservation failed; the counters keep the reservation",
+			zap.String("reservation", res.ID), zap.Error(err))
+	}
+}
+
+// deny answers 429 for a token budget and 402 for a dollar budget.
+func (h *LLMBudget) deny(w http.ResponseWriter, repl *caddy.Replacer, d *budget.Denial, dims budget.Dims) error {
+	now := time.Now()
+	retry := ceilSeconds(d.WindowEnd.Sub(now))
+	status, code := http.StatusTooManyRequests, "token_budget_exceeded"
+	unit := "tokens"
+	if d.Budget.Unit == budget.USD {
+		status, code, unit = http.StatusPaymentRequired, "usd_budget_exceeded", "micro-USD"
+	}
+	hdr := w.Header()
+	h.setRateLimitHeaders(hdr, d.Holds, now)
+	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
+	repl.Set("http.llmbudget.budget", d.Budget.Name)
+	repl.Set("http.llmbudget.retry_after", retry)
+	h.logger.Info("request denied by budget",
+		zap.String("budget", d.Budget.Name),
+		zap.String("scope", d.Budget.Scope.String()),
+		zap.String("principal_hash", keyhash.Of(dims.Principal).String()),
+		zap.String("model", dims.Model),
+		zap.Int64("requested", d.Amount),
+		zap.Int64("used", d.Used),
+		zap.Int64("limit", d.Budget.Limit))
+	return h.reject(w, status, "budget_exceeded", code, fmt.Sprintf(
+		"budget %q (%s, per %s) is exhausted for this window: %d of %d %s used, this request needs up to %d; it resets in %ds",
+		d.Budget.Name, d.Budget.Scope, time.Duration(d.Budget.Window), d.Used, d.Budget.Limit, unit, d.Amount, retry))
+}
+
+// setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per
+// budget.
+func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
+	buf := make([]byte, 0, 48*len(holds))
+	for i, hold := range holds {
+		if i > 0 {
+			buf = append(buf, ", "...)
+		}
+		buf = strconv.AppendQuote(buf, hold.Budget.Name)
+		buf = append(buf, ";r="...)
+		buf = strconv.AppendInt(buf, max(hold.Budget.Limit-hold.Used, 0), 10)
+		buf = append(buf, ";t="...)
+		buf = strconv.AppendInt(buf, ceilSeconds(hold.WindowEnd.Sub(now)), 10)
+	}
+	hdr.Set("RateLimit-Policy", h.policy)
+	hdr.Set("RateLimit", string(buf))
+}
+
+// apiError is the OpenAI error shape, which OpenAI and Anthropic SDKs both
+// surface to their callers.
+type apiError struct {
+	Error struct {
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// reject answers with a JSON error; nothing is forwarded.
+func (h *LLMBudget) reject(w http.ResponseWriter, status int, errType, code, message string) error {
+	var e apiError
+	e.Error.Type, e.Error.Code, e.Error.Message = errType, code, message
+	body, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	body = append(body, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, err = w.Write(body)
+	return err
+}

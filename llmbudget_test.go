@@ -1,0 +1,372 @@
+package fleetguard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// fakeLLM is a local OpenAI/Anthropic-compatible upstream. Every answer
+// reports 30 input and 70 output tokens unless a request header says
+// otherwise: X-Fake-Status (status code), X-Fake-No-Usage, X-Fake-Delay.
+type fakeLLM struct {
+	*httptest.Server
+	hits     atomic.Int64
+	lastBody atomic.Value // string
+}
+
+func newFakeLLM(t *testing.T) *fakeLLM {
+	f := &fakeLLM{}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.hits.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		f.lastBody.Store(string(body))
+		if d, err := time.ParseDuration(r.Header.Get("X-Fake-Delay")); err == nil {
+			time.Sleep(d)
+		}
+		if code, err := strconv.Atoi(r.Header.Get("X-Fake-Status")); err == nil {
+			w.WriteHeader(code)
+			_, _ = io.WriteString(w, `{"error":{"message":"upstream says no"}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("X-Fake-No-Usage") != "" {
+			_, _ = io.WriteString(w, `{"id":"x","choices":[{"message":{"content":"hi"}}]}`)
+			return
+		}
+		if strings.HasSuffix(r.URL.Path, "/messages") {
+			_, _ = io.WriteString(w, `{"id":"msg","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":30,"output_tokens":70}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":30,"completion_tokens":70,"total_tokens":100}}`)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+func llmCaddyfile(port int, upstream, global, budgets string) string {
+	return fmt.Sprintf(`{
+	admin {ADMIN}
+	%s
+}
+:%d {
+	llmbudget {
+		principal {http.request.header.Authorization}
+		team {http.request.header.X-Team}
+		%s
+		price gpt-4o* 2.50 10.00 1.25
+		max_request_body 4KiB
+	}
+	reverse_proxy %s
+}`, global, port, budgets, strings.TrimPrefix(upstream, "http://"))
+}
+
+const chatBody = `{"model":"gpt-4o","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`
+
+func chat(t *testing.T, url, body string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	return do(t, http.MethodPost, url+"/v1/chat/completions", body, append([]string{"Content-Type: application/json"}, headers...)...)
+}
+
+type apiErrorBody struct {
+	Error struct{ Type, Code, Message string } `json:"error"`
+}
+
+func decodeError(t *testing.T, body string) apiErrorBody {
+	t.Helper()
+	var e apiErrorBody
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Code == "" || e.Error.Message == "" {
+		t.Fatalf("error body %q is not {\"error\":{type,code,message}}: %v", body, err)
+	}
+	return e
+}
+
+func TestLLMBudgetTokenBudgetAdmitsEightThenDenies(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, llmCaddyfile(port, up.URL, "", `budget per_key {
+			scope key
+			unit tokens
+			limit 1000
+			window 1h
+		}`))
+	for i := 1; i <= 8; i++ {
+		resp, body := chat(t, url, chatBody, "Authorization: Bearer alice")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+		if !strings.HasPrefix(resp.Header.Get("RateLimit"), `"per_key";r=`) || resp.Header.Get("RateLimit-Policy") != `"per_key";q=1000;w=3600` {
+			t.Fatalf("request %d: RateLimit headers %q / %q", i, resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy"))
+		}
+	}
+	resp, body := chat(t, url, chatBody, "Authorization: Bearer alice")
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("9th request: %d %s, want 429", resp.StatusCode, body)
+	}
+	e := decodeError(t, body)
+	if e.Error.Code != "token_budget_exceeded" || !strings.Contains(e.Error.Message, `"per_key"`) {
+		t.Fatalf("error body %+v must name the budget", e)
+	}
+	retry, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || retry < 1 || retry > 3600 {
+		t.Fatalf("Retry-After %q, want seconds to the window's end", resp.Header.Get("Retry-After"))
+	}
+	if !strings.HasPrefix(resp.Header.Get("RateLimit"), `"per_key";r=200;t=`) {
+		t.Fatalf("RateLimit on the denial: %q (800 of 1000 used)", resp.Header.Get("RateLimit"))
+	}
+	if up.hits.Load() != 8 {
+		t.Fatalf("upstream saw %d requests, want 8: a denied request is not forwarded", up.hits.Load())
+	}
+	// Another principal has its own budget.
+	if resp, _ := chat(t, url, chatBody, "Authorization: Bearer bob"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("bob: %d", resp.StatusCode)
+	}
+	// The upstream got the body intact and no Accept-Encoding.
+	if got := up.lastBody.Load().(string); got != chatBody {
+		t.Fatalf("upstream body %q, want %q", got, chatBody)
+	}
+}
+
+func TestLLMBudgetUSDBudget(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	// gpt-4o: 200 output tokens reserve 200 x $10/1M = $0.002 (+ the prompt);
+	// an actual request costs 30 x 2.5 + 70 x 10 = 775 micro-dollars.
+	startCaddy(t, llmCaddyfile(port, up.URL, "", `budget team_usd {
+			scope team
+			unit usd
+			limit 0.004
+			window 1h
+		}`))
+	admitted := 0
+	var last *http.Response
+	var lastBody string
+	for i := 0; i < 10; i++ {
+		last, lastBody = chat(t, url, chatBody, "X-Team: red")
+		if last.StatusCode != http.StatusOK {
+			break
+		}
+		admitted++
+	}
+	// $0.004 = 4000 micro-dollars; each reservation needs about 2030 and each
+	// request settles to 775: 775k + 2030 <= 4000 admits k = 0, 1, 2.
+	if admitted != 3 || last.StatusCode != http.StatusPaymentRequired {
+		t.Fatalf("admitted %d then %d %s; want 3 then 402", admitted, last.StatusCode, lastBody)
+	}
+	if e := decodeError(t, lastBody); e.Error.Code != "usd_budget_exceeded" {
+		t.Fatalf("code %q", e.Error.Code)
+	}
+	if last.Header.Get("Retry-After") == "" {
+		t.Fatal("402 carries Retry-After")
+	}
+	// A model with no price is never free under a dollar budget.
+	resp, body := chat(t, url, `{"model":"mystery-1","max_tokens":5,"messages":[]}`, "X-Team: blue")
+	if resp.StatusCode != http.StatusPaymentRequired || decodeError(t, body).Error.Code != "model_not_priced" {
+		t.Fatalf("unpriced model: %d %s, want 402 model_not_priced", resp.StatusCode, body)
+	}
+}
+
+func TestLLMBudgetRejectsBadRequestsWithoutForwarding(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, llmCaddyfile(port, up.URL, "", `budget g {
+			limit 100000
+			window 1h
+		}`))
+	tests := []struct {
+		name, body string
+		status     int
+		code       string
+	}{
+		{"not JSON", "model=gpt-4o", 400, "invalid_request"},
+		{"no model", `{"messages":[]}`, 400, "invalid_request"},
+		{"negative max_tokens", `{"model":"gpt-4o","max_tokens":-1,"messages":[]}`, 400, "invalid_request"},
+		{"absurd max_tokens", `{"model":"gpt-4o","max_tokens":50000000,"messages":[]}`, 400, "invalid_request"},
+		{"body over max_request_body", `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`, 413, "request_too_large"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := chat(t, url, tt.body)
+			if resp.StatusCode != tt.status || decodeError(t, body).Error.Code != tt.code {
+				t.Fatalf("%d %s, want %d %s", resp.StatusCode, body, tt.status, tt.code)
+			}
+		})
+	}
+	if up.hits.Load() != 0 {
+		t.Fatalf("upstream saw %d requests; rejected requests are never forwarded", up.hits.Load())
+	}
+	// Paths that are not LLM calls pass through unbudgeted.
+	if resp, _ := get(t, url+"/v1/models"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/models: %d", resp.StatusCode)
+	}
+}
+
+func TestLLMBudgetSettlesFromTheResponse(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix settle\n }", `budget g {
+			limit 100000
+			window 1h
+		}`))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rc.Close()
+	counter := func() int64 {
+		keys, err := rc.Keys(context.Background(), "settle:bg:{b}:g:*").Result()
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("budget keys %v %v", keys, err)
+		}
+		n, _ := rc.Get(context.Background(), keys[0]).Int64()
+		return n
+	}
+	if resp, _ := chat(t, url, chatBody); resp.StatusCode != 200 {
+		t.Fatal(resp.StatusCode)
+	}
+	if got := counter(); got != 100 {
+		t.Fatalf("after a reported usage of 100: counter %d", got)
+	}
+	// A non-2xx upstream answer is released in full.
+	if resp, _ := chat(t, url, chatBody, "X-Fake-Status: 500"); resp.StatusCode != 500 {
+		t.Fatal(resp.StatusCode)
+	}
+	if got := counter(); got != 100 {
+		t.Fatalf("after an upstream 500: counter %d, want 100", got)
+	}
+	// A success with no usage keeps the whole reservation.
+	if resp, _ := chat(t, url, chatBody, "X-Fake-No-Usage: 1"); resp.StatusCode != 200 {
+		t.Fatal(resp.StatusCode)
+	}
+	if got := counter(); got <= 300 {
+		t.Fatalf("after a response without usage: counter %d, want 100 + the reservation (> 300)", got)
+	}
+	// Anthropic format, recognised by its path.
+	before := counter()
+	resp, body := do(t, http.MethodPost, url+"/v1/messages", `{"model":"claude-x","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if got := counter(); got != before+100 {
+		t.Fatalf("Anthropic usage: counter %d, want %d", got, before+100)
+	}
+	// Redis down: fail closed with 503 and nothing forwarded.
+	hits := up.hits.Load()
+	srv.Stop()
+	resp, body = chat(t, url, chatBody)
+	if resp.StatusCode != http.StatusServiceUnavailable || decodeError(t, body).Error.Code != "budget_store_unavailable" {
+		t.Fatalf("store down: %d %s, want 503", resp.StatusCode, body)
+	}
+	if up.hits.Load() != hits {
+		t.Fatal("a request is not forwarded when the store fails closed")
+	}
+}
+
+func TestLLMBudgetFailOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	srv.Stop()
+	startCaddy(t, strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n }", `budget g {
+			limit 1000
+			window 1h
+		}`), "max_request_body 4KiB", "max_request_body 4KiB\n\t\tfail_open", 1))
+	if resp, body := chat(t, url, chatBody); resp.StatusCode != 200 {
+		t.Fatalf("fail_open with the store down: %d %s, want 200", resp.StatusCode, body)
+	}
+}
+
+func TestLLMBudgetConfigErrors(t *testing.T) {
+	tests := []struct{ name, block, want string }{
+		{"no budget", "price m 1 1", "at least one budget"},
+		{"unknown subdirective", "budget b {\nlimit 1\nwindow 1h\n}\nbudgets 3", `unknown subdirective "budgets"`},
+		{"bad scope", "budget b {\nscope galaxy\nlimit 1\nwindow 1h\n}", `scope "galaxy"`},
+		{"bad unit", "budget b {\nunit bananas\nlimit 1\nwindow 1h\n}", `unit "bananas"`},
+		{"zero limit", "budget b {\nlimit 0\nwindow 1h\n}", "limit must be > 0"},
+		{"fractional tokens", "budget b {\nlimit 1.5\nwindow 1h\n}", "whole number"},
+		{"no window", "budget b {\nlimit 10\n}", "window must be at least 1s"},
+		{"negative price", "budget b {\nlimit 10\nwindow 1h\n}\nprice m -1 2", "not a price"},
+		{"bad format", "budget b {\nlimit 10\nwindow 1h\n}\nformat gemini", `format "gemini"`},
+		{"duplicate budget", "budget b {\nlimit 10\nwindow 1h\n}\nbudget b {\nlimit 10\nwindow 1h\n}", "defined twice"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + tt.block + "\n}\n}")
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	tc := startCaddy(t, fmt.Sprintf("{\n\tadmin {ADMIN}\n}\n:%d {\n\trespond \"before\"\n}", port))
+	cfg := fmt.Sprintf(`{
+	"admin": {"listen": "{ADMIN}"},
+	"apps": {"http": {"servers": {"s": {
+		"listen": [":%d"],
+		"routes": [{"handle": [
+			{"handler": "llmbudget",
+			 "principal": "{http.request.header.Authorization}",
+			 "budgets": [{"name": "per_key", "scope": "key", "unit": "tokens", "limit": 1000, "window": "1h"}],
+			 "prices": {"gpt-4o*": {"input": 2.5, "output": 10}}},
+			{"handler": "reverse_proxy", "upstreams": [{"dial": "%s"}]}
+		]}]
+	}}}}
+}`, port, strings.TrimPrefix(up.URL, "http://"))
+	if code, body := tc.load("application/json", cfg); code != http.StatusOK {
+		t.Fatalf("POST /load: %d %s", code, body)
+	}
+	resp, body := chat(t, url, chatBody, "Authorization: Bearer json")
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("RateLimit-Policy") != `"per_key";q=1000;w=3600` {
+		t.Fatalf("%d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	remaining := func() int64 {
+		// A small request shows what the budget holds after its reservation;
+		// it then settles to the upstream's 100 tokens.
+		resp, _ := chat(t, url, `{"model":"gpt-4o","max_tokens":1,"messages":[]}`, "Authorization: Bearer json")
+		h := resp.Header.Get("RateLimit")
+		r, _, _ := strings.Cut(strings.TrimPrefix(h, `"per_key";r=`), ";")
+		n, err := strconv.ParseInt(r, 10, 64)
+		if err != nil {
+			t.Fatalf("RateLimit %q", h)
+		}
+		return n
+	}
+	before := remaining()
+	// A client that goes away before the upstream answers is released.
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("Authorization", "Bearer json")
+	req.Header.Set("X-Fake-Delay", "700ms")
+	client := &http.Client{Timeout: 150 * time.Millisecond}
+	if _, err := client.Do(req); err == nil {
+		t.Fatal("the client was meant to give up")
+	}
+	time.Sleep(900 * time.Millisecond) // the upstream finishes; the handler settles
+	// Only the 100 tokens of the first remaining() call were added since.
+	if after := remaining(); after != before-100 {
+		t.Fatalf("after a client cancel: %d remaining, want %d (the cancelled request released)", after, before-100)
+	}
+	bad := strings.Replace(cfg, `"limit": 1000`, `"limit": -3`, 1)
+	if code, body := tc.load("application/json", bad); code == http.StatusOK || !strings.Contains(body, "limit must be > 0") {
+		t.Fatalf("bad JSON config: %d %s", code, body)
+	}
+}
