@@ -97,12 +97,12 @@ func TestFromJSONGolden(t *testing.T) {
 
 func TestFormatFromPath(t *testing.T) {
 	tests := map[string]Format{
-		"/v1/chat/completions":        OpenAIChat,
+		"/v1/chat/completions":         OpenAIChat,
 		"/openai/v1/chat/completions/": OpenAIChat,
-		"/v1/responses":               OpenAIResponses,
-		"/v1/messages":                Anthropic,
-		"/v1/models":                  Unknown,
-		"/":                           Unknown,
+		"/v1/responses":                OpenAIResponses,
+		"/v1/messages":                 Anthropic,
+		"/v1/models":                   Unknown,
+		"/":                            Unknown,
 	}
 	for path, want := range tests {
 		if got := FormatFromPath(path); got != want {
