@@ -228,7 +228,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		}
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("llmbudget: reading the request body: %w", err))
 	}
-	req, err := usage.ParseRequest(format, body)
+	req, err := usage.ParseRequest(format, r.URL.Path, body)
 	if err != nil {
 		metrics.llmRequests.WithLabelValues("rejected").Inc()
 		return h.reject(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())

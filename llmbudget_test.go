@@ -301,7 +301,7 @@ func TestLLMBudgetConfigErrors(t *testing.T) {
 		{"fractional tokens", "budget b {\nlimit 1.5\nwindow 1h\n}", "whole number"},
 		{"no window", "budget b {\nlimit 10\n}", "window must be at least 1s"},
 		{"negative price", "budget b {\nlimit 10\nwindow 1h\n}\nprice m -1 2", "not a price"},
-		{"bad format", "budget b {\nlimit 10\nwindow 1h\n}\nformat gemini", `format "gemini"`},
+		{"bad format", "budget b {\nlimit 10\nwindow 1h\n}\nformat bedrock", `format "bedrock"`},
 		{"duplicate budget", "budget b {\nlimit 10\nwindow 1h\n}\nbudget b {\nlimit 10\nwindow 1h\n}", "defined twice"},
 	}
 	for _, tt := range tests {

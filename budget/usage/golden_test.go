@@ -72,7 +72,7 @@ func TestParseRequestGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			req, err := ParseRequest(c.format, body)
+			req, err := ParseRequest(c.format, "/v1beta/models/gemini-2.5-flash:streamGenerateContent", body)
 			result := map[string]any{"request": req}
 			if err != nil {
 				result = map[string]any{"error": err.Error()}
@@ -109,7 +109,7 @@ func TestFormatFromPath(t *testing.T) {
 			t.Errorf("FormatFromPath(%q) = %v, want %v", path, got, want)
 		}
 	}
-	if _, err := ParseFormat("gemini"); err == nil {
+	if _, err := ParseFormat("bedrock"); err == nil {
 		t.Error("unknown format names are refused")
 	}
 }
@@ -117,7 +117,7 @@ func TestFormatFromPath(t *testing.T) {
 func TestMediaIsNotReadAsText(t *testing.T) {
 	big := strings.Repeat("A", 4<<20) // a 4 MiB base64 image
 	body := `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + big + `"}}]}]}`
-	req, err := ParseRequest(OpenAIChat, []byte(body))
+	req, err := ParseRequest(OpenAIChat, "/v1/chat/completions", []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}

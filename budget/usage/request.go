@@ -63,10 +63,23 @@ type rawRequest struct {
 	System       json.RawMessage   `json:"system"`
 	Tools        json.RawMessage   `json:"tools"`
 	Prompt       json.RawMessage   `json:"prompt"`
+
+	// Gemini.
+	Contents          json.RawMessage `json:"contents"`
+	SystemInstruction json.RawMessage `json:"systemInstruction"`
+	GenerationConfig  *struct {
+		MaxOutputTokens *int64 `json:"maxOutputTokens"`
+		CandidateCount  *int64 `json:"candidateCount"`
+	} `json:"generationConfig"`
+	// Ollama.
+	Options *struct {
+		NumPredict *int64 `json:"num_predict"`
+	} `json:"options"`
 }
 
-// ParseRequest reads a request body of format f. Errors wrap ErrBadRequest.
-func ParseRequest(f Format, body []byte) (Request, error) {
+// ParseRequest reads a request body of format f sent to path (Gemini names
+// the model and streaming in the path). Errors wrap ErrBadRequest.
+func ParseRequest(f Format, path string, body []byte) (Request, error) {
 	var raw rawRequest
 	if err := json.Unmarshal(body, &raw); err != nil {
 		var typeErr *json.UnmarshalTypeError
@@ -76,22 +89,48 @@ func ParseRequest(f Format, body []byte) (Request, error) {
 		return Request{}, badRequest("body is not valid JSON")
 	}
 	var req Request
-	if err := json.Unmarshal(raw.Model, &req.Model); err != nil || strings.TrimSpace(req.Model) == "" {
-		return Request{}, badRequest("field \"model\" is required and must be a non-empty string")
+	if f == Gemini {
+		req.Model, req.Stream = geminiModel(path)
+		if req.Model == "" {
+			return Request{}, badRequest("the path names no model (want …/models/<model>:generateContent)")
+		}
+	} else {
+		if err := json.Unmarshal(raw.Model, &req.Model); err != nil || strings.TrimSpace(req.Model) == "" {
+			return Request{}, badRequest("field \"model\" is required and must be a non-empty string")
+		}
+		// Ollama's native API streams unless told not to.
+		req.Stream = raw.Stream != nil && *raw.Stream || f == Ollama && raw.Stream == nil
 	}
-	req.Stream = raw.Stream != nil && *raw.Stream
 	req.IncludeUsage = raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage
 	req.N = 1
-	if raw.N != nil {
-		if *raw.N < 1 || *raw.N > MaxChoices {
-			return Request{}, badRequest("field \"n\" must be between 1 and %d", MaxChoices)
-		}
-		req.N = *raw.N
-	}
-	for _, c := range []struct {
+	n, nName := raw.N, "n"
+	caps := []struct {
 		name string
 		v    *int64
-	}{{"max_tokens", raw.MaxTokens}, {"max_completion_tokens", raw.MaxCompletionTokens}, {"max_output_tokens", raw.MaxOutputTokens}} {
+	}{{"max_tokens", raw.MaxTokens}, {"max_completion_tokens", raw.MaxCompletionTokens}, {"max_output_tokens", raw.MaxOutputTokens}}
+	if g := raw.GenerationConfig; g != nil {
+		caps = append(caps, struct {
+			name string
+			v    *int64
+		}{"generationConfig.maxOutputTokens", g.MaxOutputTokens})
+		if g.CandidateCount != nil {
+			n, nName = g.CandidateCount, "generationConfig.candidateCount"
+		}
+	}
+	// Ollama: num_predict -1 (unbounded) and -2 (fill the context) set no cap.
+	if o := raw.Options; o != nil && o.NumPredict != nil && *o.NumPredict > 0 {
+		caps = append(caps, struct {
+			name string
+			v    *int64
+		}{"options.num_predict", o.NumPredict})
+	}
+	if n != nil {
+		if *n < 1 || *n > MaxChoices {
+			return Request{}, badRequest("field %q must be between 1 and %d", nName, MaxChoices)
+		}
+		req.N = *n
+	}
+	for _, c := range caps {
 		if c.v == nil {
 			continue
 		}
@@ -109,8 +148,17 @@ func ParseRequest(f Format, body []byte) (Request, error) {
 		est.messages++
 		est.add(m)
 	}
-	for _, part := range []json.RawMessage{raw.Input, raw.Instructions, raw.System, raw.Tools, raw.Prompt} {
+	for _, part := range []json.RawMessage{raw.Input, raw.Instructions, raw.System, raw.Tools, raw.Prompt, raw.SystemInstruction} {
 		est.add(part)
+	}
+	if len(raw.Contents) > 0 {
+		var contents []json.RawMessage
+		if json.Unmarshal(raw.Contents, &contents) == nil {
+			for _, c := range contents {
+				est.messages++
+				est.add(c)
+			}
+		}
 	}
 	req.PromptTokens = est.tokens()
 	return req, nil
@@ -162,6 +210,7 @@ var mediaTypes = map[string]bool{
 var structuralKeys = map[string]bool{
 	"type": true, "role": true, "id": true, "cache_control": true,
 	"detail": true, "media_type": true, "format": true, "call_id": true, "tool_call_id": true,
+	"images": true, "mimeType": true,
 }
 
 func (e *estimator) walk(v any) {
@@ -181,6 +230,16 @@ func (e *estimator) walk(v any) {
 		if t, ok := v["type"].(string); ok && mediaTypes[t] {
 			e.media++
 			return
+		}
+		// Gemini marks media parts by key, Ollama lists images per message.
+		for _, k := range [...]string{"inlineData", "inline_data", "fileData", "file_data"} {
+			if _, ok := v[k]; ok {
+				e.media++
+				return
+			}
+		}
+		if images, ok := v["images"].([]any); ok {
+			e.media += int64(len(images))
 		}
 		for k, x := range v {
 			if !structuralKeys[k] {

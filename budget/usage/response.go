@@ -1,8 +1,6 @@
 package usage
 
 import (
-	"encoding/json"
-
 	"github.com/fleetguard/fleetguard/budget"
 )
 
@@ -62,14 +60,15 @@ func (u *Fields) Usage(f Format) (budget.Usage, bool) {
 	return budget.Usage{}, false
 }
 
-// FromJSON reads the usage of a non-streaming JSON response of format f. The
-// second result is false when the body has no usage.
+// FromJSON reads the usage of a non-streaming JSON response of format f
+// (Gemini's usageMetadata and Ollama's final counts are recognised by their
+// fields). The second result is false when the body reports no usage.
 func FromJSON(f Format, body []byte) (budget.Usage, bool) {
-	var resp struct {
-		Usage *Fields `json:"usage"`
-	}
-	if json.Unmarshal(body, &resp) != nil || resp.Usage == nil {
+	ev, ok := parseEvent(body)
+	if !ok {
 		return budget.Usage{}, false
 	}
-	return resp.Usage.Usage(f)
+	var t tally
+	t.add(f, ev)
+	return t.usage, t.complete
 }

@@ -1,0 +1,187 @@
+package usage
+
+import (
+	"bytes"
+
+	"github.com/fleetguard/fleetguard/budget"
+)
+
+// MaxEventBytes bounds what the meter keeps of one SSE event or NDJSON line.
+// A larger one passes through to the client untouched; the meter counts its
+// bytes as generated text and does not parse it. Usage events are small.
+const MaxEventBytes = 1 << 20
+
+// Framing is how a streamed response separates its events.
+type Framing uint8
+
+const (
+	// SSE is text/event-stream: data: lines, events end at a blank line.
+	SSE Framing = iota
+	// NDJSON is one JSON object per line (Ollama's native streaming).
+	NDJSON
+)
+
+// Meter reads usage from a streamed response as its bytes pass, keeping at
+// most one event (MaxEventBytes) in memory whatever the stream's length or
+// line length. Any split of the stream into Writes gives the same result.
+type Meter struct {
+	format  Format
+	framing Framing
+
+	line         []byte // the current line, without its terminator
+	lineOverflow int64  // bytes of the current line past MaxEventBytes
+	afterCR      bool   // the last byte seen was \r: a following \n is part of it
+
+	data         []byte // SSE: the data of the current event
+	dataOverflow bool
+	hasData      bool
+
+	tally tally
+	bytes int64
+}
+
+// NewMeter meters a stream of format f framed as framing.
+func NewMeter(f Format, framing Framing) *Meter {
+	return &Meter{format: f, framing: framing}
+}
+
+// Write observes the next bytes of the stream. It never fails and never
+// keeps p.
+func (m *Meter) Write(p []byte) (int, error) {
+	n := len(p)
+	m.bytes += int64(n)
+	for len(p) > 0 {
+		if m.afterCR {
+			m.afterCR = false
+			if p[0] == '\n' {
+				p = p[1:]
+				continue
+			}
+		}
+		i := bytes.IndexAny(p, "\r\n")
+		if i < 0 {
+			m.appendLine(p)
+			return n, nil
+		}
+		m.appendLine(p[:i])
+		m.afterCR = p[i] == '\r'
+		p = p[i+1:]
+		m.endLine()
+	}
+	return n, nil
+}
+
+// Close ends the stream: a last unterminated line and a last event without
+// its blank line are read too (a cut one fails to parse and counts nothing).
+func (m *Meter) Close() {
+	if len(m.line) > 0 || m.lineOverflow > 0 {
+		m.endLine()
+	}
+	m.dispatch()
+}
+
+// Reading is what a stream reported.
+type Reading struct {
+	// Usage is the last usage reported. With Complete false it may hold only
+	// the input (InputKnown) or nothing.
+	Usage      budget.Usage
+	Complete   bool
+	InputKnown bool
+	// OutputTextBytes is the generated text seen, for an output estimate.
+	OutputTextBytes int64
+	// Bytes is the length of the stream so far.
+	Bytes int64
+}
+
+// Reading returns what the stream has reported so far.
+func (m *Meter) Reading() Reading {
+	return Reading{
+		Usage:           m.tally.usage,
+		Complete:        m.tally.complete,
+		InputKnown:      m.tally.inputKnown,
+		OutputTextBytes: m.tally.outputTextBytes,
+		Bytes:           m.bytes,
+	}
+}
+
+func (m *Meter) appendLine(p []byte) {
+	room := MaxEventBytes - len(m.line)
+	if m.lineOverflow > 0 {
+		room = 0
+	}
+	keep := min(room, len(p))
+	m.line = appendBounded(m.line, p[:keep])
+	m.lineOverflow += int64(len(p) - keep)
+}
+
+// appendBounded appends like append, but never grows dst's capacity past
+// MaxEventBytes; callers keep len(dst)+len(p) within it.
+func appendBounded(dst, p []byte) []byte {
+	if need := len(dst) + len(p); need > cap(dst) {
+		grown := make([]byte, len(dst), min(max(2*cap(dst), need, 512), MaxEventBytes))
+		copy(grown, dst)
+		dst = grown
+	}
+	return append(dst, p...)
+}
+
+func (m *Meter) endLine() {
+	line, overflow := m.line, m.lineOverflow
+	m.line, m.lineOverflow = m.line[:0], 0
+	if overflow > 0 {
+		// Too long to parse: count it as generated text, which errs on the
+		// side of charging, and drop any event it belongs to.
+		m.tally.outputTextBytes += int64(len(line)) + overflow
+		if m.framing == SSE {
+			m.dataOverflow = true
+		}
+		return
+	}
+	if m.framing == NDJSON {
+		if ev, ok := parseEvent(line); ok {
+			m.tally.add(m.format, ev)
+		}
+		return
+	}
+	m.sseLine(line)
+}
+
+// sseLine handles one line of text/event-stream.
+func (m *Meter) sseLine(line []byte) {
+	if len(line) == 0 {
+		m.dispatch()
+		return
+	}
+	value, isData := bytes.CutPrefix(line, []byte("data:"))
+	if !isData {
+		return // event:, id:, retry: and comments carry no usage
+	}
+	value, _ = bytes.CutPrefix(value, []byte(" "))
+	if m.dataOverflow {
+		return
+	}
+	sep := 0
+	if m.hasData {
+		sep = 1
+	}
+	if len(m.data)+sep+len(value) > MaxEventBytes {
+		m.tally.outputTextBytes += int64(len(m.data) + len(value))
+		m.data, m.dataOverflow = m.data[:0], true
+		return
+	}
+	if sep == 1 {
+		m.data = appendBounded(m.data, []byte{'\n'})
+	}
+	m.data = appendBounded(m.data, value)
+	m.hasData = true
+}
+
+// dispatch ends the current SSE event.
+func (m *Meter) dispatch() {
+	if m.hasData && !m.dataOverflow {
+		if ev, ok := parseEvent(m.data); ok {
+			m.tally.add(m.format, ev)
+		}
+	}
+	m.data, m.hasData, m.dataOverflow = m.data[:0], false, false
+}
