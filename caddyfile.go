@@ -190,7 +190,8 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		price <model>[*] <input> <output> [<cached_input>]
 //		default_max_tokens <n>
 //		max_request_body   <size>
-//		format             openai_chat|openai_responses|anthropic
+//		format             openai_chat|openai_responses|anthropic|gemini|ollama
+//		inject_stream_usage on|off
 //		fail_open
 //	}
 func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -259,8 +260,15 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.FailOpen = true
+		case "inject_stream_usage":
+			var v string
+			if !d.AllArgs(&v) || (v != "on" && v != "off") {
+				return d.Errf("llmbudget: inject_stream_usage takes on or off")
+			}
+			on := v == "on"
+			h.InjectStreamUsage = &on
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format or fail_open)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage or fail_open)", field)
 		}
 	}
 	if err := h.compile(); err != nil {

@@ -62,8 +62,13 @@ type LLMBudget struct {
 	// with 503.
 	FailOpen bool `json:"fail_open,omitempty"`
 	// Format forces the API format (openai_chat, openai_responses,
-	// anthropic) for gateways that rewrite paths. Default: from the path.
+	// anthropic, gemini, ollama) for gateways that rewrite paths. Default:
+	// from the path.
 	Format string `json:"format,omitempty"`
+	// InjectStreamUsage rewrites an OpenAI chat stream request that lacks
+	// stream_options.include_usage to ask for it, so the stream reports its
+	// usage. Default true.
+	InjectStreamUsage *bool `json:"inject_stream_usage,omitempty"`
 
 	budgets []budget.Budget
 	prices  *budget.PriceBook
@@ -276,11 +281,22 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	metrics.llmRequests.WithLabelValues("admitted").Inc()
 	h.setRateLimitHeaders(w.Header(), res.Holds, time.Now())
+	if format == usage.OpenAIChat && req.Stream && !req.IncludeUsage && h.injectStreamUsage() {
+		if rewritten, err := usage.WithIncludeUsage(body); err == nil {
+			body = rewritten
+		} else {
+			h.logger.Debug("could not ask the stream for usage; it will be estimated", zap.Error(err))
+		}
+	}
 	h.restoreBody(r, body)
 
-	mw := &meteringWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
-	defer h.finish(res, mw, format, price)
+	mw := newMeteringWriter(w, format)
+	defer h.finish(res, mw, req.PromptTokens, price)
 	return next.ServeHTTP(mw, r)
+}
+
+func (h *LLMBudget) injectStreamUsage() bool {
+	return h.InjectStreamUsage == nil || *h.InjectStreamUsage
 }
 
 var errBodyTooLarge = errors.New("request body too large")
@@ -313,33 +329,25 @@ func (h *LLMBudget) restoreBody(r *http.Request, body []byte) {
 	r.Header.Del("Accept-Encoding")
 }
 
-// finish settles a reservation once, from what the response showed: it runs
-// deferred, so it also runs when a later handler fails or panics.
-func (h *LLMBudget) finish(res *budget.Reservation, mw *meteringWriter, format usage.Format, price budget.Price) {
-	var (
-		source string
-		err    error
-	)
+// finish settles a reservation once, from what the response showed. It runs
+// deferred, so it also runs when the client goes away, the upstream fails or
+// a later handler panics; and on a context of its own, so it also works after
+// a config reload cleaned up the config that admitted the request.
+func (h *LLMBudget) finish(res *budget.Reservation, mw *meteringWriter, promptEstimate int64, price budget.Price) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	status := mw.status
+	out := mw.outcome(promptEstimate)
+	var err error
 	switch {
-	case status == 0 || status < 200 || status >= 300:
-		// Nothing reached the client, or the upstream refused: no charge.
-		source = "released"
+	case out.released:
 		err = h.engine.budgets.Release(ctx, res)
+	case out.source == "reserved":
+		// A success with no readable usage keeps the whole reservation: never
+		// free.
 	default:
-		u, ok := mw.usage(format)
-		if !ok {
-			// A success with no readable usage keeps the whole reservation:
-			// never free.
-			source = "reserved"
-			break
-		}
-		source = "reported"
-		err = h.engine.budgets.Settle(ctx, res, budget.Spend{Tokens: u.Tokens(), CostMicros: price.CostMicros(u)})
+		err = h.engine.budgets.Settle(ctx, res, budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)})
 	}
-	metrics.llmSettles.WithLabelValues(source).Inc()
+	metrics.llmSettles.WithLabelValues(out.source).Inc()
 	if err != nil {
 		metrics.llmSettleFailures.Inc()
 		h.logger.Error("settling a budget reservation failed; the counters keep the reservation",

@@ -4,56 +4,31 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetguard/fleetguard/internal/fakellm"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
-// fakeLLM is a local OpenAI/Anthropic-compatible upstream. Every answer
-// reports 30 input and 70 output tokens unless a request header says
-// otherwise: X-Fake-Status (status code), X-Fake-No-Usage, X-Fake-Delay.
-type fakeLLM struct {
-	*httptest.Server
-	hits     atomic.Int64
-	lastBody atomic.Value // string
+// upstream is a local LLM API (internal/fakellm) that reports 30 input and
+// 70 output tokens per request.
+type upstream struct {
+	*fakellm.Server
+	URL string
 }
 
-func newFakeLLM(t *testing.T) *fakeLLM {
-	f := &fakeLLM{}
-	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.hits.Add(1)
-		body, _ := io.ReadAll(r.Body)
-		f.lastBody.Store(string(body))
-		if d, err := time.ParseDuration(r.Header.Get("X-Fake-Delay")); err == nil {
-			time.Sleep(d)
-		}
-		if code, err := strconv.Atoi(r.Header.Get("X-Fake-Status")); err == nil {
-			w.WriteHeader(code)
-			_, _ = io.WriteString(w, `{"error":{"message":"upstream says no"}}`)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		if r.Header.Get("X-Fake-No-Usage") != "" {
-			_, _ = io.WriteString(w, `{"id":"x","choices":[{"message":{"content":"hi"}}]}`)
-			return
-		}
-		if strings.HasSuffix(r.URL.Path, "/messages") {
-			_, _ = io.WriteString(w, `{"id":"msg","type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":30,"output_tokens":70}}`)
-			return
-		}
-		_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":30,"completion_tokens":70,"total_tokens":100}}`)
-	}))
-	t.Cleanup(f.Close)
-	return f
+func newFakeLLM(t *testing.T) *upstream {
+	s := fakellm.New()
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	return &upstream{Server: s, URL: ts.URL}
 }
 
 func llmCaddyfile(port int, upstream, global, budgets string) string {
@@ -127,15 +102,15 @@ func TestLLMBudgetTokenBudgetAdmitsEightThenDenies(t *testing.T) {
 	if !strings.HasPrefix(resp.Header.Get("RateLimit"), `"per_key";r=200;t=`) {
 		t.Fatalf("RateLimit on the denial: %q (800 of 1000 used)", resp.Header.Get("RateLimit"))
 	}
-	if up.hits.Load() != 8 {
-		t.Fatalf("upstream saw %d requests, want 8: a denied request is not forwarded", up.hits.Load())
+	if up.Hits() != 8 {
+		t.Fatalf("upstream saw %d requests, want 8: a denied request is not forwarded", up.Hits())
 	}
 	// Another principal has its own budget.
 	if resp, _ := chat(t, url, chatBody, "Authorization: Bearer bob"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("bob: %d", resp.StatusCode)
 	}
 	// The upstream got the body intact and no Accept-Encoding.
-	if got := up.lastBody.Load().(string); got != chatBody {
+	if got := up.LastBody(); got != chatBody {
 		t.Fatalf("upstream body %q, want %q", got, chatBody)
 	}
 }
@@ -207,8 +182,8 @@ func TestLLMBudgetRejectsBadRequestsWithoutForwarding(t *testing.T) {
 			}
 		})
 	}
-	if up.hits.Load() != 0 {
-		t.Fatalf("upstream saw %d requests; rejected requests are never forwarded", up.hits.Load())
+	if up.Hits() != 0 {
+		t.Fatalf("upstream saw %d requests; rejected requests are never forwarded", up.Hits())
 	}
 	// Paths that are not LLM calls pass through unbudgeted.
 	if resp, _ := get(t, url+"/v1/models"); resp.StatusCode != http.StatusOK {
@@ -265,13 +240,13 @@ func TestLLMBudgetSettlesFromTheResponse(t *testing.T) {
 		t.Fatalf("Anthropic usage: counter %d, want %d", got, before+100)
 	}
 	// Redis down: fail closed with 503 and nothing forwarded.
-	hits := up.hits.Load()
+	hits := up.Hits()
 	srv.Stop()
 	resp, body = chat(t, url, chatBody)
 	if resp.StatusCode != http.StatusServiceUnavailable || decodeError(t, body).Error.Code != "budget_store_unavailable" {
 		t.Fatalf("store down: %d %s, want 503", resp.StatusCode, body)
 	}
-	if up.hits.Load() != hits {
+	if up.Hits() != hits {
 		t.Fatal("a request is not forwarded when the store fails closed")
 	}
 }

@@ -15,15 +15,18 @@ import (
 // A larger response passes through untouched and keeps its reservation.
 const maxUsageCapture = 8 << 20
 
-// meteringWriter passes the response through as it is written and keeps what
-// it needs to read the usage: the status, and a bounded copy of a successful
-// JSON body. Flushes reach the client through Unwrap/Flush.
+// meteringWriter passes the response through as it is written and keeps only
+// what it needs to read the usage: the status, a bounded copy of a successful
+// JSON body, or a usage.Meter for a stream. Writes and flushes reach the client
+// at once.
 type meteringWriter struct {
 	*caddyhttp.ResponseWriterWrapper
+	format   usage.Format
 	status   int
-	isStream bool
+	meter    *usage.Meter // set for a successful streamed response
 	capture  []byte
 	overflow bool
+	written  int64
 }
 
 var (
@@ -31,13 +34,23 @@ var (
 	_ io.ReaderFrom = (*meteringWriter)(nil)
 )
 
+func newMeteringWriter(w http.ResponseWriter, f usage.Format) *meteringWriter {
+	return &meteringWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, format: f}
+}
+
 // WriteHeader records the final status; informational 1xx answers pass
 // through without counting as the response.
 func (w *meteringWriter) WriteHeader(status int) {
 	if w.status == 0 && status >= 200 {
 		w.status = status
-		ct, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type"))
-		w.isStream = ct == "text/event-stream"
+		if status < 300 {
+			switch ct, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type")); ct {
+			case "text/event-stream":
+				w.meter = usage.NewMeter(w.format, usage.SSE)
+			case "application/x-ndjson", "application/jsonl", "application/json-seq":
+				w.meter = usage.NewMeter(w.format, usage.NDJSON)
+			}
+		}
 	}
 	w.ResponseWriter.WriteHeader(status)
 }
@@ -66,22 +79,61 @@ func (w *meteringWriter) Flush() {
 }
 
 func (w *meteringWriter) observe(p []byte) {
-	if w.status < 200 || w.status >= 300 || w.isStream || w.overflow {
-		return
-	}
-	if len(w.capture)+len(p) > maxUsageCapture {
+	w.written += int64(len(p))
+	switch {
+	case w.status < 200 || w.status >= 300:
+	case w.meter != nil:
+		w.meter.Write(p)
+	case w.overflow:
+	case len(w.capture)+len(p) > maxUsageCapture:
 		w.overflow, w.capture = true, nil
-		return
+	default:
+		w.capture = append(w.capture, p...)
 	}
-	w.capture = append(w.capture, p...)
 }
 
-// usage is what the response reported, if it could be read.
-func (w *meteringWriter) usage(f usage.Format) (budget.Usage, bool) {
-	if w.isStream || w.overflow {
-		return budget.Usage{}, false
+// outcome is how a response ended, for the settle.
+type outcome struct {
+	// released: nothing successful reached the client.
+	released bool
+	// usage is what to charge when not released; source names where it came
+	// from (reported, estimated or reserved) for metrics.
+	usage  budget.Usage
+	source string
+}
+
+// outcome decides what the response used. estimate is the reservation's
+// input and output estimate.
+func (w *meteringWriter) outcome(promptEstimate int64) outcome {
+	if w.status == 0 || w.status < 200 || w.status >= 300 {
+		return outcome{released: true, source: "released"}
 	}
-	return usage.FromJSON(f, w.capture)
+	if w.meter == nil {
+		if w.overflow {
+			return outcome{source: "reserved"}
+		}
+		if u, ok := usage.FromJSON(w.format, w.capture); ok {
+			return outcome{usage: u, source: "reported"}
+		}
+		return outcome{source: "reserved"}
+	}
+	w.meter.Close()
+	r := w.meter.Reading()
+	switch {
+	case r.Complete:
+		return outcome{usage: r.Usage, source: "reported"}
+	case r.Bytes == 0:
+		// A stream that ended before any output: nothing was delivered.
+		return outcome{released: true, source: "released"}
+	}
+	// The stream ended (or the client left) after output started but before
+	// a usage event: charge the prompt plus the output seen so far.
+	u := budget.Usage{InputTokens: promptEstimate}
+	if r.InputKnown {
+		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
+	}
+	u.OutputTokens = max(r.Usage.OutputTokens, (r.OutputTextBytes+usage.BytesPerToken-1)/usage.BytesPerToken)
+	return outcome{usage: u, source: "estimated"}
 }
 
 type writeOnly struct{ io.Writer }
