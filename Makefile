@@ -3,9 +3,9 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: test redis-server vet unit bench caddy
+.PHONY: test redis-server vet unit fuzz bench caddy
 
-test: redis-server vet unit
+test: redis-server vet unit fuzz
 
 # Tests start real redis-server processes (internal/redistest). Install the
 # Debian package when it is missing and we can; otherwise say how.
@@ -26,6 +26,12 @@ vet:
 
 unit:
 	$(GO) test -race -count=1 ./...
+
+# The stream meter and the JSON usage readers take bytes from upstreams; each
+# fuzzer runs for FUZZTIME from the golden files as seed corpus.
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzMeter$$' -fuzztime $(FUZZTIME) ./budget/usage
+	$(GO) test -run '^$$' -fuzz '^FuzzFromJSON$$' -fuzztime $(FUZZTIME) ./budget/usage
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -1,0 +1,249 @@
+package fleetguard
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// streamSetup runs Caddy with one global token budget on a real Redis in
+// front of a local streaming upstream.
+type streamSetup struct {
+	t     *testing.T
+	up    *upstream
+	url   string
+	tc    *testCaddy
+	cfg   string
+	redis *redis.Client
+}
+
+func newStreamSetup(t *testing.T, extra string) *streamSetup {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	prefix := fmt.Sprintf("stream%d", port)
+	cfg := strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
+			limit 1000000
+			window 1h
+		}`), "max_request_body 4KiB", "max_request_body 4KiB\n\t\t"+extra, 1)
+	s := &streamSetup{t: t, up: up, url: fmt.Sprintf("http://127.0.0.1:%d", port), cfg: cfg,
+		redis: redis.NewClient(&redis.Options{Addr: srv.Addr()})}
+	t.Cleanup(func() { s.redis.Close() })
+	s.tc = startCaddy(t, cfg)
+	return s
+}
+
+// counter is the budget's counter in Redis (0 before any request).
+func (s *streamSetup) counter() int64 {
+	s.t.Helper()
+	keys, err := s.redis.Keys(context.Background(), "*:bg:{b}:g:*").Result()
+	if err != nil || len(keys) > 1 {
+		s.t.Fatalf("budget keys %v %v", keys, err)
+	}
+	if len(keys) == 0 {
+		return 0
+	}
+	n, _ := s.redis.Get(context.Background(), keys[0]).Int64()
+	return n
+}
+
+// waitCounter waits until the counter equals want, failing after 5 s.
+func (s *streamSetup) waitCounter(want int64) {
+	s.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.counter() != want {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("budget counter %d, want %d", s.counter(), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// open sends a streaming request and returns the response with its body
+// unread; the request ends with ctx.
+func (s *streamSetup) open(ctx context.Context, path, body string, headers ...string) *http.Response {
+	s.t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ":")
+		req.Header.Set(name, strings.TrimSpace(value))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("POST %s: %v", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		s.t.Fatalf("POST %s: %d %s", path, resp.StatusCode, b)
+	}
+	return resp
+}
+
+const streamBody = `{"model":"gpt-4o","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"count to five"}]}`
+
+func promptEstimate(t *testing.T, f usage.Format, path, body string) int64 {
+	t.Helper()
+	req, err := usage.ParseRequest(f, path, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req.PromptTokens
+}
+
+func settles(source string) float64 {
+	return testutil.ToFloat64(metrics.llmSettles.WithLabelValues(source))
+}
+
+func TestStreamChargesReportedUsageAndInjectsIncludeUsage(t *testing.T) {
+	s := newStreamSetup(t, "")
+	resp := s.open(context.Background(), "/v1/chat/completions", streamBody)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" || !strings.Contains(string(got), "data: [DONE]") {
+		t.Fatalf("the client gets the stream as sent: %s", got)
+	}
+	if !strings.Contains(s.up.LastBody(), `"stream_options":{"include_usage":true}`) {
+		t.Fatalf("the upstream was not asked for usage: %s", s.up.LastBody())
+	}
+	req, err := usage.ParseRequest(usage.OpenAIChat, "/v1/chat/completions", []byte(s.up.LastBody()))
+	if err != nil || req.Model != "gpt-4o" || req.MaxOutputTokens != 200 || !req.Stream {
+		t.Fatalf("the rewritten body lost fields: %+v %v", req, err)
+	}
+	s.waitCounter(100)
+}
+
+func TestStreamWithoutInjectionIsEstimated(t *testing.T) {
+	s := newStreamSetup(t, "inject_stream_usage off")
+	before := settles("estimated")
+	resp := s.open(context.Background(), "/v1/chat/completions", streamBody)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if strings.Contains(s.up.LastBody(), "include_usage") {
+		t.Fatal("inject_stream_usage off must leave the body alone")
+	}
+	// 5 chunks of "tokNN " = 30 bytes of text = 8 tokens, plus the prompt.
+	s.waitCounter(promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody) + 8)
+	if settles("estimated") != before+1 {
+		t.Fatal("a stream without usage counts as usage_source=estimated")
+	}
+}
+
+func TestStreamFirstChunkArrivesBeforeUpstreamFinishes(t *testing.T) {
+	s := newStreamSetup(t, "")
+	gate := make(chan struct{})
+	s.up.Gate = gate
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp := s.open(ctx, "/v1/chat/completions", streamBody)
+	defer resp.Body.Close()
+	// The upstream holds the stream after its first chunk until the gate
+	// opens: the chunk can only be read now if nothing buffers it.
+	first := make(chan string, 1)
+	r := bufio.NewReader(resp.Body)
+	go func() {
+		line, _ := r.ReadString('\n')
+		first <- line
+	}()
+	select {
+	case line := <-first:
+		if !strings.Contains(line, "tok00") {
+			t.Fatalf("first line %q", line)
+		}
+	case <-time.After(5 * time.Second):
+		close(gate)
+		t.Fatal("the first chunk did not reach the client while the upstream was still streaming")
+	}
+	close(gate)
+	// Finish the stream so its settle does not land in another test.
+	io.Copy(io.Discard, r)
+	s.waitCounter(100)
+}
+
+func TestStreamClientCancelSettlesOnce(t *testing.T) {
+	s := newStreamSetup(t, "")
+	gate := make(chan struct{})
+	s.up.Gate = gate
+	before := settles("estimated")
+	ctx, cancel := context.WithCancel(context.Background())
+	resp := s.open(ctx, "/v1/chat/completions", streamBody)
+	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	if !strings.Contains(line, "tok00") {
+		t.Fatalf("first line %q", line)
+	}
+	cancel() // the client goes away mid-stream
+	resp.Body.Close()
+	close(gate)
+	prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody)
+	deadline := time.Now().Add(5 * time.Second)
+	for settles("estimated") == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no settle after the client went away")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Charged: the prompt plus the output that had started (at least the
+	// first chunk, at most all five), never the 200-token reservation.
+	got := s.counter()
+	if got < prompt+2 || got > prompt+8 {
+		t.Fatalf("counter %d after a cancel, want the prompt %d plus 2..8 output tokens", got, prompt)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if settles("estimated") != before+1 || s.counter() != got {
+		t.Fatalf("settled %v times (counter %d then %d), want once", settles("estimated")-before, got, s.counter())
+	}
+}
+
+func TestAnthropicStreamChargesStartPlusLastDelta(t *testing.T) {
+	s := newStreamSetup(t, "")
+	body := `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`
+	resp := s.open(context.Background(), "/v1/messages", body)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	// message_start input 30 + the last cumulative message_delta 70; a meter
+	// that summed the deltas would charge 30 + 35 + 70.
+	s.waitCounter(100)
+}
+
+func TestStreamCutBeforeUsageIsEstimated(t *testing.T) {
+	s := newStreamSetup(t, "")
+	resp := s.open(context.Background(), "/v1/chat/completions", streamBody, "X-Fake-Cut: 3")
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Count(string(got), "data: ") != 3 {
+		t.Fatalf("the client gets what the upstream sent: %q", got)
+	}
+	// 3 chunks = 18 bytes of text = 5 tokens.
+	s.waitCounter(promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody) + 5)
+}
+
+func TestStreamSettlesAfterAReload(t *testing.T) {
+	s := newStreamSetup(t, "")
+	gate := make(chan struct{})
+	s.up.Gate = gate
+	resp := s.open(context.Background(), "/v1/chat/completions", streamBody)
+	r := bufio.NewReader(resp.Body)
+	if line, _ := r.ReadString('\n'); !strings.Contains(line, "tok00") {
+		t.Fatalf("first line %q", line)
+	}
+	// Reload while the stream is open: the old config is cleaned up before
+	// the stream ends.
+	if code, body := s.tc.load("text/caddyfile", s.cfg); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	close(gate)
+	io.Copy(io.Discard, r)
+	resp.Body.Close()
+	s.waitCounter(100)
+}
