@@ -4,13 +4,9 @@
 # events 20 per 10s keyed on a header; 60 requests 50 ms apart alternating
 # between the instances. Prints how many the fleet admitted (expect 20 to 23)
 # and whether every 429 carried Retry-After.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-go build -o "$work/caddy" ./cmd/caddy
+source "$(dirname "$0")/lib.sh"
 redis_port=${REDIS_PORT:-6391}
-redis-server --port "$redis_port" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+start_redis "$redis_port"
 for n in 1 2; do
 	cat >"$work/fleet$n.Caddyfile" <<CFG
 {

@@ -6,14 +6,9 @@
 #  2. two Caddy instances on one Redis, 50 concurrent requests to a slow
 #     upstream: the usage of the admitted requests stays within the budget and
 #     the Redis counter equals it when all are done.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-go build -o "$work/caddy" ./cmd/caddy
-go build -o "$work/fakellm" ./bench/fakellm
+source "$(dirname "$0")/lib.sh"
 redis_port=${REDIS_PORT:-6392}
-redis-server --port "$redis_port" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+start_redis "$redis_port"
 "$work/fakellm" -addr 127.0.0.1:11501 -input 30 -output 70 -delay 300ms 2>"$work/fakellm.log" &
 for n in 1 2; do
 	cat >"$work/llm$n.Caddyfile" <<CFG

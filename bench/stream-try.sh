@@ -5,14 +5,9 @@
 # to the first chunk at the client, how much the budget counter grew for an
 # OpenAI stream and for an Anthropic stream (message_start input 30 + last
 # message_delta output 70 = 100).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-go build -o "$work/caddy" ./cmd/caddy
-go build -o "$work/fakellm" ./bench/fakellm
+source "$(dirname "$0")/lib.sh"
 redis_port=${REDIS_PORT:-6393}
-redis-server --port "$redis_port" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+start_redis "$redis_port"
 "$work/fakellm" -addr 127.0.0.1:11502 -input 30 -output 70 -chunks 20 -interval 50ms 2>"$work/fakellm.log" &
 cat >"$work/Caddyfile" <<CFG
 {
