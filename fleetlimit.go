@@ -134,10 +134,16 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("fleetlimit: metrics: %w", err)
 	}
+	return h.resolveZones()
+}
+
+// resolveZones binds the configured zones to the engine's and precomputes the
+// RateLimit-Policy header.
+func (h *FleetLimit) resolveZones() error {
 	h.zones = h.zones[:0]
 	for name, z := range h.Zones {
 		limit, _ := ratelimit.NewLimit(z.Events, time.Duration(z.Window), z.Burst)
-		zone := eng.limiter.Zone(name)
+		zone := h.engine.limiter.Zone(name)
 		zone.SetMaxKeys(z.MaxKeys)
 		h.zones = append(h.zones, zoneRuntime{
 			name:    name,
@@ -173,8 +179,8 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("fleetlimit: %w", err))
 	}
 	hdr := w.Header()
-	hdr.Set("RateLimit-Policy", h.policy)
-	hdr.Set("RateLimit", h.rateLimitHeader(verdicts[:n]))
+	hdr["Ratelimit-Policy"] = []string{h.policy}
+	hdr["Ratelimit"] = []string{h.rateLimitHeader(verdicts[:n])}
 	if denied < 0 {
 		for i := range h.zones {
 			h.zones[i].allowed.Inc()
@@ -201,7 +207,8 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 
 // rateLimitHeader renders `"<zone>";r=<remaining>;t=<reset s>` for every zone.
 func (h *FleetLimit) rateLimitHeader(verdicts []ratelimit.Verdict) string {
-	buf := make([]byte, 0, 48*len(verdicts))
+	var stack [128]byte // one or two zones fit without a heap buffer
+	buf := stack[:0]
 	for i, v := range verdicts {
 		if i > 0 {
 			buf = append(buf, ", "...)
