@@ -264,15 +264,18 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 
 	res, denial, err := h.engine.budgets.Reserve(r.Context(), h.budgets, dims, spend)
+	if err != nil {
+		h.engine.budgetStoreFailed(h.logger, h.FailOpen, err)
+	} else {
+		h.engine.budgetStoreOK(h.logger)
+	}
 	switch {
 	case err != nil && h.FailOpen:
 		metrics.llmRequests.WithLabelValues("fail_open").Inc()
-		h.logger.Warn("budget store failed; admitting unbudgeted (fail_open)", zap.Error(err))
 		h.restoreBody(r, body)
 		return next.ServeHTTP(w, r)
 	case err != nil:
 		metrics.llmRequests.WithLabelValues("store_error").Inc()
-		h.logger.Error("budget store failed; denying (fail closed)", zap.Error(err))
 		return h.reject(w, http.StatusServiceUnavailable, "service_unavailable", "budget_store_unavailable",
 			"the budget store is unavailable; try again shortly")
 	case denial != nil:

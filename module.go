@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -163,6 +164,28 @@ type engine struct {
 	limiter *ratelimit.Engine
 	budgets *budget.Engine
 	client  redis.UniversalClient // nil for the embedded memory store
+
+	// budgetStoreDown makes a budget store outage one log line, not one per
+	// request.
+	budgetStoreDown atomic.Bool
+}
+
+// budgetStoreFailed logs the first failure of an outage.
+func (e *engine) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
+	if e.budgetStoreDown.CompareAndSwap(false, true) {
+		msg := "budget store unreachable; denying budgeted requests with 503 until it returns"
+		if failOpen {
+			msg = "budget store unreachable; admitting budgeted requests unbudgeted (fail_open) until it returns"
+		}
+		log.Error(msg, zap.Error(err))
+	}
+}
+
+// budgetStoreOK logs the end of an outage.
+func (e *engine) budgetStoreOK(log *zap.Logger) {
+	if e.budgetStoreDown.Load() && e.budgetStoreDown.CompareAndSwap(true, false) {
+		log.Info("budget store reachable again")
+	}
 }
 
 func newEngine(opts *redis.Options, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {

@@ -3,6 +3,7 @@ package budget
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -113,7 +114,9 @@ func (r *RedisStore) Get(ctx context.Context, keys []string) ([]int64, error) {
 	}
 	for i, v := range vals {
 		if s, ok := v.(string); ok {
-			fmt.Sscan(s, &out[i])
+			if out[i], err = strconv.ParseInt(s, 10, 64); err != nil {
+				return nil, fmt.Errorf("budget counter %s: %w", keys[i], err)
+			}
 		}
 	}
 	return out, nil
