@@ -90,3 +90,18 @@ func TestMeteringWriterPassesFlushesThrough(t *testing.T) {
 		t.Fatal("a 2xx event stream is metered")
 	}
 }
+
+func TestEncodedResponseKeepsTheReservation(t *testing.T) {
+	h := directHandler(t)
+	serveRecovering(h, streamBody, func(w http.ResponseWriter, _ *http.Request) error {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusOK)
+		_, err := w.Write([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0})
+		return err
+	})
+	prompt, _ := usage.ParseRequest(usage.OpenAIChat, "/v1/chat/completions", []byte(streamBody))
+	if got, want := h.usedForTest(t), prompt.PromptTokens+200; got != want {
+		t.Fatalf("an unreadable (compressed) stream: counter %d, want the whole reservation %d", got, want)
+	}
+}

@@ -26,7 +26,9 @@ type meteringWriter struct {
 	meter    *usage.Meter // set for a successful streamed response
 	capture  []byte
 	overflow bool
-	written  int64
+	// opaque: the body is encoded (the upstream compressed it although it
+	// was not asked to), so its usage cannot be read.
+	opaque bool
 }
 
 var (
@@ -43,7 +45,9 @@ func newMeteringWriter(w http.ResponseWriter, f usage.Format) *meteringWriter {
 func (w *meteringWriter) WriteHeader(status int) {
 	if w.status == 0 && status >= 200 {
 		w.status = status
-		if status < 300 {
+		if ce := w.Header().Get("Content-Encoding"); ce != "" && ce != "identity" {
+			w.opaque = true
+		} else if status < 300 {
 			switch ct, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type")); ct {
 			case "text/event-stream":
 				w.meter = usage.NewMeter(w.format, usage.SSE)
@@ -79,9 +83,8 @@ func (w *meteringWriter) Flush() {
 }
 
 func (w *meteringWriter) observe(p []byte) {
-	w.written += int64(len(p))
 	switch {
-	case w.status < 200 || w.status >= 300:
+	case w.status < 200 || w.status >= 300 || w.opaque:
 	case w.meter != nil:
 		w.meter.Write(p)
 	case w.overflow:
@@ -102,14 +105,14 @@ type outcome struct {
 	source string
 }
 
-// outcome decides what the response used. estimate is the reservation's
-// input and output estimate.
+// outcome decides what the response used; promptEstimate is the
+// reservation's input estimate.
 func (w *meteringWriter) outcome(promptEstimate int64) outcome {
 	if w.status == 0 || w.status < 200 || w.status >= 300 {
 		return outcome{released: true, source: "released"}
 	}
 	if w.meter == nil {
-		if w.overflow {
+		if w.overflow || w.opaque {
 			return outcome{source: "reserved"}
 		}
 		if u, ok := usage.FromJSON(w.format, w.capture); ok {
