@@ -38,6 +38,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 //
 //	fleetguard {
 //		redis         <url>
+//		redis_cluster <url>?addr=<host:port>&addr=…
 //		prefix        <prefix>
 //		sync_interval <duration>
 //	}
@@ -52,6 +53,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&a.Redis) {
 				return d.ArgErr()
 			}
+		case "redis_cluster":
+			if !d.AllArgs(&a.RedisCluster) {
+				return d.ArgErr()
+			}
 		case "prefix":
 			if !d.AllArgs(&a.Prefix) {
 				return d.ArgErr()
@@ -63,7 +68,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.SyncInterval = dur
 		default:
-			return d.Errf("fleetguard: unknown option %q (want redis, prefix or sync_interval)", d.Val())
+			return d.Errf("fleetguard: unknown option %q (want redis, redis_cluster, prefix or sync_interval)", d.Val())
 		}
 	}
 	return nil

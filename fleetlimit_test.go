@@ -206,3 +206,12 @@ func TestFleetLimitWithRedisDownServesPerInstance(t *testing.T) {
 		t.Fatalf("after Redis returns: %d", resp.StatusCode)
 	}
 }
+
+func TestRedisAndRedisClusterAreExclusive(t *testing.T) {
+	port := freePort(t)
+	tc := startCaddy(t, fleetCaddyfile(port, "", ""))
+	code, body := tc.load("text/caddyfile", fleetCaddyfile(port, "fleetguard {\n redis redis://127.0.0.1:1\n redis_cluster redis://127.0.0.1:2\n }", ""))
+	if code == http.StatusOK || !strings.Contains(body, "redis and redis_cluster") {
+		t.Fatalf("got %d %s, want an error naming both options", code, body)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -343,5 +344,51 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	bad := strings.Replace(cfg, `"limit": 1000`, `"limit": -3`, 1)
 	if code, body := tc.load("application/json", bad); code == http.StatusOK || !strings.Contains(body, "limit must be > 0") {
 		t.Fatalf("bad JSON config: %d %s", code, body)
+	}
+}
+
+// TestOnRedisCluster runs both handlers on a 3-node Redis Cluster: the budget
+// script touches several keys under one hash tag, the fleet counters push one
+// transaction per slot.
+func TestOnRedisCluster(t *testing.T) {
+	c := redistest.StartCluster(t)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	cfg := strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis_cluster "+c.URL()+"\n sync_interval 50ms\n }", `budget per_key {
+			scope key
+			limit 1000
+			window 1h
+		}
+		budget all {
+			limit 100000
+			window 1h
+		}`), "reverse_proxy", "fleetlimit {\n zone z {\n key {http.request.header.Authorization}\n events 100\n window 1m\n }\n }\n reverse_proxy", 1)
+	startCaddy(t, cfg)
+	for i := 1; i <= 8; i++ {
+		if resp, body := chat(t, url, chatBody, "Authorization: Bearer cluster"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if resp, _ := chat(t, url, chatBody, "Authorization: Bearer cluster"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("9th request: %d, want 429 from the per_key budget", resp.StatusCode)
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer cc.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var n atomic.Int64 // ForEachMaster visits the nodes concurrently
+		_ = cc.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
+			keys, _ := node.Keys(ctx, "*:rl:{z:*").Result()
+			n.Add(int64(len(keys)))
+			return nil
+		})
+		if n.Load() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleet counter keys on the cluster: %d, want 1", n.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

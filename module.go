@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -44,8 +45,12 @@ var engines = caddy.NewUsagePool()
 // config shares. Without it (no global option) handlers use the embedded
 // memory store, which limits a single instance.
 type App struct {
-	// Redis is a redis:// or rediss:// URL. Empty: the embedded memory store.
+	// Redis is a redis:// or rediss:// URL. Empty (and no RedisCluster): the
+	// embedded memory store.
 	Redis string `json:"redis,omitempty"`
+	// RedisCluster is a Redis Cluster in go-redis's URL form:
+	// redis://[user:pass@]host:port?addr=host2:port2&addr=host3:port3.
+	RedisCluster string `json:"redis_cluster,omitempty"`
 	// Prefix starts every store key; fleets sharing a Redis keep apart by it.
 	// Default "fleetguard".
 	Prefix string `json:"prefix,omitempty"`
@@ -88,18 +93,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	logger := ctx.Logger()
 
-	key := "memory|" + a.Prefix
-	var opts *redis.Options
-	if a.Redis != "" {
-		var err error
-		opts, err = parseRedisURL(a.Redis)
-		if err != nil {
-			return err
-		}
-		key = fmt.Sprintf("redis|%s|%s|%d|%s", opts.Addr, opts.Username, opts.DB, a.Prefix)
+	key, connect, err := a.store()
+	if err != nil {
+		return err
 	}
 	val, _, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newEngine(opts, a.Prefix, interval, logger)
+		return newEngine(connect, a.Prefix, interval, logger)
 	})
 	if err != nil {
 		return fmt.Errorf("fleetguard: starting the engine: %w", err)
@@ -111,24 +110,58 @@ func (a *App) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// parseRedisURL validates the redis option; the error names the field and
-// never echoes a password.
-func parseRedisURL(raw string) (*redis.Options, error) {
+// Short dial and I/O timeouts: the reconciler runs every few hundred ms, and a
+// Redis that answers slower than that is treated as down.
+const (
+	redisTimeout    = 500 * time.Millisecond
+	redisMaxRetries = 1
+)
+
+// store validates the store options and returns the identity the engine is
+// shared under (never containing a password) and how to connect; connect is
+// nil for the embedded memory store.
+func (a *App) store() (string, func() redis.UniversalClient, error) {
+	switch {
+	case a.Redis != "" && a.RedisCluster != "":
+		return "", nil, errors.New("fleetguard: redis and redis_cluster: set one, not both")
+	case a.Redis != "":
+		if err := checkRedisURL("redis", a.Redis); err != nil {
+			return "", nil, err
+		}
+		opts, err := redis.ParseURL(a.Redis)
+		if err != nil {
+			return "", nil, fmt.Errorf("fleetguard: redis: %w", err)
+		}
+		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
+		opts.MaxRetries = redisMaxRetries
+		key := fmt.Sprintf("redis|%s|%s|%d|%s", opts.Addr, opts.Username, opts.DB, a.Prefix)
+		return key, func() redis.UniversalClient { return redis.NewClient(opts) }, nil
+	case a.RedisCluster != "":
+		if err := checkRedisURL("redis_cluster", a.RedisCluster); err != nil {
+			return "", nil, err
+		}
+		opts, err := redis.ParseClusterURL(a.RedisCluster)
+		if err != nil {
+			return "", nil, fmt.Errorf("fleetguard: redis_cluster: %w", err)
+		}
+		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
+		opts.MaxRetries = redisMaxRetries
+		addrs := append([]string(nil), opts.Addrs...)
+		sort.Strings(addrs)
+		key := fmt.Sprintf("cluster|%s|%s|%s", strings.Join(addrs, ","), opts.Username, a.Prefix)
+		return key, func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
+	}
+	return "memory|" + a.Prefix, nil, nil
+}
+
+// checkRedisURL gives a clear error, naming the field and never echoing a
+// password, for what is not a redis:// or rediss:// URL with a host.
+func checkRedisURL(field, raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-		return nil, fmt.Errorf("fleetguard: redis: %q is not a redis:// or rediss:// URL with a host", redactURL(raw))
+		return fmt.Errorf("fleetguard: %s: %q is not a redis:// or rediss:// URL with a host", field, redactURL(raw))
 	}
-	opts, err := redis.ParseURL(raw)
-	if err != nil {
-		return nil, fmt.Errorf("fleetguard: redis: %w", err)
-	}
-	// Short dial and I/O timeouts: the reconciler runs every few hundred ms,
-	// and a Redis that answers slower than that is treated as down.
-	opts.DialTimeout = 500 * time.Millisecond
-	opts.ReadTimeout = 500 * time.Millisecond
-	opts.WriteTimeout = 500 * time.Millisecond
-	opts.MaxRetries = 1
-	return opts, nil
+	return nil
 }
 
 func redactURL(raw string) string {
@@ -188,13 +221,15 @@ func (e *engine) budgetStoreOK(log *zap.Logger) {
 	}
 }
 
-func newEngine(opts *redis.Options, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {
+// newEngine builds and starts an engine; connect is nil for the embedded
+// memory store.
+func newEngine(connect func() redis.UniversalClient, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {
 	e := &engine{}
 	var store ratelimit.CounterStore = ratelimit.NewMemoryStore()
 	var budgetStore budget.Store = budget.NewMemoryStore()
-	if opts != nil {
+	if connect != nil {
 		routeRedisLog()
-		e.client = redis.NewClient(opts)
+		e.client = connect()
 		store = ratelimit.NewRedisStore(e.client)
 		budgetStore = budget.NewRedisStore(e.client)
 	}

@@ -14,16 +14,26 @@ import (
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
-// storeCase builds a fresh store of one kind for a test.
+// storeCase sets up one kind of store for a test run; the setup's result
+// builds a Store per case (cases keep apart by key prefix).
 type storeCase struct {
-	name string
-	new  func(t *testing.T) Store
+	name  string
+	setup func(t *testing.T) func(t *testing.T) Store
 }
 
 func storeCases() []storeCase {
 	return []storeCase{
-		{"memory", func(t *testing.T) Store { return NewMemoryStore() }},
-		{"redis", func(t *testing.T) Store { return NewRedisStore(redisClient(t, redistest.Start(t))) }},
+		{"memory", func(*testing.T) func(*testing.T) Store {
+			return func(*testing.T) Store { return NewMemoryStore() }
+		}},
+		{"redis", func(t *testing.T) func(*testing.T) Store {
+			srv := redistest.Start(t)
+			return func(t *testing.T) Store { return NewRedisStore(redisClient(t, srv)) }
+		}},
+		{"redis-cluster", func(t *testing.T) func(*testing.T) Store {
+			c := redistest.StartCluster(t)
+			return func(t *testing.T) Store { return NewRedisStore(clusterClient(t, c)) }
+		}},
 	}
 }
 
@@ -32,6 +42,13 @@ func redisClient(t testing.TB, srv *redistest.Server) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+func clusterClient(t testing.TB, c *redistest.Cluster) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: 500 * time.Millisecond})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
 }
 
 func tokenBudget(name string, scope Scope, limit int64) Budget {
@@ -145,8 +162,9 @@ func TestStoreConformance(t *testing.T) {
 	}
 	for _, sc := range storeCases() {
 		t.Run(sc.name, func(t *testing.T) {
+			newStore := sc.setup(t)
 			for _, c := range cases {
-				t.Run(c.name, func(t *testing.T) { c.run(t, sc.new(t)) })
+				t.Run(c.name, func(t *testing.T) { c.run(t, newStore(t)) })
 			}
 		})
 	}

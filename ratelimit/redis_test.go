@@ -22,7 +22,12 @@ func redisClient(t testing.TB, srv *redistest.Server) *redis.Client {
 
 func redisEngine(t testing.TB, srv *redistest.Server, prefix string) *Engine {
 	t.Helper()
-	e, err := NewEngine(Options{Store: NewRedisStore(redisClient(t, srv)), Prefix: prefix, SyncInterval: 100 * time.Millisecond})
+	return engineOn(t, redisClient(t, srv), prefix)
+}
+
+func engineOn(t testing.TB, c redis.UniversalClient, prefix string) *Engine {
+	t.Helper()
+	e, err := NewEngine(Options{Store: NewRedisStore(c), Prefix: prefix, SyncInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +43,7 @@ func reconcile(t testing.TB, e *Engine) {
 	}
 }
 
-func counterValue(t testing.TB, c *redis.Client, e *Engine, zone, key string, epoch int64) int64 {
+func counterValue(t testing.TB, c redis.UniversalClient, e *Engine, zone, key string, epoch int64) int64 {
 	t.Helper()
 	p := plan{zone: &Zone{name: zone}, entry: &entry{hash: keyhash.Of(key)}}
 	v, err := c.Get(context.Background(), e.counterKey(&p, epoch)).Int64()
@@ -53,8 +58,24 @@ func counterValue(t testing.TB, c *redis.Client, e *Engine, zone, key string, ep
 
 func TestTwoInstancesEnforceOneCombinedLimit(t *testing.T) {
 	srv := redistest.Start(t)
-	a := redisEngine(t, srv, "combined")
-	b := redisEngine(t, srv, "combined")
+	testCombinedLimit(t, func() redis.UniversalClient { return redisClient(t, srv) })
+}
+
+// TestTwoInstancesOnRedisCluster runs the same on a 3-node cluster: pushes
+// are one MULTI/EXEC per slot and reads pipelined GETs, never a cross-slot
+// command.
+func TestTwoInstancesOnRedisCluster(t *testing.T) {
+	c := redistest.StartCluster(t)
+	testCombinedLimit(t, func() redis.UniversalClient {
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+		t.Cleanup(func() { _ = cc.Close() })
+		return cc
+	})
+}
+
+func testCombinedLimit(t *testing.T, newClient func() redis.UniversalClient) {
+	a := engineOn(t, newClient(), "combined")
+	b := engineOn(t, newClient(), "combined")
 	l := mustLimit(t, 10, time.Hour, 0)
 	za, zb := a.Zone("api"), b.Zone("api")
 	admitted := 0
@@ -81,7 +102,7 @@ func TestTwoInstancesEnforceOneCombinedLimit(t *testing.T) {
 	if admitted != 10 {
 		t.Fatalf("admitted %d across two instances, want exactly the combined limit 10", admitted)
 	}
-	c := redisClient(t, srv)
+	c := newClient()
 	ep := window.Epoch(time.Now().UnixNano(), l.Window)
 	if got := counterValue(t, c, a, "api", "user", ep); got != 10 {
 		t.Fatalf("shared counter = %d, want 10", got)

@@ -22,9 +22,10 @@ const InstallHint = "apt-get update && apt-get install -y redis-server"
 
 // Server is one redis-server process owned by a test.
 type Server struct {
-	t    testing.TB
-	bin  string
-	port int
+	t     testing.TB
+	bin   string
+	port  int
+	extra []string // further redis-server arguments
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -35,11 +36,16 @@ type Server struct {
 // install command: a test that needs Redis never passes without it.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return startNode(t, freePort(t))
+}
+
+func startNode(t testing.TB, port int, extra ...string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("redis-server is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
 	}
-	s := &Server{t: t, bin: bin, port: freePort(t)}
+	s := &Server{t: t, bin: bin, port: port, extra: extra}
 	if err := s.start(); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
@@ -81,13 +87,14 @@ func (s *Server) start() error {
 	if s.cmd != nil {
 		return fmt.Errorf("redis-server on port %d is already running", s.port)
 	}
-	cmd := exec.Command(s.bin,
+	args := append([]string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--protected-mode", "no",
-	)
+	}, s.extra...)
+	cmd := exec.Command(s.bin, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
