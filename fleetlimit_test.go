@@ -1,11 +1,13 @@
 package fleetguard
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
@@ -214,4 +216,64 @@ func TestRedisAndRedisClusterAreExclusive(t *testing.T) {
 	if code == http.StatusOK || !strings.Contains(body, "redis and redis_cluster") {
 		t.Fatalf("got %d %s, want an error naming both options", code, body)
 	}
+}
+
+func TestAdminStatusAndMetrics(t *testing.T) {
+	srv := redistest.Start(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	tc := startCaddy(t, fleetCaddyfile(port, "fleetguard {\n redis "+srv.URL()+"\n prefix status\n sync_interval 50ms\n }", ""))
+	get(t, url, "X-API-Key: status-key")
+	resp, body := get(t, "http://"+tc.admin+"/fleetguard/status")
+	var status struct {
+		Stores []storeStatus `json:"stores"`
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &status) != nil {
+		t.Fatalf("GET /fleetguard/status: %d %s", resp.StatusCode, body)
+	}
+	var found bool
+	for _, st := range status.Stores {
+		if strings.HasSuffix(st.Store, "|status") {
+			found = true
+			if !st.Healthy || st.SyncInterval != "50ms" || len(st.Zones) != 1 || st.Zones[0].Name != "per_key" || st.Zones[0].Keys != 1 {
+				t.Fatalf("status %+v", st)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("the Redis store is not listed: %s", body)
+	}
+	if strings.Contains(body, "status-key") {
+		t.Fatal("the status must not show user keys")
+	}
+
+	// The collectors are on Caddy's metrics endpoint, and survive a reload.
+	if code, body := tc.load("text/caddyfile", fleetCaddyfile(port, "fleetguard {\n redis "+srv.URL()+"\n prefix status\n sync_interval 50ms\n }", "")); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, m := get(t, "http://"+tc.admin+"/metrics")
+		if strings.Contains(m, `fleetguard_fleetlimit_requests_total{decision="allowed",zone="per_key"}`) &&
+			strings.Contains(m, `fleetguard_fleetlimit_reconcile_passes_total{result="ok"}`) {
+			if strings.Contains(m, "status-key") {
+				t.Fatal("metrics must not carry user keys")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleetguard metrics missing from /metrics:\n%s", grepLines(m, "fleetguard"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

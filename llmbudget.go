@@ -340,17 +340,27 @@ func (h *LLMBudget) finish(res *budget.Reservation, mw *meteringWriter, promptEs
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
 	out := mw.outcome(promptEstimate)
+	spend := budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)}
 	var err error
-	switch {
-	case out.released:
+	switch out.source {
+	case "released":
 		err = h.engine.budgets.Release(ctx, res)
-	case out.source == "reserved":
+	case "reserved":
 		// A success with no readable usage keeps the whole reservation: never
 		// free.
 	default:
-		err = h.engine.budgets.Settle(ctx, res, budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)})
+		err = h.engine.budgets.Settle(ctx, res, spend)
 	}
 	metrics.llmSettles.WithLabelValues(out.source).Inc()
+	if out.source != "released" {
+		for _, hold := range res.Holds {
+			amount := hold.Amount
+			if out.source != "reserved" {
+				amount = hold.Budget.Amount(spend)
+			}
+			metrics.llmCharged.WithLabelValues(hold.Budget.Name, hold.Budget.Unit.String()).Add(float64(amount))
+		}
+	}
 	if err != nil {
 		metrics.llmSettleFailures.Inc()
 		h.logger.Error("settling a budget reservation failed; the counters keep the reservation",

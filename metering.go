@@ -97,19 +97,18 @@ func (w *meteringWriter) observe(p []byte) {
 
 // outcome is how a response ended, for the settle.
 type outcome struct {
-	// released: nothing successful reached the client.
-	released bool
-	// usage is what to charge when not released; source names where it came
-	// from (reported, estimated or reserved) for metrics.
-	usage  budget.Usage
+	// source is the usage_source of the settle: released (nothing successful
+	// reached the client), reserved (no readable usage: keep the
+	// reservation), reported or estimated (charge usage).
 	source string
+	usage  budget.Usage
 }
 
 // outcome decides what the response used; promptEstimate is the
 // reservation's input estimate.
 func (w *meteringWriter) outcome(promptEstimate int64) outcome {
 	if w.status == 0 || w.status < 200 || w.status >= 300 {
-		return outcome{released: true, source: "released"}
+		return outcome{source: "released"}
 	}
 	if w.meter == nil {
 		if w.overflow || w.opaque {
@@ -127,7 +126,7 @@ func (w *meteringWriter) outcome(promptEstimate int64) outcome {
 		return outcome{usage: r.Usage, source: "reported"}
 	case r.Bytes == 0:
 		// A stream that ended before any output: nothing was delivered.
-		return outcome{released: true, source: "released"}
+		return outcome{source: "released"}
 	}
 	// The stream ended (or the client left) after output started but before
 	// a usage event: charge the prompt plus the output seen so far.

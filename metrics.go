@@ -10,6 +10,8 @@ import (
 // registry, so their values survive a reload. No label carries a user key.
 var metrics = struct {
 	fleetDecisions    *prometheus.CounterVec
+	reconcilePasses   *prometheus.CounterVec
+	llmCharged        *prometheus.CounterVec
 	llmRequests       *prometheus.CounterVec
 	llmSettles        *prometheus.CounterVec
 	llmSettleFailures prometheus.Counter
@@ -20,6 +22,18 @@ var metrics = struct {
 		Name:      "requests_total",
 		Help:      "Requests decided by fleetlimit, by zone and decision (allowed, denied; dry-run denials count as denied).",
 	}, []string{"zone", "decision"}),
+	reconcilePasses: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "fleetlimit",
+		Name:      "reconcile_passes_total",
+		Help:      "Reconcile passes that synced keys with the store, by result (ok, error). Errors mean limits are per instance until the store returns.",
+	}, []string{"result"}),
+	llmCharged: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "charged_total",
+		Help:      "What settled requests were charged, by budget, in the budget's unit (tokens, or micro-dollars for usd budgets).",
+	}, []string{"budget", "unit"}),
 	llmRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
@@ -44,7 +58,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.fleetDecisions, metrics.llmRequests, metrics.llmSettles, metrics.llmSettleFailures} {
+	for _, c := range []prometheus.Collector{metrics.fleetDecisions, metrics.reconcilePasses, metrics.llmCharged, metrics.llmRequests, metrics.llmSettles, metrics.llmSettleFailures} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -53,4 +67,13 @@ func registerMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
+}
+
+// observePass counts a reconcile pass.
+func observePass(err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	metrics.reconcilePasses.WithLabelValues(result).Inc()
 }

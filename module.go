@@ -239,6 +239,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 		Prefix:       prefix,
 		SyncInterval: interval,
 		Logger:       logger.Named("reconciler"),
+		OnPass:       observePass,
 	})
 	if err != nil {
 		return nil, err

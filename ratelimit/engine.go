@@ -25,6 +25,9 @@ type Options struct {
 	// is always kept for two of its windows).
 	IdleTTL time.Duration
 	Logger  *zap.Logger
+	// OnPass, when set, is told the outcome of every reconcile pass that had
+	// keys to sync (nil error: the store was reached), for metrics.
+	OnPass func(err error)
 }
 
 // DefaultSyncInterval is used when Options.SyncInterval is zero.
@@ -41,6 +44,7 @@ type Engine struct {
 	prefix  string
 	idleTTL time.Duration
 	log     *zap.Logger
+	onPass  func(error)
 
 	interval atomic.Int64 // nanoseconds
 
@@ -72,6 +76,7 @@ func NewEngine(o Options) (*Engine, error) {
 		prefix:  o.Prefix,
 		idleTTL: o.IdleTTL,
 		log:     o.Logger,
+		onPass:  o.OnPass,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -118,6 +123,9 @@ func (e *Engine) Zone(name string) *Zone {
 	e.zones.Store(&next)
 	return z
 }
+
+// Zones lists the zones in creation order.
+func (e *Engine) Zones() []*Zone { return append([]*Zone(nil), *e.zones.Load()...) }
 
 // Check is one zone's part of a request: which zone, its policy and the key.
 type Check struct {

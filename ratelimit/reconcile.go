@@ -221,6 +221,9 @@ func (e *Engine) applyEstimates(now int64, plans []plan, counts []int64) {
 }
 
 func (e *Engine) storeFailed(err error) {
+	if e.onPass != nil {
+		e.onPass(err)
+	}
 	if e.healthy.Swap(false) {
 		e.log.Warn("fleet counter store unreachable; limiting per instance until it returns",
 			zap.Error(err))
@@ -228,6 +231,9 @@ func (e *Engine) storeFailed(err error) {
 }
 
 func (e *Engine) storeOK() {
+	if e.onPass != nil {
+		e.onPass(nil)
+	}
 	if !e.healthy.Swap(true) {
 		e.log.Info("fleet counter store reachable again; fleet-wide limits restored")
 	}
