@@ -7,10 +7,11 @@ FUZZTIME ?= 10s
 
 test: redis-server vet unit fuzz
 
-# Tests start real redis-server processes (internal/redistest). Install the
-# Debian package when it is missing and we can; otherwise say how.
+# Tests start real redis-server processes (internal/redistest) and build
+# clusters with redis-cli. Install the Debian package (it brings redis-cli)
+# when either is missing and we can; otherwise say how.
 redis-server:
-	@if command -v redis-server >/dev/null 2>&1; then \
+	@if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then \
 		redis-server --version; \
 	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "redis-server missing: installing Debian's redis-server"; \

@@ -22,7 +22,7 @@ func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		t.Fatalf("redis-cli is not on PATH; install it with: %s", InstallHint)
+		t.Fatalf("redis-cli is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
 	}
 	dir := t.TempDir()
 	c := &Cluster{}
