@@ -157,9 +157,9 @@ func (h *FleetLimit) resolveZones() error {
 	sort.Slice(h.zones, func(i, j int) bool { return h.zones[i].zone.ID() < h.zones[j].zone.ID() })
 	policies := make([]string, len(h.zones))
 	for i, z := range h.zones {
-		policies[i] = fmt.Sprintf("%q;q=%d;w=%d", z.name, z.limit.Events, ceilSeconds(z.limit.Window))
+		policies[i] = policyItem(z.name, z.limit.Events, z.limit.Window)
 	}
-	h.policy = strings.Join(policies, ", ")
+	h.policy = joinItems(policies)
 	return nil
 }
 
@@ -205,31 +205,17 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		fmt.Errorf("fleetlimit: zone %q: rate limit exceeded, retry after %ds", z.name, retry))
 }
 
-// rateLimitHeader renders `"<zone>";r=<remaining>;t=<reset s>` for every zone.
+// rateLimitHeader renders the RateLimit header with an item per zone; a
+// denying zone's reset is when a retry can succeed.
 func (h *FleetLimit) rateLimitHeader(verdicts []ratelimit.Verdict) string {
 	var stack [128]byte // one or two zones fit without a heap buffer
 	buf := stack[:0]
 	for i, v := range verdicts {
-		if i > 0 {
-			buf = append(buf, ", "...)
-		}
 		reset := v.Reset
 		if !v.Allowed {
 			reset = v.RetryAfter
 		}
-		buf = strconv.AppendQuote(buf, h.zones[i].name)
-		buf = append(buf, ";r="...)
-		buf = strconv.AppendInt(buf, v.Remaining, 10)
-		buf = append(buf, ";t="...)
-		buf = strconv.AppendInt(buf, ceilSeconds(reset), 10)
+		buf = appendRateLimitItem(buf, h.zones[i].name, v.Remaining, reset)
 	}
 	return string(buf)
-}
-
-// ceilSeconds rounds a duration up to whole seconds, as Retry-After wants.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -170,9 +169,9 @@ func (h *LLMBudget) compile() error {
 		seen[b.Name] = true
 		h.hasUSD = h.hasUSD || b.Unit == budget.USD
 		h.budgets = append(h.budgets, b)
-		policies = append(policies, fmt.Sprintf("%q;q=%d;w=%d", b.Name, b.Limit, int64(b.Window/time.Second)))
+		policies = append(policies, policyItem(b.Name, b.Limit, b.Window))
 	}
-	h.policy = strings.Join(policies, ", ")
+	h.policy = joinItems(policies)
 	prices := make(map[string]budget.Price, len(h.Prices))
 	for model, p := range h.Prices {
 		prices[model] = budget.Price{Input: p.Input, Output: p.Output, CachedInput: p.CachedInput}
@@ -399,15 +398,8 @@ func (h *LLMBudget) deny(w http.ResponseWriter, repl *caddy.Replacer, d *budget.
 // budget.
 func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
 	buf := make([]byte, 0, 48*len(holds))
-	for i, hold := range holds {
-		if i > 0 {
-			buf = append(buf, ", "...)
-		}
-		buf = strconv.AppendQuote(buf, hold.Budget.Name)
-		buf = append(buf, ";r="...)
-		buf = strconv.AppendInt(buf, max(hold.Budget.Limit-hold.Used, 0), 10)
-		buf = append(buf, ";t="...)
-		buf = strconv.AppendInt(buf, ceilSeconds(hold.WindowEnd.Sub(now)), 10)
+	for _, hold := range holds {
+		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.Limit-hold.Used, hold.WindowEnd.Sub(now))
 	}
 	hdr.Set("RateLimit-Policy", h.policy)
 	hdr.Set("RateLimit", string(buf))
