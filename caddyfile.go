@@ -276,7 +276,10 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage or fail_open)", field)
 		}
 	}
-	if err := h.compile(); err != nil {
+	// Check now, for an error with a Caddyfile line, on a copy so that the
+	// defaults compile fills in stay out of the adapted JSON.
+	probe := *h
+	if err := probe.compile(); err != nil {
 		return d.Err(err.Error())
 	}
 	return nil

@@ -21,9 +21,6 @@ func init() {
 	caddy.RegisterModule(FleetLimit{})
 }
 
-// maxZonesPerHandler keeps one request's zones on the stack.
-const maxZonesPerHandler = 16
-
 // FleetLimit is the `http.handlers.fleetlimit` handler: a rate limit per key
 // that holds across every Caddy instance sharing the fleetguard store.
 type FleetLimit struct {
@@ -86,8 +83,8 @@ func (h *FleetLimit) Validate() error {
 	if len(h.Zones) == 0 {
 		return fmt.Errorf("fleetlimit: zones: at least one zone is required")
 	}
-	if len(h.Zones) > maxZonesPerHandler {
-		return fmt.Errorf("fleetlimit: zones: at most %d zones per handler, got %d", maxZonesPerHandler, len(h.Zones))
+	if len(h.Zones) > ratelimit.MaxChecks {
+		return fmt.Errorf("fleetlimit: zones: at most %d zones per handler, got %d", ratelimit.MaxChecks, len(h.Zones))
 	}
 	for name, z := range h.Zones {
 		if err := z.validate(name); err != nil {
@@ -168,8 +165,8 @@ func (h *FleetLimit) resolveZones() error {
 func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	n := len(h.zones)
-	var checks [maxZonesPerHandler]ratelimit.Check
-	var verdicts [maxZonesPerHandler]ratelimit.Verdict
+	var checks [ratelimit.MaxChecks]ratelimit.Check
+	var verdicts [ratelimit.MaxChecks]ratelimit.Verdict
 	for i := range h.zones {
 		z := &h.zones[i]
 		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: keyhash.Of(repl.ReplaceAll(z.key, ""))}

@@ -149,9 +149,9 @@ type Verdict struct {
 	Fleet bool
 }
 
-// maxChecks bounds the zones of one request so the request path can keep its
+// MaxChecks bounds the zones of one request so the request path can keep its
 // working set on the stack.
-const maxChecks = 16
+const MaxChecks = 16
 
 // ErrTooManyZones is returned by Allow for more than 16 zones in one request.
 var ErrTooManyZones = errors.New("ratelimit: more than 16 zones in one request")
@@ -162,11 +162,11 @@ var ErrTooManyZones = errors.New("ratelimit: more than 16 zones in one request")
 // when all admit. The request is recorded in every zone only when all admit:
 // a denial consumes nothing anywhere. Allow never touches the store.
 func (e *Engine) Allow(now int64, checks []Check, out []Verdict) (int, error) {
-	if len(checks) > maxChecks {
+	if len(checks) > MaxChecks {
 		return -1, ErrTooManyZones
 	}
-	var entries [maxChecks]*entry
-	var taken [maxChecks]gcra
+	var entries [MaxChecks]*entry
+	var taken [MaxChecks]gcra
 	staleAfter := e.staleAfter()
 retry:
 	for i := range checks {

@@ -37,8 +37,7 @@ type entry struct {
 	inflight   int64 // claimed by the running pass, not yet in the estimate
 
 	remote     int64 // ceil of the fleet's sliding estimate at estimateAt
-	remoteCur  int64 // raw counters behind remote, for Retry-After
-	remotePrev int64
+	remotePrev int64 // the previous epoch's counter behind remote, for Retry-After
 	estimateAt int64 // Unix ns of the last successful read; 0 = never
 
 	lastSeen int64 // last request for the key, Unix ns
@@ -56,7 +55,7 @@ func (e *entry) reset(now int64, w time.Duration) {
 	e.window, e.tat = w, 0
 	e.epoch, e.local, e.carry, e.carryEpoch = window.Epoch(now, w), 0, 0, 0
 	// inflight stays: the running pass still owns those admits.
-	e.remote, e.remoteCur, e.remotePrev, e.estimateAt = 0, 0, 0, 0
+	e.remote, e.remotePrev, e.estimateAt = 0, 0, 0
 }
 
 // touch rolls the entry to the epoch of now and marks it active. Unclaimed

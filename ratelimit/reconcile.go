@@ -213,7 +213,7 @@ func (e *Engine) applyEstimates(now int64, plans []plan, counts []int64) {
 		if en.window == p.window && en.epoch <= p.readEpoch {
 			// Round up: under-counting the fleet would admit past the limit.
 			en.remote = int64(math.Ceil(est))
-			en.remoteCur, en.remotePrev = cur, prev
+			en.remotePrev = prev
 			en.estimateAt = now
 		}
 		en.mu.Unlock()
