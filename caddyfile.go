@@ -9,6 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
 func init() {
@@ -41,13 +43,19 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 //		redis_cluster <url>?addr=<host:port>&addr=…
 //		prefix        <prefix>
 //		sync_interval <duration>
+//		near_limit    on|off
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the option name
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := make(map[string]bool)
 	for d.NextBlock(0) {
+		if seen[d.Val()] {
+			return d.Errf("fleetguard: %s is set twice", d.Val())
+		}
+		seen[d.Val()] = true
 		switch d.Val() {
 		case "redis":
 			if !d.AllArgs(&a.Redis) {
@@ -67,8 +75,15 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			a.SyncInterval = dur
+		case "near_limit":
+			if !d.AllArgs(&a.NearLimit) {
+				return d.ArgErr()
+			}
+			if a.NearLimit != "on" && a.NearLimit != "off" {
+				return d.Errf("fleetguard: near_limit %q: want on or off", a.NearLimit)
+			}
 		default:
-			return d.Errf("fleetguard: unknown option %q (want redis, redis_cluster, prefix or sync_interval)", d.Val())
+			return d.Errf("fleetguard: unknown option %q (want redis, redis_cluster, prefix, sync_interval or near_limit)", d.Val())
 		}
 	}
 	return nil
@@ -89,8 +104,9 @@ func parseFleetLimit(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //			key      <placeholders>
 //			events   <n>
 //			window   <duration>
-//			burst    <n>
-//			max_keys <n>
+//			burst     <n>
+//			precision <n>
+//			max_keys  <n>
 //		}
 //		dry_run
 //	}
@@ -137,14 +153,19 @@ func (h *FleetLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 	z := new(ZoneConfig)
+	seen := make(map[string]bool)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
+		if seen[field] {
+			return nil, d.Errf("fleetlimit: zone %q: %s is set twice", name, field)
+		}
+		seen[field] = true
 		switch field {
 		case "key":
 			if !d.AllArgs(&z.Key) {
 				return nil, d.Errf("fleetlimit: zone %q: key takes one value", name)
 			}
-		case "events", "burst", "max_keys":
+		case "events", "burst", "max_keys", "precision":
 			n, err := parseIntArg(d)
 			if err != nil {
 				return nil, d.Errf("fleetlimit: zone %q: %s: %v", name, field, err)
@@ -154,6 +175,11 @@ func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 				z.Events = n
 			case "burst":
 				z.Burst = n
+			case "precision":
+				if n > ratelimit.MaxPrecision {
+					return nil, d.Errf("fleetlimit: zone %q: precision must be between 1 and %d", name, ratelimit.MaxPrecision)
+				}
+				z.Precision = int(n)
 			default:
 				z.MaxKeys = n
 			}
@@ -164,7 +190,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 			}
 			z.Window = dur
 		default:
-			return nil, d.Errf("fleetlimit: zone %q: unknown subdirective %q (want key, events, window, burst or max_keys)", name, field)
+			return nil, d.Errf("fleetlimit: zone %q: unknown subdirective %q (want key, events, window, burst, precision or max_keys)", name, field)
 		}
 	}
 	if err := z.validate(name); err != nil {

@@ -45,13 +45,22 @@ type ZoneConfig struct {
 	Key string `json:"key,omitempty"`
 	// Events is how many requests a key may make per Window, fleet-wide.
 	Events int64 `json:"events,omitempty"`
-	// Window is the length of the sliding window.
+	// Window is the length of the sliding window: no interval of this length
+	// holds more than Events admitted requests of a key.
 	Window caddy.Duration `json:"window,omitempty"`
+	// Precision is the number of slots the window is counted in. The count
+	// over-reads by at most one slot, never under-reads: a request becomes
+	// admissible at most Window/Precision later than under an exact log, and
+	// a client sending evenly below (1 - 1/Precision) of the limit is never
+	// denied. Each slot costs 4 bytes per tracked key. Default 20, at most 100.
+	Precision int `json:"precision,omitempty"`
 	// Burst caps how many requests one instance admits at once for a key
 	// (a local GCRA). Default: Events.
 	Burst int64 `json:"burst,omitempty"`
-	// MaxKeys caps how many keys the zone tracks fleet-wide; a new key past the
-	// cap is limited by the local cap only. Default 100000.
+	// MaxKeys caps how many keys the zone tracks on this instance, and so its
+	// memory. A new key that arrives while the zone is full is counted in one
+	// of 64 shared overflow buckets (picked by the key's hash), each limited
+	// like one key, until idle keys are evicted. Default 100000.
 	MaxKeys int64 `json:"max_keys,omitempty"`
 }
 
@@ -108,13 +117,17 @@ func (z *ZoneConfig) validate(name string) error {
 		return fmt.Errorf("fleetlimit: zone %q: window must be > 0", name)
 	case z.Burst < 0:
 		return fmt.Errorf("fleetlimit: zone %q: burst must be >= 0", name)
-	case z.MaxKeys < 0:
-		return fmt.Errorf("fleetlimit: zone %q: max_keys must be >= 0", name)
+	case z.MaxKeys < 0 || z.MaxKeys > ratelimit.MaxKeys:
+		return fmt.Errorf("fleetlimit: zone %q: max_keys must be between 0 and %d", name, ratelimit.MaxKeys)
 	}
-	if _, err := ratelimit.NewLimit(z.Events, time.Duration(z.Window), z.Burst); err != nil {
+	if _, err := z.limit(); err != nil {
 		return fmt.Errorf("fleetlimit: zone %q: %w", name, err)
 	}
 	return nil
+}
+
+func (z *ZoneConfig) limit() (ratelimit.Limit, error) {
+	return ratelimit.NewLimit(z.Events, time.Duration(z.Window), z.Burst, z.Precision)
 }
 
 // Provision resolves the zones against the shared engine.
@@ -139,8 +152,8 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 func (h *FleetLimit) resolveZones() error {
 	h.zones = h.zones[:0]
 	for name, z := range h.Zones {
-		limit, _ := ratelimit.NewLimit(z.Events, time.Duration(z.Window), z.Burst)
-		zone := h.engine.limiter.Zone(name)
+		limit, _ := z.limit()
+		zone := h.engine.limiter.Zone(name, &limit)
 		zone.SetMaxKeys(z.MaxKeys)
 		h.zones = append(h.zones, zoneRuntime{
 			name:    name,
@@ -171,10 +184,7 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		z := &h.zones[i]
 		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: keyhash.Of(repl.ReplaceAll(z.key, ""))}
 	}
-	denied, err := h.engine.limiter.Allow(time.Now().UnixNano(), checks[:n], verdicts[:n])
-	if err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("fleetlimit: %w", err))
-	}
+	denied := h.engine.limiter.Allow(time.Now().UnixNano(), checks[:n], verdicts[:n])
 	hdr := w.Header()
 	hdr["Ratelimit-Policy"] = []string{h.policy}
 	hdr["Ratelimit"] = []string{h.rateLimitHeader(verdicts[:n])}

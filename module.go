@@ -56,6 +56,12 @@ type App struct {
 	Prefix string `json:"prefix,omitempty"`
 	// SyncInterval is the period of the fleet reconciler. Default 250ms.
 	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
+	// NearLimit switches the fleet limit's near-limit mechanisms: early sync
+	// of a key that has spent half its headroom, each instance admitting only
+	// its share of a small headroom, and a small first-contact share for a key
+	// new to an instance. "on" or "off"; default "on". They matter only on a
+	// shared store (Redis).
+	NearLimit string `json:"near_limit,omitempty"`
 
 	engine   *engine
 	poolKey  string
@@ -84,6 +90,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if strings.ContainsAny(a.Prefix, "{} \t\n") {
 		return fmt.Errorf("fleetguard: prefix %q: must not contain braces or spaces", a.Prefix)
 	}
+	if a.NearLimit != "" && a.NearLimit != "on" && a.NearLimit != "off" {
+		return fmt.Errorf("fleetguard: near_limit %q: want on or off", a.NearLimit)
+	}
 	if a.SyncInterval < 0 {
 		return fmt.Errorf("fleetguard: sync_interval %s: must not be negative", time.Duration(a.SyncInterval))
 	}
@@ -107,14 +116,20 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.poolKey, a.acquired = key, true
 	// A reload may change the interval of a store that is kept.
 	a.engine.limiter.SetSyncInterval(interval)
+	a.engine.limiter.SetNearLimit(a.NearLimit != "off")
 	return nil
 }
 
 // Short dial and I/O timeouts: the reconciler runs every few hundred ms, and a
-// Redis that answers slower than that is treated as down.
+// Redis that answers slower than that is treated as down. The client never
+// retries on its own (-1): a re-sent sync step or reserve script whose first
+// reply was lost would count twice; where a retry is safe the engines retry.
 const (
 	redisTimeout    = 500 * time.Millisecond
-	redisMaxRetries = 1
+	redisMaxRetries = -1
+	// One dial attempt per connection: go-redis's default (5 with backoff)
+	// makes every pass and reserve wait about half a second on a dead Redis.
+	redisDialAttempts = 1
 )
 
 // store validates the store options and returns the identity the engine is
@@ -133,7 +148,7 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 			return "", nil, fmt.Errorf("fleetguard: redis: %w", err)
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
-		opts.MaxRetries = redisMaxRetries
+		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
 		key := fmt.Sprintf("redis|%s|%s|%d|%s", opts.Addr, opts.Username, opts.DB, a.Prefix)
 		return key, func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case a.RedisCluster != "":
@@ -145,7 +160,7 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 			return "", nil, fmt.Errorf("fleetguard: redis_cluster: %w", err)
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
-		opts.MaxRetries = redisMaxRetries
+		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
 		addrs := append([]string(nil), opts.Addrs...)
 		sort.Strings(addrs)
 		key := fmt.Sprintf("cluster|%s|%s|%s", strings.Join(addrs, ","), opts.Username, a.Prefix)
@@ -225,7 +240,7 @@ func (e *engine) budgetStoreOK(log *zap.Logger) {
 // memory store.
 func newEngine(connect func() redis.UniversalClient, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {
 	e := &engine{}
-	var store ratelimit.CounterStore = ratelimit.NewMemoryStore()
+	var store ratelimit.SlotStore = ratelimit.NewMemoryStore()
 	var budgetStore budget.Store = budget.NewMemoryStore()
 	if connect != nil {
 		routeRedisLog()
@@ -238,6 +253,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 		Store:        store,
 		Prefix:       prefix,
 		SyncInterval: interval,
+		Solo:         connect == nil,
 		Logger:       logger.Named("reconciler"),
 		OnPass:       observePass,
 	})

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -9,21 +10,19 @@ import (
 )
 
 // BenchmarkAllowExistingKey measures the request path (gate + record) for a
-// key the instance already tracks: key hash, shard lookup, one key lock.
+// key the instance already tracks: key hash, one shard lock, the slot ring.
 func BenchmarkAllowExistingKey(b *testing.B) {
 	e := memoryEngine(b)
-	z := e.Zone("z")
-	l := mustLimit(b, 1<<40, time.Hour, 0) // never denies: measures the admit path
+	l := mustLimit(b, maxEvents, time.Hour, 0) // never denies: measures the admit path
+	z := e.Zone("z", l)
 	key := "Bearer sk-live-0123456789abcdef"
-	now := time.Now().UnixNano()
-	allow(e, z, l, key, now)
+	allow(e, z, l, key, time.Now().UnixNano())
 	checks := []Check{{Zone: z, Limit: l}}
 	out := make([]Verdict, 1)
 	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
+	for b.Loop() {
 		checks[0].Key = keyhash.Of(key)
-		if d, _ := e.Allow(time.Now().UnixNano(), checks, out); d != -1 {
+		if d := e.Allow(time.Now().UnixNano(), checks, out); d != -1 {
 			b.Fatal("denied")
 		}
 	}
@@ -32,8 +31,8 @@ func BenchmarkAllowExistingKey(b *testing.B) {
 // BenchmarkAllowParallel spreads 1024 keys over all cores.
 func BenchmarkAllowParallel(b *testing.B) {
 	e := memoryEngine(b)
-	z := e.Zone("z")
-	l := mustLimit(b, 1<<40, time.Hour, 0)
+	l := mustLimit(b, maxEvents, time.Hour, 0)
+	z := e.Zone("z", l)
 	keys := make([]keyhash.Hash, 1024)
 	for i := range keys {
 		keys[i] = keyhash.Of("key-" + strconv.Itoa(i))
@@ -52,10 +51,42 @@ func BenchmarkAllowParallel(b *testing.B) {
 	})
 }
 
+// BenchmarkMemoryPerKey reports the heap a tracked key costs (entry, ring of
+// 21 slots, map slot), over 100k keys.
+func BenchmarkMemoryPerKey(b *testing.B) {
+	const keys = 100_000
+	hashes := make([]keyhash.Hash, keys)
+	for i := range hashes {
+		hashes[i] = keyhash.Of("key-" + strconv.Itoa(i))
+	}
+	var perKey float64
+	for b.Loop() {
+		e := memoryEngine(b)
+		l := mustLimit(b, 100, time.Minute, 0)
+		z := e.Zone("z", l)
+		z.SetMaxKeys(keys)
+		now := time.Now().UnixNano()
+		checks := []Check{{Zone: z, Limit: l}}
+		out := make([]Verdict, 1)
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for _, h := range hashes {
+			checks[0].Key = h
+			e.Allow(now, checks, out)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perKey = float64(after.HeapAlloc-before.HeapAlloc) / keys
+		runtime.KeepAlive(e)
+	}
+	b.ReportMetric(perKey, "B/key")
+}
+
 func TestAllowExistingKeyDoesNotAllocate(t *testing.T) {
 	e := memoryEngine(t)
-	z := e.Zone("z")
-	l := mustLimit(t, 1<<40, time.Hour, 0)
+	l := mustLimit(t, maxEvents, time.Hour, 0)
+	z := e.Zone("z", l)
 	allow(e, z, l, "k", time.Now().UnixNano())
 	checks := []Check{{Zone: z, Limit: l, Key: keyhash.Of("k")}}
 	out := make([]Verdict, 1)

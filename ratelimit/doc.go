@@ -2,12 +2,18 @@
 // instances without a store round trip on the request path.
 //
 // Each key of a zone has two caps. The local cap is a GCRA (burst plus a steady
-// rate) that is exact on this instance. The fleet cap is a sliding-window limit
-// whose view of the other instances is a cached estimate: a background
-// reconciler claims this instance's admits, pushes them to a shared counter
-// store (INCRBY in MULTI/EXEC), reads the current and previous epoch counters
-// back and refreshes the estimate. When the store is unreachable the estimate
-// goes stale and is ignored, so the fleet cap degrades to a per-instance cap
-// instead of failing requests. The worst-case fleet overshoot is about
-// (N-1) x rate x sync interval.
+// rate), exact on this instance. The window cap admits at most Events in any
+// interval of the window's length: the window is cut into slots (Limit's
+// precision), and a key's count is the sum of the slots that overlap the
+// window, the oldest counted whole, so it never under-counts.
+//
+// Each instance keeps, per key, a ring of slot counts: the fleet's counts as
+// of the last read, merged with its own admits. A background reconciler runs
+// one store step per active key and pass (add the claimed admits to their
+// slots, drop old slots, re-arm the expiry, return the window), all keys of a
+// pass in one pipelined round trip. Near the limit it syncs a key early, and
+// an instance admits only its share of a small headroom. When the store is
+// unreachable the ring still holds this instance's own admits, so the limit
+// degrades to exactly Events per window per instance instead of failing
+// requests.
 package ratelimit

@@ -9,22 +9,31 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
-	"github.com/fleetguard/fleetguard/window"
 )
 
 // Options configure an Engine.
 type Options struct {
-	// Store holds the fleet's shared counters. Required; use NewMemoryStore for
-	// a single instance.
-	Store CounterStore
+	// Store holds the fleet's shared slot counts. Required; use
+	// NewMemoryStore for a single instance.
+	Store SlotStore
 	// Prefix starts every store key.
 	Prefix string
 	// SyncInterval is the period of the reconciler (jittered by ±10%).
+	// Default DefaultSyncInterval.
 	SyncInterval time.Duration
 	// IdleTTL is the least time an idle key is kept (default 10 minutes; a key
 	// is always kept for two of its windows).
 	IdleTTL time.Duration
-	Logger  *zap.Logger
+	// Solo says the store serves this instance alone (the embedded memory
+	// store): there is no fleet to coordinate with, so the near-limit
+	// mechanisms are off.
+	Solo bool
+	// FixedInterval turns the near-limit mechanisms off: keys are synced only
+	// every SyncInterval, an instance spends all the headroom it sees, and a
+	// key new to the instance is decided on its own counts until the first
+	// read. Default false: early sync, headroom share and first contact are on.
+	FixedInterval bool
+	Logger        *zap.Logger
 	// OnPass, when set, is told the outcome of every reconcile pass that had
 	// keys to sync (nil error: the store was reached), for metrics.
 	OnPass func(err error)
@@ -37,14 +46,21 @@ const DefaultSyncInterval = 250 * time.Millisecond
 // a busy loop against the store.
 const minSyncInterval = 10 * time.Millisecond
 
+// firstShare is the share of a key's limit an instance admits before its
+// first read of the key's fleet count (first contact), or after its last read
+// has grown stale while the store is healthy (an idle key).
+const firstShare = 0.1
+
 // Engine owns the zones, their per-key state and the reconciler. One Engine
 // serves every config that names the same store, across reloads.
 type Engine struct {
-	store   CounterStore
-	prefix  string
-	idleTTL time.Duration
-	log     *zap.Logger
-	onPass  func(error)
+	store     SlotStore
+	prefix    string
+	idleTTL   time.Duration
+	log       *zap.Logger
+	onPass    func(error)
+	solo      bool
+	nearLimit atomic.Bool
 
 	interval atomic.Int64 // nanoseconds
 
@@ -57,13 +73,24 @@ type Engine struct {
 	started atomic.Bool
 	stopped atomic.Bool
 
-	passMu sync.Mutex // one reconcile pass at a time
+	passMu sync.Mutex // one reconcile pass (or eviction) at a time
+
+	// Keys queued for an early sync; kick wakes the reconciler for them.
+	queueMu    sync.Mutex
+	queue      []queued
+	kick       chan struct{}
+	earlySyncs atomic.Int64
+}
+
+type queued struct {
+	zone *Zone
+	hash keyhash.Hash
 }
 
 // NewEngine builds an engine; call Start to run its reconciler.
 func NewEngine(o Options) (*Engine, error) {
 	if o.Store == nil {
-		return nil, errors.New("ratelimit: a counter store is required")
+		return nil, errors.New("ratelimit: a slot store is required")
 	}
 	if o.IdleTTL <= 0 {
 		o.IdleTTL = 10 * time.Minute
@@ -77,10 +104,13 @@ func NewEngine(o Options) (*Engine, error) {
 		idleTTL: o.IdleTTL,
 		log:     o.Logger,
 		onPass:  o.OnPass,
+		solo:    o.Solo,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+		kick:    make(chan struct{}, 1),
 	}
 	e.SetSyncInterval(o.SyncInterval)
+	e.SetNearLimit(!o.FixedInterval)
 	e.healthy.Store(true)
 	e.zones.Store(&[]*Zone{})
 	return e, nil
@@ -95,30 +125,45 @@ func (e *Engine) SetSyncInterval(d time.Duration) {
 	e.interval.Store(int64(d))
 }
 
+// SetNearLimit turns the near-limit mechanisms on or off (see
+// Options.FixedInterval); they stay off for a Solo engine.
+func (e *Engine) SetNearLimit(on bool) { e.nearLimit.Store(on && !e.solo) }
+
 // SyncInterval is the reconciler's period.
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }
 
-// staleAfter is how old an estimate may be before the gate ignores it.
+// staleAfter is how long a read of the fleet's counts is trusted: past it the
+// store is taken as unreachable (if it is) or the key as idle.
 func (e *Engine) staleAfter() int64 {
 	return max(4*e.interval.Load(), int64(2*time.Second))
 }
 
-// Zone returns the zone called name, creating it on first use.
-func (e *Engine) Zone(name string) *Zone {
-	for _, z := range *e.zones.Load() {
-		if z.name == name {
-			return z
+// EarlySyncs counts the early passes run for keys near their limit or new to
+// this instance.
+func (e *Engine) EarlySyncs() int64 { return e.earlySyncs.Load() }
+
+// Zone returns the zone called name with the window and precision of l,
+// creating it on first use. A zone name with another window or precision is
+// another zone: its counts mean something else.
+func (e *Engine) Zone(name string, l *Limit) *Zone {
+	find := func(zs []*Zone) *Zone {
+		for _, z := range zs {
+			if z.name == name && z.slots == l.slots {
+				return z
+			}
 		}
+		return nil
+	}
+	if z := find(*e.zones.Load()); z != nil {
+		return z
 	}
 	e.zonesMu.Lock()
 	defer e.zonesMu.Unlock()
 	cur := *e.zones.Load()
-	for _, z := range cur {
-		if z.name == name {
-			return z
-		}
+	if z := find(cur); z != nil {
+		return z
 	}
-	z := newZone(name, len(cur))
+	z := newZone(e.prefix, name, len(cur), l.slots)
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
 	return z
@@ -130,22 +175,25 @@ func (e *Engine) Zones() []*Zone { return append([]*Zone(nil), *e.zones.Load()..
 // Check is one zone's part of a request: which zone, its policy and the key.
 type Check struct {
 	Zone  *Zone
-	Limit *Limit
+	Limit *Limit // the zone's events and burst; its window and precision are the zone's
 	Key   keyhash.Hash
 }
 
 // Verdict is one zone's answer for a request.
 type Verdict struct {
 	Allowed bool
-	// Remaining is how many more requests the zone admits now after this one
-	// (0 when denied).
+	// Remaining is how many more requests the window has room for after this
+	// one, as far as this instance knows (0 when denied). Near the limit the
+	// fleet's coordination may deny sooner, with a RetryAfter of one sync
+	// interval.
 	Remaining int64
-	// Reset is the time until the zone's quota is whole again as far as this
-	// instance knows: the end of the current window.
+	// Reset is, for an admitted request, the time until the oldest request
+	// that counts leaves the window (when Remaining next grows).
 	Reset time.Duration
-	// RetryAfter is, for a denial, when the request would fit.
+	// RetryAfter is, for a denial, when the request would fit: exact to one
+	// slot for the window, exact for the local cap.
 	RetryAfter time.Duration
-	// Fleet is true when the fleet cap (not the local cap) denied the request.
+	// Fleet is true when the window (not the local cap) denied the request.
 	Fleet bool
 }
 
@@ -153,78 +201,120 @@ type Verdict struct {
 // working set on the stack.
 const MaxChecks = 16
 
-// ErrTooManyZones is returned by Allow for more than 16 zones in one request.
-var ErrTooManyZones = errors.New("ratelimit: more than 16 zones in one request")
-
-// Allow decides a request at now (Unix ns) against every check, which must be
-// ordered by ascending Zone.ID and name each zone once. It fills out (one
-// Verdict per check) and returns the index of the first denying check, or -1
-// when all admit. The request is recorded in every zone only when all admit:
-// a denial consumes nothing anywhere. Allow never touches the store.
-func (e *Engine) Allow(now int64, checks []Check, out []Verdict) (int, error) {
-	if len(checks) > MaxChecks {
-		return -1, ErrTooManyZones
-	}
+// Allow decides a request at now (Unix ns) against every check. Checks must be
+// at most MaxChecks, ordered by ascending Zone.ID and name each zone once. It
+// fills out (one Verdict per check) and returns the index of the first
+// denying check, or -1 when all admit. The request is recorded in every zone
+// only when all admit: a denial consumes nothing anywhere. Allow never waits
+// on the store.
+func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
+	var shards [MaxChecks]*shard
 	var entries [MaxChecks]*entry
-	var taken [MaxChecks]gcra
-	staleAfter := e.staleAfter()
-retry:
+	var rings [MaxChecks][]uint32
+	var hashes [MaxChecks]keyhash.Hash
+	var tats [MaxChecks]int64
+	checks = checks[:min(len(checks), MaxChecks)]
 	for i := range checks {
 		c := &checks[i]
-		en := c.Zone.lookup(c.Key, now, c.Limit.Window)
-		en.mu.Lock()
-		if en.dead {
-			en.mu.Unlock()
-			for j := 0; j < i; j++ {
-				entries[j].mu.Unlock()
-			}
-			goto retry
-		}
-		entries[i] = en
+		shards[i], entries[i], rings[i], hashes[i] = c.Zone.lock(c.Key, now)
 	}
+	staleAfter := e.staleAfter()
+	near := e.nearLimit.Load() && e.healthy.Load()
 	denied := -1
 	for i := range checks {
-		l := checks[i].Limit
-		en := entries[i]
-		en.touch(now, l.Window)
-		v := &out[i]
-		*v = Verdict{Reset: window.Remaining(now, l.Window)}
+		c := &checks[i]
+		l, en, ring := c.Limit, entries[i], rings[i]
+		en.advance(ring, l.slots.Of(now))
+		en.lastSeen = now
+		en.demand++
+		used := count(ring)
 		g := gcraCheck(en.tat, now, l)
-		taken[i] = g
-		remaining := g.remaining
-		if en.fleet {
-			used := en.fleetUsed(now, staleAfter)
-			if used >= l.Events {
-				v.Fleet = true
-				v.RetryAfter = time.Duration(en.fleetRetryAfter(now, used, used-l.Events+1))
-				if denied < 0 {
-					denied = i
-				}
-				continue
-			}
-			remaining = min(remaining, l.Events-used-1)
-		}
-		if !g.allowed {
+		tats[i] = g.newTAT
+		v := &out[i]
+		*v = Verdict{}
+		remaining := min(g.remaining, l.Events-used-1)
+		switch {
+		case used >= l.Events:
+			v.Fleet = true
+			v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-l.Events+1))
+		case near && !e.shareAdmits(c.Zone, hashes[i], en, l, used, now, staleAfter):
+			v.Fleet = true
+			v.RetryAfter = time.Duration(e.interval.Load())
+		case !g.allowed:
 			v.RetryAfter = time.Duration(g.retryAfter)
-			if denied < 0 {
-				denied = i
-			}
-			continue
+		default:
+			v.Allowed = true
+			v.Remaining = max(remaining, 0)
 		}
-		v.Allowed = true
-		v.Remaining = remaining
+		if !v.Allowed && denied < 0 {
+			denied = i
+		}
 	}
 	if denied < 0 {
 		for i := range checks {
-			en := entries[i]
-			en.tat = taken[i].newTAT
-			if en.fleet {
-				en.local++
-			}
+			en, ring := entries[i], rings[i]
+			ring[slotIndex(en.head, int64(len(ring)))]++
+			en.pendCur++
+			en.sinceRead++
+			en.tat = tats[i]
+			out[i].Reset = time.Duration(en.untilFree(ring, checks[i].Limit.slots, now, 1))
 		}
 	}
-	for i := range checks {
-		entries[i].mu.Unlock()
+	for i := len(checks) - 1; i >= 0; i-- {
+		shards[i].mu.Unlock()
 	}
-	return denied, nil
+	return denied
+}
+
+// shareAdmits applies the near-limit mechanisms to a request the window would
+// admit: a key without a fresh read (first contact, or idle past its read's
+// lifetime) is queued for a read and admits only firstShare of the limit
+// meanwhile; a key whose fleet headroom is small against the fleet's demand
+// admits only this instance's share of it until the next read; a key that has
+// spent half of what it may spend is queued for an early sync.
+func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, l *Limit, used, now, staleAfter int64) bool {
+	since := int64(en.sinceRead)
+	var allowance int64
+	if en.readAt == 0 || now-en.readAt >= staleAfter {
+		e.enqueue(z, h, en)
+		allowance = ceilMul(l.Events, firstShare*shareWhole)
+	} else {
+		// The fleet's headroom as of the last read, plus what has left the
+		// window since.
+		headroom := l.Events - used + since
+		allowance = headroom
+		if int64(en.fleetRate)*2 >= headroom {
+			allowance = ceilMul(headroom, float64(en.share))
+		}
+		if (since+1)*2 >= allowance {
+			e.enqueue(z, h, en)
+		}
+	}
+	return since < allowance
+}
+
+// ceilMul is ceil(n × share / shareWhole).
+func ceilMul(n int64, share float64) int64 {
+	v := float64(n) * share / shareWhole
+	c := int64(v)
+	if float64(c) < v {
+		c++
+	}
+	return c
+}
+
+// enqueue asks the reconciler for an early sync of the key, once until it
+// runs. The caller holds the key's shard lock.
+func (e *Engine) enqueue(z *Zone, h keyhash.Hash, en *entry) {
+	if en.flags&flagQueued != 0 {
+		return
+	}
+	en.flags |= flagQueued
+	e.queueMu.Lock()
+	e.queue = append(e.queue, queued{zone: z, hash: h})
+	e.queueMu.Unlock()
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
 }

@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"math/rand/v2"
+	"sort"
 	"strconv"
 	"testing"
 	"time"
@@ -9,18 +11,31 @@ import (
 	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
 
+func hashOf(s string) keyhash.Hash { return keyhash.Of(s) }
+
 func mustLimit(t testing.TB, events int64, w time.Duration, burst int64) *Limit {
 	t.Helper()
-	l, err := NewLimit(events, w, burst)
+	return mustLimitP(t, events, w, burst, 0)
+}
+
+func mustLimitP(t testing.TB, events int64, w time.Duration, burst int64, precision int) *Limit {
+	t.Helper()
+	l, err := NewLimit(events, w, burst, precision)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &l
 }
 
+// memoryEngine is a single instance on the embedded store.
 func memoryEngine(t testing.TB) *Engine {
 	t.Helper()
-	e, err := NewEngine(Options{Store: NewMemoryStore(), Prefix: "t", SyncInterval: 100 * time.Millisecond})
+	return newEngine(t, Options{Store: NewMemoryStore(), Prefix: "t", SyncInterval: 100 * time.Millisecond, Solo: true})
+}
+
+func newEngine(t testing.TB, o Options) *Engine {
+	t.Helper()
+	e, err := NewEngine(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,59 +46,68 @@ func memoryEngine(t testing.TB) *Engine {
 func allow(e *Engine, z *Zone, l *Limit, key string, now int64) Verdict {
 	var out [1]Verdict
 	checks := [1]Check{{Zone: z, Limit: l, Key: keyhash.Of(key)}}
-	if _, err := e.Allow(now, checks[:], out[:]); err != nil {
-		panic(err)
-	}
+	e.Allow(now, checks[:], out[:])
 	return out[0]
+}
+
+// stateOf reads a key's entry and ring (a copy) for a test.
+func stateOf(z *Zone, key string) (entry, []uint32) {
+	h := keyhash.Of(key)
+	s := z.shardOf(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	en, ring := z.lookup(s, h)
+	if en == nil {
+		return entry{}, nil
+	}
+	return *en, append([]uint32(nil), ring...)
 }
 
 func TestNewLimitRejectsBadInput(t *testing.T) {
 	tests := []struct {
-		name   string
-		events int64
-		window time.Duration
-		burst  int64
+		name      string
+		events    int64
+		window    time.Duration
+		burst     int64
+		precision int
 	}{
-		{"zero events", 0, time.Second, 0},
-		{"negative events", -1, time.Second, 0},
-		{"zero window", 5, 0, 0},
-		{"negative burst", 5, time.Second, -1},
-		{"rate finer than a nanosecond", 10, 5 * time.Nanosecond, 0},
+		{"zero events", 0, time.Second, 0, 0},
+		{"negative events", -1, time.Second, 0, 0},
+		{"events beyond a slot count", 1 << 33, time.Hour, 0, 0},
+		{"zero window", 5, 0, 0, 0},
+		{"negative burst", 5, time.Second, -1, 0},
+		{"rate finer than a nanosecond", 10, 5 * time.Nanosecond, 0, 0},
+		{"negative precision", 5, time.Second, 0, -1},
+		{"precision over the maximum", 5, time.Second, 0, MaxPrecision + 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := NewLimit(tt.events, tt.window, tt.burst); err == nil {
+			if _, err := NewLimit(tt.events, tt.window, tt.burst, tt.precision); err == nil {
 				t.Fatal("want an error")
 			}
 		})
 	}
-	l, err := NewLimit(5, time.Second, 0)
-	if err != nil || l.Burst != 5 {
-		t.Fatalf("burst 0 means events: got %+v, %v", l, err)
+	l, err := NewLimit(5, time.Second, 0, 0)
+	if err != nil || l.Burst != 5 || l.Precision != DefaultPrecision {
+		t.Fatalf("burst 0 means events, precision 0 the default: got %+v, %v", l, err)
 	}
 }
 
 func TestGCRABurstAndExactRetryAfter(t *testing.T) {
 	e := memoryEngine(t)
-	z := e.Zone("z")
 	// 10 per second with a burst of 3: emission interval 100ms.
 	l := mustLimit(t, 10, time.Second, 3)
+	z := e.Zone("z", l)
 	now := time.Now().UnixNano()
 	for i := 0; i < 3; i++ {
 		v := allow(e, z, l, "k", now)
-		if !v.Allowed {
-			t.Fatalf("request %d of the burst denied", i+1)
-		}
-		if v.Remaining != int64(2-i) {
-			t.Fatalf("request %d: remaining %d, want %d", i+1, v.Remaining, 2-i)
+		if !v.Allowed || v.Remaining != int64(2-i) {
+			t.Fatalf("request %d of the burst: %+v, want admitted with %d remaining", i+1, v, 2-i)
 		}
 	}
 	v := allow(e, z, l, "k", now)
-	if v.Allowed || v.Fleet {
-		t.Fatalf("4th request at the same instant must be denied by the local cap: %+v", v)
-	}
-	if v.RetryAfter != 100*time.Millisecond {
-		t.Fatalf("retry after %v, want exactly 100ms", v.RetryAfter)
+	if v.Allowed || v.Fleet || v.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("4th request at the same instant: %+v, want denied by the local cap, retry exactly 100ms", v)
 	}
 	if v := allow(e, z, l, "k", now+int64(100*time.Millisecond)-1); v.Allowed {
 		t.Fatal("one nanosecond before the retry time is still denied")
@@ -93,123 +117,135 @@ func TestGCRABurstAndExactRetryAfter(t *testing.T) {
 	}
 }
 
-func TestFleetCapCountsLocalAdmits(t *testing.T) {
+// The window's Retry-After is exact to one slot: the request fits when the
+// slot holding the oldest admits has left.
+func TestWindowRetryAfterIsExactToTheSlot(t *testing.T) {
 	e := memoryEngine(t)
-	z := e.Zone("z")
-	l := mustLimit(t, 5, time.Minute, 100) // burst larger than events: the fleet cap decides
-	now := time.Now().UnixNano()
+	l := mustLimitP(t, 5, 10*time.Second, 100, 10) // 1s slots
+	z := e.Zone("z", l)
+	q := l.slots.Len
+	start := 1000*int64(10*time.Second) + 300*int64(time.Millisecond) // 0.3s into slot 10000
 	for i := 0; i < 5; i++ {
-		if v := allow(e, z, l, "k", now); !v.Allowed {
+		if v := allow(e, z, l, "k", start); !v.Allowed {
 			t.Fatalf("request %d denied", i+1)
 		}
 	}
-	v := allow(e, z, l, "k", now)
-	if v.Allowed || !v.Fleet || v.RetryAfter <= 0 {
-		t.Fatalf("6th request must be denied by the fleet cap with a retry time: %+v", v)
+	v := allow(e, z, l, "k", start)
+	leaves := l.slots.LeavesAt(l.slots.Of(start))
+	if v.Allowed || !v.Fleet || v.RetryAfter != time.Duration(leaves-start) {
+		t.Fatalf("6th request: %+v, want a window denial retrying in %v", v, time.Duration(leaves-start))
 	}
-	if v := allow(e, z, l, "other", now); !v.Allowed {
+	if got := time.Duration(leaves - start); got != 10*time.Second+700*time.Millisecond {
+		t.Fatalf("the oldest slot counts whole: retry %v, want 10.7s (at most one slot, %v, late)", got, time.Duration(q))
+	}
+	if v := allow(e, z, l, "k", leaves-1); v.Allowed {
+		t.Fatal("just before the slot leaves, still denied")
+	}
+	if v := allow(e, z, l, "k", leaves); !v.Allowed {
+		t.Fatal("once the slot has left, admitted")
+	}
+	if v := allow(e, z, l, "other", start); !v.Allowed {
 		t.Fatal("another key has its own limit")
 	}
 }
 
 func TestMultiZoneDenialConsumesNothing(t *testing.T) {
 	e := memoryEngine(t)
-	wide, narrow := e.Zone("wide"), e.Zone("narrow")
 	lw := mustLimit(t, 10, time.Minute, 0)
 	ln := mustLimit(t, 1, time.Minute, 0)
+	wide, narrow := e.Zone("wide", lw), e.Zone("narrow", ln)
 	now := time.Now().UnixNano()
 	checks := []Check{
 		{Zone: wide, Limit: lw, Key: keyhash.Of("k")},
 		{Zone: narrow, Limit: ln, Key: keyhash.Of("k")},
 	}
 	out := make([]Verdict, 2)
-	if d, _ := e.Allow(now, checks, out); d != -1 {
+	if d := e.Allow(now, checks, out); d != -1 {
 		t.Fatalf("first request denied by zone %d", d)
 	}
 	for i := 0; i < 5; i++ {
-		if d, _ := e.Allow(now, checks, out); d != 1 {
+		if d := e.Allow(now, checks, out); d != 1 {
 			t.Fatalf("request must be denied by the narrow zone, got %d", d)
 		}
 	}
-	// The wide zone saw one admitted request, not six.
-	en := wide.lookup(keyhash.Of("k"), now, lw.Window)
-	if en.local != 1 {
-		t.Fatalf("wide zone recorded %d admits, want 1", en.local)
+	if _, ring := stateOf(wide, "k"); count(ring) != 1 {
+		t.Fatalf("wide zone counted %d admits, want 1", count(ring))
 	}
 	if v := allow(e, wide, lw, "k", now); !v.Allowed || v.Remaining != 8 {
 		t.Fatalf("wide zone alone: %+v, want admitted with 8 remaining", v)
 	}
 }
 
-func TestWindowChangeResetsKey(t *testing.T) {
+func TestAnotherWindowIsAnotherZone(t *testing.T) {
 	e := memoryEngine(t)
-	z := e.Zone("z")
-	now := time.Now().UnixNano()
 	short := mustLimit(t, 2, time.Minute, 0)
-	allow(e, z, short, "k", now)
-	allow(e, z, short, "k", now)
-	if v := allow(e, z, short, "k", now); v.Allowed {
-		t.Fatal("limit of 2 reached")
-	}
 	long := mustLimit(t, 2, time.Hour, 0)
-	if v := allow(e, z, long, "k", now); !v.Allowed {
-		t.Fatal("a new window is a new accounting unit: the key starts over")
+	zs, zl := e.Zone("z", short), e.Zone("z", long)
+	if zs == zl || e.Zone("z", short) != zs {
+		t.Fatal("a zone is its name, window and precision")
+	}
+	if zs.storeKey(hashOf("k")) == zl.storeKey(hashOf("k")) {
+		t.Fatal("zones of one name with other windows must not share store keys")
 	}
 }
 
-func TestMaxKeysFallsBackToLocalCap(t *testing.T) {
+// Past max_keys a new key shares one of the overflow buckets: memory stays
+// bounded, and the bucket is limited like one key.
+func TestMaxKeysBoundsMemoryWithOverflowBuckets(t *testing.T) {
 	e := memoryEngine(t)
-	z := e.Zone("z")
-	z.SetMaxKeys(2)
 	l := mustLimit(t, 3, time.Minute, 0)
+	z := e.Zone("z", l)
+	z.SetMaxKeys(10)
 	now := time.Now().UnixNano()
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 10_000; i++ {
 		allow(e, z, l, "k"+strconv.Itoa(i), now)
 	}
-	if z.Keys() != 2 {
-		t.Fatalf("fleet-tracked keys = %d, want the cap 2", z.Keys())
+	if z.Keys() != 10 {
+		t.Fatalf("tracked keys = %d, want the cap 10", z.Keys())
 	}
-	over := z.lookup(keyhash.Of("k2"), now, l.Window)
-	if over.fleet {
-		t.Fatal("a key past max_keys must not be fleet-tracked")
+	if n := int(z.arena.next); n > 10+OverflowBuckets {
+		t.Fatalf("the arena holds %d entries, want at most max_keys + %d", n, OverflowBuckets)
 	}
-	// Its local cap still holds.
-	allow(e, z, l, "k2", now)
-	allow(e, z, l, "k2", now)
-	if v := allow(e, z, l, "k2", now); v.Allowed {
-		t.Fatal("the local cap still limits a key past max_keys")
+	// Every bucket has long been full (10 000 keys over 64 buckets, 3 each).
+	if v := allow(e, z, l, "one more", now); v.Allowed || !v.Fleet {
+		t.Fatalf("a key in a full overflow bucket: %+v, want denied", v)
 	}
-	plans := e.claim(now)
-	for _, p := range plans {
-		if p.entry == over {
-			t.Fatal("a key past max_keys is never pushed")
-		}
+	// A tracked key keeps its own limit.
+	if v := allow(e, z, l, "k0", now); !v.Allowed {
+		t.Fatal("a tracked key is not affected by the overflow")
+	}
+	// Once idle keys are pushed and evicted, new keys are tracked again.
+	if err := e.pass(context.Background(), now, false); err != nil {
+		t.Fatal(err)
+	}
+	e.evict(now + int64(time.Hour))
+	if z.Keys() != 0 {
+		t.Fatalf("after eviction %d tracked keys", z.Keys())
+	}
+	later := now + int64(time.Hour)
+	if v := allow(e, z, l, "one more", later); !v.Allowed || z.Keys() != 1 {
+		t.Fatalf("after eviction a new key is tracked: %+v, keys %d", v, z.Keys())
 	}
 }
 
 func TestIdleKeysAreNotRereadAndAreEvicted(t *testing.T) {
 	e := memoryEngine(t)
-	z := e.Zone("z")
 	l := mustLimit(t, 100, time.Second, 0)
+	z := e.Zone("z", l)
 	now := time.Now().UnixNano()
 	allow(e, z, l, "busy", now)
 	allow(e, z, l, "idle", now)
-	first := e.claim(now)
-	if len(first) != 2 {
-		t.Fatalf("first pass plans %d keys, want 2", len(first))
+	if plans, _ := e.claimActive(now); len(plans) != 2 {
+		t.Fatalf("first pass plans %d keys, want 2", len(plans))
 	}
-	e.settleInflight(first)
-	// Past the estimate's lifetime, only the key requested since is read.
+	// Past the read's lifetime, only the key requested since is read.
 	then := now + e.staleAfter()
 	allow(e, z, l, "busy", then)
-	plans := e.claim(then)
-	if len(plans) != 1 || plans[0].entry.hash != keyhash.Of("busy") {
+	plans, _ := e.claimActive(then)
+	if len(plans) != 1 || plans[0].hash != keyhash.Of("busy") {
 		t.Fatalf("a later pass must plan only the key requested recently: %d plans", len(plans))
 	}
-	e.settleInflight(plans)
-	// Past the idle TTL both keys go (nothing pending).
-	later := now + int64(11*time.Minute)
-	e.evict(later)
+	e.evict(now + int64(11*time.Minute))
 	if z.Keys() != 0 {
 		t.Fatalf("idle keys left after eviction: %d", z.Keys())
 	}
@@ -217,8 +253,8 @@ func TestIdleKeysAreNotRereadAndAreEvicted(t *testing.T) {
 
 func TestEvictionKeepsPendingAdmits(t *testing.T) {
 	e := memoryEngine(t)
-	z := e.Zone("z")
 	l := mustLimit(t, 100, time.Second, 0)
+	z := e.Zone("z", l)
 	now := time.Now().UnixNano()
 	allow(e, z, l, "k", now)
 	e.evict(now + int64(time.Hour))
@@ -227,69 +263,116 @@ func TestEvictionKeepsPendingAdmits(t *testing.T) {
 	}
 }
 
-func TestRollKeepsUnclaimedAdmitsAsCarryover(t *testing.T) {
-	w := time.Minute
-	start := int64(10 * w)
-	en := newEntry(keyhash.Of("k"), true, start, w)
-	en.local = 5
-	en.touch(start+int64(w), w)
-	if en.carry != 5 || en.carryEpoch != 10 || en.local != 0 || en.epoch != 11 {
-		t.Fatalf("after one roll: %+v", en)
+// request is one request of a synthetic run.
+type request struct {
+	at  int64
+	key string
+}
+
+// worstWindow is the most admits of one key in any interval of length w,
+// from exact timestamps (a sliding log).
+func worstWindow(admits []int64, w time.Duration) int {
+	sort.Slice(admits, func(i, j int) bool { return admits[i] < admits[j] })
+	worst, lo := 0, 0
+	for hi := range admits {
+		for admits[hi]-admits[lo] >= int64(w) {
+			lo++
+		}
+		worst = max(worst, hi-lo+1)
 	}
-	// A second roll before any reconcile keeps only the newer epoch.
-	en.local = 4
-	en.touch(start+2*int64(w), w)
-	if en.carry != 4 || en.carryEpoch != 11 {
-		t.Fatalf("after two rolls: carry %d owed to %d, want 4 owed to 11", en.carry, en.carryEpoch)
+	return worst
+}
+
+// patterns are request timings that defeat a two-epoch counter: bursts at
+// epoch edges, an even stream, random gaps, a burst then a trickle.
+func patterns(rng *rand.Rand, w time.Duration, start int64) map[string][]int64 {
+	W := int64(w)
+	out := map[string][]int64{}
+	var edge, even, random, trickle []int64
+	for k := int64(0); k < 6; k++ {
+		// A burst at the end of each window and one at the start of the next.
+		for i := int64(0); i < 20; i++ {
+			edge = append(edge, start+(k+1)*W-W/50+i, start+(k+1)*W+i)
+		}
+	}
+	for t := start; t < start+6*W; t += W / 23 {
+		even = append(even, t)
+	}
+	t := start
+	for i := 0; i < 400; i++ {
+		t += rng.Int64N(W / 8)
+		random = append(random, t)
+	}
+	for i := int64(0); i < 10; i++ {
+		trickle = append(trickle, start+i)
+	}
+	for t := start + W/10; t < start+6*W; t += W * 45 / 200 {
+		trickle = append(trickle, t, t+1)
+	}
+	out["edge bursts"], out["even"], out["random"], out["burst then trickle"] = edge, even, random, trickle
+	return out
+}
+
+// One instance never admits more than events in any window, whatever the
+// request pattern and whenever the reconciler runs; the README's example (5
+// per 10 s on the memory store) is the first case.
+func TestNoWindowEverHoldsMoreThanTheLimit(t *testing.T) {
+	type setup struct {
+		name      string
+		events    int64
+		w         time.Duration
+		precision int
+		opts      Options
+	}
+	setups := []setup{
+		{"readme 5 per 10s, memory", 5, 10 * time.Second, 0, Options{Solo: true}},
+		{"10 per 20s, fleet mode on one store", 10, 20 * time.Second, 0, Options{}},
+		{"10 per 20s, fixed interval", 10, 20 * time.Second, 0, Options{FixedInterval: true}},
+		{"7 per 3s, 3 slots", 7, 3 * time.Second, 3, Options{Solo: true}},
+	}
+	rng := rand.New(rand.NewPCG(7, 9))
+	for _, s := range setups {
+		for name, times := range patterns(rng, s.w, 1_700_000_000*int64(time.Second)) {
+			t.Run(s.name+"/"+name, func(t *testing.T) {
+				o := s.opts
+				o.Store, o.Prefix, o.SyncInterval = NewMemoryStore(), "p", 100*time.Millisecond
+				e := newEngine(t, o)
+				l := mustLimitP(t, s.events, s.w, 0, s.precision)
+				z := e.Zone("z", l)
+				var admits []int64
+				nextPass := times[0]
+				for _, at := range times {
+					for nextPass <= at {
+						_ = e.pass(context.Background(), nextPass, false)
+						_ = e.pass(context.Background(), nextPass, true)
+						nextPass += int64(100*time.Millisecond) + rng.Int64N(int64(time.Second))
+					}
+					if allow(e, z, l, "k", at).Allowed {
+						admits = append(admits, at)
+					}
+				}
+				if got := worstWindow(admits, s.w); got > int(s.events) {
+					t.Fatalf("worst window holds %d admits, limit %d", got, s.events)
+				}
+				if len(admits) == 0 {
+					t.Fatal("nothing admitted: the test proves nothing")
+				}
+			})
+		}
 	}
 }
 
-func TestMemoryStoreReconcile(t *testing.T) {
+// With a precision of 20 a client sending evenly at 95% of the limit is
+// never denied.
+func TestEvenlyAt95PercentIsNeverDenied(t *testing.T) {
 	e := memoryEngine(t)
-	z := e.Zone("z")
-	l := mustLimit(t, 5, time.Hour, 0)
-	now := time.Now().UnixNano()
-	for i := 0; i < 3; i++ {
-		allow(e, z, l, "k", now)
-	}
-	if err := e.Reconcile(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	en := z.lookup(keyhash.Of("k"), now, l.Window)
-	if en.local != 0 || en.inflight != 0 || en.remote != 3 {
-		t.Fatalf("after a pass: local %d inflight %d remote %d, want 0 0 3", en.local, en.inflight, en.remote)
-	}
-	allow(e, z, l, "k", now)
-	allow(e, z, l, "k", now)
-	if v := allow(e, z, l, "k", now); v.Allowed {
-		t.Fatal("3 reconciled + 2 local = the limit of 5")
-	}
-}
-
-func TestFleetRetryAfter(t *testing.T) {
-	w := 10 * time.Second
-	base := int64(1000 * w) // an epoch boundary
-	tests := []struct {
-		name             string
-		elapsed          time.Duration
-		prev, used, over int64
-		want             time.Duration
-	}{
-		// 10 in the previous epoch, none in this one, at the boundary: one
-		// event of the previous epoch decays every second.
-		{"previous decays", 0, 10, 10, 1, time.Second},
-		{"previous decays for two", 0, 10, 10, 2, 2 * time.Second},
-		// All 5 in the current epoch, 2s in: nothing decays until the
-		// boundary (8s), then the 5 decay one per 2s.
-		{"current waits for the boundary", 2 * time.Second, 0, 5, 1, 10 * time.Second},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			en := &entry{window: w, remotePrev: tt.prev}
-			got := time.Duration(en.fleetRetryAfter(base+int64(tt.elapsed), tt.used, tt.over))
-			if got != tt.want {
-				t.Fatalf("retry after %v, want %v", got, tt.want)
-			}
-		})
+	l := mustLimit(t, 1000, 10*time.Second, 0)
+	z := e.Zone("z", l)
+	gap := int64(10*time.Second) / 950
+	start := 1_700_000_000 * int64(time.Second)
+	for i := int64(0); i < 950*6; i++ {
+		if v := allow(e, z, l, "k", start+i*gap); !v.Allowed {
+			t.Fatalf("request %d at 95%% of the limit denied: %+v", i, v)
+		}
 	}
 }

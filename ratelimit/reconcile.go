@@ -2,42 +2,45 @@ package ratelimit
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/fleetguard/fleetguard/window"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
 
-// evictEvery spaces out eviction sweeps, which take each shard's write lock.
+// evictEvery spaces out eviction sweeps, which take each shard's lock.
 const evictEvery = time.Second
 
 // plan is what one reconcile pass does for one key, captured under the key's
-// lock and carried out without it.
+// shard lock and carried out without it.
 type plan struct {
-	zone       *Zone
-	entry      *entry
-	window     time.Duration
-	pushEpoch  int64 // epoch the claimed admits belong to
-	delta      int64
-	carryEpoch int64
-	carry      int64
-	readEpoch  int64 // epoch whose sliding window the estimate describes
+	zone   *Zone
+	hash   keyhash.Hash
+	demand uint32 // this instance's demand pushed by the step
+	readAt int64  // the entry's previous read
 }
 
-func (p *plan) claimed() int64 { return p.delta + p.carry }
-
 // Start runs the reconciler in the background until Close. Calling it again
-// does nothing.
+// does nothing. A store that can be pinged is asked first (for at most
+// probeTimeout), so that an engine does not take a store it never reached as
+// healthy.
 func (e *Engine) Start() {
 	if e.started.CompareAndSwap(false, true) {
+		if p, ok := e.store.(interface{ Ping(context.Context) error }); ok {
+			ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+			if err := p.Ping(ctx); err != nil {
+				e.storeFailed(err)
+			}
+			cancel()
+		}
 		go e.run()
 	}
 }
+
+const probeTimeout = 300 * time.Millisecond
 
 // Close stops the reconciler and pushes what is still pending, giving the
 // store at most timeout. It is safe to call more than once.
@@ -56,168 +59,220 @@ func (e *Engine) Close(timeout time.Duration) {
 
 func (e *Engine) run() {
 	defer close(e.done)
-	var lastEvict time.Time
+	tick := time.NewTimer(e.nextTick())
+	defer tick.Stop()
+	var lastEvict, lastPass time.Time
 	for {
-		interval := time.Duration(e.interval.Load())
-		// ±10% jitter keeps a fleet started together from pushing in lockstep.
-		jitter := time.Duration(rand.Int64N(int64(interval)/5+1)) - interval/10
-		t := time.NewTimer(interval + jitter)
 		select {
 		case <-e.stop:
-			t.Stop()
 			return
-		case <-t.C:
+		case <-tick.C:
+			if time.Since(lastEvict) >= evictEvery {
+				e.evict(time.Now().UnixNano())
+				lastEvict = time.Now()
+			}
+			e.timedPass(false)
+			lastPass = time.Now()
+			tick.Reset(e.nextTick())
+		case <-e.kick:
+			// Coalesce: keys queued while we wait ride along.
+			if wait := e.earlySpacing() - time.Since(lastPass); wait > 0 {
+				select {
+				case <-e.stop:
+					return
+				case <-time.After(wait):
+				}
+			}
+			e.timedPass(true)
+			lastPass = time.Now()
 		}
-		if time.Since(lastEvict) >= evictEvery {
-			e.evict(time.Now().UnixNano())
-			lastEvict = time.Now()
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), max(2*interval, time.Second))
-		_ = e.Reconcile(ctx)
-		cancel()
 	}
+}
+
+// nextTick is the interval with ±10% jitter, which keeps a fleet started
+// together from pushing in lockstep.
+func (e *Engine) nextTick() time.Duration {
+	interval := e.interval.Load()
+	return time.Duration(interval + rand.Int64N(interval/5+1) - interval/10)
+}
+
+// earlySpacing is the least time between two passes when keys ask for an
+// early sync, which bounds the store load of early syncs.
+func (e *Engine) earlySpacing() time.Duration {
+	return max(time.Duration(e.interval.Load())/20, time.Millisecond)
+}
+
+func (e *Engine) timedPass(early bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(2*time.Duration(e.interval.Load()), time.Second))
+	defer cancel()
+	_ = e.pass(ctx, time.Now().UnixNano(), early)
 }
 
 // Healthy reports whether the last reconcile pass reached the store.
 func (e *Engine) Healthy() bool { return e.healthy.Load() }
 
 func (e *Engine) evict(now int64) {
+	e.passMu.Lock()
+	defer e.passMu.Unlock()
 	for _, z := range *e.zones.Load() {
-		z.evict(now, e.idleTTL)
+		z.evict(now, int64(e.idleTTL))
 	}
 	if s, ok := e.store.(interface{ Sweep() }); ok {
 		s.Sweep()
 	}
 }
 
-// Reconcile runs one pass now: claim, push, read, refresh estimates.
+// Reconcile runs one pass over every active key now.
 func (e *Engine) Reconcile(ctx context.Context) error {
-	return e.reconcileAt(ctx, time.Now().UnixNano())
+	return e.pass(ctx, time.Now().UnixNano(), false)
 }
 
-func (e *Engine) reconcileAt(ctx context.Context, now int64) error {
+// pass syncs every active key, or with early only the queued ones: claim
+// under the shard lock, one store step per key in one round trip, merge the
+// replies under the lock again.
+func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 	e.passMu.Lock()
 	defer e.passMu.Unlock()
-	plans := e.claim(now)
+	var plans []plan
+	var steps []Step
+	if early {
+		plans, steps = e.claimQueued(now)
+		e.earlySyncs.Add(1)
+	} else {
+		plans, steps = e.claimActive(now)
+	}
 	if len(plans) == 0 {
 		return nil
 	}
-	// Whatever happens below, the claimed admits stop counting as in flight at
-	// the end of the pass: either the refreshed estimate holds them, or the
-	// push failed and they are dropped (a bounded under-count, never a double
-	// count and never a spike of old admits when the store returns).
-	defer e.settleInflight(plans)
-
-	if err := e.store.Add(ctx, e.increments(plans)); err != nil {
-		e.storeFailed(err)
-		return err
+	replies := make([]Reply, len(steps))
+	err := e.store.Sync(ctx, steps, replies)
+	interval := e.interval.Load()
+	for i := range plans {
+		if replies[i].Err == nil {
+			e.merge(&plans[i], &replies[i], now, interval)
+		}
 	}
-	counts, err := e.store.Get(ctx, e.readKeys(plans))
 	if err != nil {
 		e.storeFailed(err)
 		return err
 	}
 	e.storeOK()
-	e.applyEstimates(now, plans, counts)
 	return nil
 }
 
-// claim moves every active key's unclaimed admits into a plan. A key is read
-// while it has something to push or was requested within the estimate's
-// lifetime (max(4 x interval, 2s)); a key idle for longer is not re-read, since
-// its estimate would be ignored anyway, so a burst of one-off keys does not
-// become sustained store load.
-func (e *Engine) claim(now int64) []plan {
+// claimActive plans every key that has something to push or was requested
+// within its read's lifetime. Keys idle for longer are not re-read: their
+// rings age on their own, and their next request queues a read.
+func (e *Engine) claimActive(now int64) ([]plan, []Step) {
 	staleAfter := e.staleAfter()
 	var plans []plan
-	var entries []*entry
+	var steps []Step
 	for _, z := range *e.zones.Load() {
-		entries = z.snapshot(entries[:0])
-		for _, en := range entries {
-			en.mu.Lock()
-			active := en.local > 0 || en.carry > 0 || now-en.lastSeen < staleAfter
-			if en.dead || !en.fleet || !active {
-				en.mu.Unlock()
-				continue
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for h, idx := range s.entries {
+				en, _ := z.arena.at(idx)
+				if en.pending() || en.demand > 0 || now-en.lastSeen < staleAfter {
+					p, st := claim(z, h, en, now)
+					plans, steps = append(plans, p), append(steps, st)
+				}
 			}
-			p := plan{
-				zone:       z,
-				entry:      en,
-				window:     en.window,
-				pushEpoch:  en.epoch,
-				delta:      en.local,
-				carryEpoch: en.carryEpoch,
-				carry:      en.carry,
-				readEpoch:  window.Epoch(now, en.window),
-			}
-			en.local, en.carry = 0, 0
-			en.inflight += p.claimed()
-			en.mu.Unlock()
-			plans = append(plans, p)
+			s.mu.Unlock()
 		}
 	}
-	return plans
+	return plans, steps
 }
 
-func (e *Engine) settleInflight(plans []plan) {
-	for i := range plans {
-		p := &plans[i]
-		if p.claimed() == 0 {
+// claimQueued plans the keys queued for an early sync.
+func (e *Engine) claimQueued(now int64) ([]plan, []Step) {
+	e.queueMu.Lock()
+	q := e.queue
+	e.queue = nil
+	e.queueMu.Unlock()
+	plans := make([]plan, 0, len(q))
+	steps := make([]Step, 0, len(q))
+	for _, k := range q {
+		s := k.zone.shardOf(k.hash)
+		s.mu.Lock()
+		if en, _ := k.zone.lookup(s, k.hash); en != nil && en.flags&flagQueued != 0 {
+			p, st := claim(k.zone, k.hash, en, now)
+			plans, steps = append(plans, p), append(steps, st)
+		}
+		s.mu.Unlock()
+	}
+	return plans, steps
+}
+
+// claim takes the key's unpushed admits and demand into a step. The caller
+// holds the key's shard lock.
+func claim(z *Zone, h keyhash.Hash, en *entry, now int64) (plan, Step) {
+	p := plan{zone: z, hash: h, demand: en.demand, readAt: en.readAt}
+	st := Step{
+		Key:    z.storeKey(h),
+		Adds:   [2]SlotCount{{Slot: en.head, Count: int64(en.pendCur)}, {Slot: en.head - 1, Count: int64(en.pendPrev)}},
+		Demand: int64(en.demand),
+		Oldest: z.slots.Oldest(now),
+		TTL:    time.Duration(2 * z.slots.N * z.slots.Len),
+	}
+	en.pendCur, en.pendPrev, en.demand = 0, 0, 0
+	en.flags &^= flagQueued
+	return p, st
+}
+
+// merge folds a step's reply into the key's ring: each slot keeps the larger
+// of what this instance knew and what the store holds plus this instance's
+// admits since the claim. Merging by maximum never forgets this instance's
+// own admits (a push that failed, a store that restarted empty) and never
+// counts an admit the store already holds twice.
+func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
+	z := p.zone
+	s := z.shardOf(p.hash)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	en, ring := z.lookup(s, p.hash)
+	if en == nil {
+		return
+	}
+	en.advance(ring, z.slots.Of(now))
+	n := int64(len(ring))
+	for _, sc := range r.Slots {
+		if sc.Slot > en.head || sc.Slot <= en.head-n {
 			continue
 		}
-		p.entry.mu.Lock()
-		p.entry.inflight = max(p.entry.inflight-p.claimed(), 0)
-		p.entry.mu.Unlock()
-	}
-}
-
-func (e *Engine) increments(plans []plan) []Increment {
-	var incs []Increment
-	for i := range plans {
-		p := &plans[i]
-		ttl := 2 * p.window
-		if p.delta > 0 {
-			incs = append(incs, Increment{Key: e.counterKey(p, p.pushEpoch), By: p.delta, TTL: ttl})
+		v := sc.Count
+		switch sc.Slot {
+		case en.head:
+			v += int64(en.pendCur)
+		case en.head - 1:
+			v += int64(en.pendPrev)
 		}
-		if p.carry > 0 {
-			incs = append(incs, Increment{Key: e.counterKey(p, p.carryEpoch), By: p.carry, TTL: ttl})
-		}
+		i := slotIndex(sc.Slot, n)
+		ring[i] = max(ring[i], uint32(min(v, math.MaxUint32)))
 	}
-	return incs
-}
+	en.sinceRead = en.pendCur + en.pendPrev
 
-func (e *Engine) readKeys(plans []plan) []string {
-	keys := make([]string, 0, 2*len(plans))
-	for i := range plans {
-		p := &plans[i]
-		keys = append(keys, e.counterKey(p, p.readEpoch), e.counterKey(p, p.readEpoch-1))
+	// This instance's share of the key's demand since its previous read: the
+	// demand it pushed against what the store's counter grew by.
+	fleet := uint32(r.Demand)
+	if p.readAt != 0 {
+		fleet -= en.fleetDemand
 	}
-	return keys
-}
-
-// counterKey is <prefix>:rl:{<zone>:<hash>}:<epoch>. The braces are a Redis
-// Cluster hash tag: all epochs of a key live in one slot.
-func (e *Engine) counterKey(p *plan, epoch int64) string {
-	return e.prefix + ":rl:{" + p.zone.name + ":" + p.entry.hash.String() + "}:" + strconv.FormatInt(epoch, 10)
-}
-
-func (e *Engine) applyEstimates(now int64, plans []plan, counts []int64) {
-	for i := range plans {
-		p := &plans[i]
-		cur, prev := counts[2*i], counts[2*i+1]
-		est := window.SlidingEstimate(cur, prev, window.Elapsed(now, p.window), p.window)
-		en := p.entry
-		en.mu.Lock()
-		// A request may have moved the key to another window or a newer epoch
-		// while the read was in flight; this estimate describes neither.
-		if en.window == p.window && en.epoch <= p.readEpoch {
-			// Round up: under-counting the fleet would admit past the limit.
-			en.remote = int64(math.Ceil(est))
-			en.remotePrev = prev
-			en.estimateAt = now
-		}
-		en.mu.Unlock()
+	if fleet < p.demand || fleet > math.MaxInt32 {
+		fleet = p.demand // the counter restarted (expired, or a store restart)
 	}
+	if fleet > 0 {
+		en.share = uint16(max(uint64(p.demand)*shareWhole/uint64(fleet), 1))
+	}
+	// The fleet's demand per interval; a quiet spell halves it per read rather
+	// than forgetting a burst at once.
+	rate := uint64(fleet)
+	if dt := now - p.readAt; p.readAt != 0 && dt > 0 {
+		rate = uint64(fleet) * uint64(interval) / uint64(dt)
+	}
+	en.fleetRate = uint32(min(max(rate, uint64(en.fleetRate/2)), math.MaxUint32))
+	en.fleetDemand = uint32(r.Demand)
+	en.readAt = now
 }
 
 func (e *Engine) storeFailed(err error) {
@@ -237,9 +292,4 @@ func (e *Engine) storeOK() {
 	if !e.healthy.Swap(true) {
 		e.log.Info("fleet counter store reachable again; fleet-wide limits restored")
 	}
-}
-
-// String describes the engine for logs.
-func (e *Engine) String() string {
-	return fmt.Sprintf("ratelimit.Engine(prefix=%q, interval=%s)", e.prefix, e.SyncInterval())
 }

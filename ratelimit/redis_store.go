@@ -2,72 +2,151 @@ package ratelimit
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// RedisStore keeps the fleet's counters in Redis (standalone, Sentinel or
-// Cluster, through go-redis's UniversalClient).
+//go:embed sync.lua
+var syncLua string
+
+var syncScript = redis.NewScript(syncLua)
+
+// RedisStore keeps the fleet's slot counts in Redis (standalone, Sentinel or
+// Cluster, through go-redis's UniversalClient): one hash per zone and key,
+// one script call per key and pass, all of a pass's calls in one pipeline.
+// Each key's commands touch one Cluster slot, so a pass works the same on a
+// single node and on a Cluster.
 type RedisStore struct {
 	client redis.UniversalClient
+	loaded atomic.Bool // the script is known to the servers (as far as we know)
 }
 
-var _ CounterStore = (*RedisStore)(nil)
+var _ SlotStore = (*RedisStore)(nil)
 
-// NewRedisStore uses client, which the caller owns and closes.
+// NewRedisStore uses client, which the caller owns and closes. The client
+// must not retry commands by itself (MaxRetries -1): a re-sent step whose
+// first reply was lost would count its admits twice.
 func NewRedisStore(client redis.UniversalClient) *RedisStore {
 	return &RedisStore{client: client}
 }
 
-// Add pushes every increment as INCRBY + PEXPIRE in one MULTI/EXEC, so a failed
-// batch applies nothing and a retry can never count an admit twice. On Cluster
-// go-redis runs one transaction per slot; a key's epochs share a slot through
-// their hash tag.
-func (r *RedisStore) Add(ctx context.Context, incs []Increment) error {
-	if len(incs) == 0 {
+// Sync implements SlotStore. Steps that fail with NOSCRIPT (a server that has
+// not seen the script: a restart or a failover) did not run, so they are
+// loaded and sent once more; any other failure is the step's error.
+func (r *RedisStore) Sync(ctx context.Context, steps []Step, replies []Reply) error {
+	if len(steps) == 0 {
 		return nil
 	}
-	_, err := r.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		for _, inc := range incs {
-			p.IncrBy(ctx, inc.Key, inc.By)
-			p.PExpire(ctx, inc.Key, inc.TTL)
+	if !r.loaded.Load() {
+		if err := r.load(ctx); err != nil {
+			for i := range replies {
+				replies[i] = Reply{Err: err}
+			}
+			return err
 		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("pushing %d counter increments: %w", len(incs), err)
+	}
+	todo := make([]int, len(steps))
+	for i := range todo {
+		todo[i] = i
+	}
+	for attempt := 0; ; attempt++ {
+		noScript := r.run(ctx, steps, replies, todo)
+		if len(noScript) == 0 || attempt > 0 {
+			break
+		}
+		if err := r.load(ctx); err != nil {
+			break
+		}
+		todo = noScript
+	}
+	for i := range replies {
+		if replies[i].Err != nil {
+			return replies[i].Err
+		}
 	}
 	return nil
 }
 
-// Get reads the keys with pipelined GETs rather than one MGET, which Redis
-// Cluster refuses across slots.
-func (r *RedisStore) Get(ctx context.Context, keys []string) ([]int64, error) {
-	if len(keys) == 0 {
-		return nil, nil
+// Ping checks that the store answers.
+func (r *RedisStore) Ping(ctx context.Context) error {
+	if err := r.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("pinging the store: %w", err)
 	}
-	cmds := make([]*redis.StringCmd, len(keys))
-	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			cmds[i] = p.Get(ctx, k)
+	return nil
+}
+
+func (r *RedisStore) load(ctx context.Context) error {
+	// On a Cluster, go-redis loads the script on every primary.
+	if err := r.client.ScriptLoad(ctx, syncLua).Err(); err != nil {
+		return fmt.Errorf("loading the sync script: %w", err)
+	}
+	r.loaded.Store(true)
+	return nil
+}
+
+// run sends the steps listed in todo in one pipeline and returns those that
+// failed with NOSCRIPT.
+func (r *RedisStore) run(ctx context.Context, steps []Step, replies []Reply, todo []int) (noScript []int) {
+	cmds := make([]*redis.Cmd, len(todo))
+	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for j, i := range todo {
+			st := &steps[i]
+			args := make([]any, 0, 7)
+			args = append(args, st.Oldest, st.TTL.Milliseconds(), st.Demand)
+			for _, a := range st.Adds {
+				if a.Count > 0 {
+					args = append(args, a.Slot, a.Count)
+				}
+			}
+			cmds[j] = syncScript.EvalSha(ctx, p, []string{st.Key}, args...)
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("reading %d counters: %w", len(keys), err)
-	}
-	out := make([]int64, len(keys))
-	for i, c := range cmds {
-		v, err := c.Int64()
-		switch {
-		case errors.Is(err, redis.Nil):
-		case err != nil:
-			return nil, fmt.Errorf("reading counter %s: %w", keys[i], err)
-		default:
-			out[i] = max(v, 0)
+	for j, i := range todo {
+		res, err := cmds[j].Result()
+		if err != nil {
+			if redis.HasErrorPrefix(err, "NOSCRIPT") {
+				noScript = append(noScript, i)
+			}
+			replies[i] = Reply{Err: fmt.Errorf("syncing %s: %w", steps[i].Key, err)}
+			continue
 		}
+		replies[i] = parseReply(steps[i].Key, res)
 	}
-	return out, nil
+	return noScript
+}
+
+func parseReply(key string, res any) Reply {
+	vals, ok := res.([]any)
+	if !ok || len(vals)%2 != 1 {
+		return Reply{Err: fmt.Errorf("syncing %s: unexpected reply %v", key, res)}
+	}
+	ints := make([]int64, len(vals))
+	for i, v := range vals {
+		n, err := toInt(v)
+		if err != nil {
+			return Reply{Err: fmt.Errorf("syncing %s: %w", key, err)}
+		}
+		ints[i] = n
+	}
+	r := Reply{Demand: ints[0], Slots: make([]SlotCount, 0, len(ints)/2)}
+	for i := 1; i < len(ints); i += 2 {
+		r.Slots = append(r.Slots, SlotCount{Slot: ints[i], Count: max(ints[i+1], 0)})
+	}
+	return r
+}
+
+func toInt(v any) (int64, error) {
+	switch n := v.(type) {
+	case int64:
+		return n, nil
+	case string:
+		return strconv.ParseInt(n, 10, 64)
+	}
+	return 0, errors.New("not an integer: " + fmt.Sprint(v))
 }

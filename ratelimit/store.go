@@ -6,79 +6,117 @@ import (
 	"time"
 )
 
-// Increment adds By to the counter Key and (re)arms its expiry to TTL.
-type Increment struct {
-	Key string
-	By  int64
-	TTL time.Duration
+// SlotCount is the count of one slot of a key's window.
+type SlotCount struct {
+	Slot  int64
+	Count int64
 }
 
-// CounterStore holds the fleet's shared epoch counters.
-type CounterStore interface {
-	// Add applies every increment, all or none.
-	Add(ctx context.Context, incs []Increment) error
-	// Get returns the value of each key in order; a missing key reads 0.
-	Get(ctx context.Context, keys []string) ([]int64, error)
+// Step is one reconcile pass's work on one key, run atomically by the store:
+// add the claimed admits to their slots and the demand to the key's demand
+// counter, drop the slots older than Oldest, re-arm the key's expiry to TTL,
+// and return what is left.
+type Step struct {
+	Key    string
+	Adds   [2]SlotCount // Count 0: nothing to add
+	Demand int64
+	Oldest int64
+	TTL    time.Duration
 }
 
-// MemoryStore is the embedded CounterStore of a single instance.
+// Reply is what a Step left in the store.
+type Reply struct {
+	// Slots are the key's slots from Oldest on, in no particular order.
+	Slots []SlotCount
+	// Demand is the key's demand counter: every request any instance has seen
+	// for the key while it was stored.
+	Demand int64
+	// Err is set when the step failed; it may or may not have applied.
+	Err error
+}
+
+// SlotStore holds the fleet's slot counts, one entry per zone and key.
+type SlotStore interface {
+	// Sync runs every step and fills replies (one per step). Steps are
+	// independent: one that fails does not stop the others. It returns the
+	// first step's error, if any. A store never re-sends a step by itself.
+	Sync(ctx context.Context, steps []Step, replies []Reply) error
+}
+
+// MemoryStore is the embedded SlotStore of a single instance.
 type MemoryStore struct {
-	mu       sync.Mutex
-	counters map[string]memoryCounter
-	now      func() time.Time
+	mu   sync.Mutex
+	keys map[string]*memoryKey
+	now  func() time.Time
 }
 
-type memoryCounter struct {
-	value   int64
+type memoryKey struct {
+	slots   map[int64]int64
+	demand  int64
 	expires time.Time
 }
 
-var _ CounterStore = (*MemoryStore)(nil)
+var _ SlotStore = (*MemoryStore)(nil)
 
-// NewMemoryStore returns an empty in-process counter store.
+// NewMemoryStore returns an empty in-process slot store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{counters: make(map[string]memoryCounter), now: time.Now}
+	return &MemoryStore{keys: make(map[string]*memoryKey), now: time.Now}
 }
 
-// Add implements CounterStore.
-func (m *MemoryStore) Add(_ context.Context, incs []Increment) error {
+// Sync implements SlotStore.
+func (m *MemoryStore) Sync(_ context.Context, steps []Step, replies []Reply) error {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, inc := range incs {
-		c := m.counters[inc.Key]
-		if !c.expires.IsZero() && !now.Before(c.expires) {
-			c = memoryCounter{}
-		}
-		c.value += inc.By
-		c.expires = now.Add(inc.TTL)
-		m.counters[inc.Key] = c
+	for i := range steps {
+		replies[i] = m.step(&steps[i], now)
 	}
 	return nil
 }
 
-// Get implements CounterStore.
-func (m *MemoryStore) Get(_ context.Context, keys []string) ([]int64, error) {
-	now := m.now()
-	out := make([]int64, len(keys))
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i, k := range keys {
-		if c, ok := m.counters[k]; ok && now.Before(c.expires) {
-			out[i] = c.value
+func (m *MemoryStore) step(st *Step, now time.Time) Reply {
+	k := m.keys[st.Key]
+	if k != nil && !now.Before(k.expires) {
+		delete(m.keys, st.Key)
+		k = nil
+	}
+	writes := st.Demand > 0
+	for _, a := range st.Adds {
+		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
+	}
+	if k == nil && !writes {
+		return Reply{}
+	}
+	if k == nil {
+		k = &memoryKey{slots: make(map[int64]int64)}
+		m.keys[st.Key] = k
+	}
+	for _, a := range st.Adds {
+		if a.Count > 0 && a.Slot >= st.Oldest {
+			k.slots[a.Slot] += a.Count
 		}
 	}
-	return out, nil
+	k.demand += st.Demand
+	r := Reply{Demand: k.demand, Slots: make([]SlotCount, 0, len(k.slots))}
+	for s, c := range k.slots {
+		if s < st.Oldest {
+			delete(k.slots, s)
+			continue
+		}
+		r.Slots = append(r.Slots, SlotCount{Slot: s, Count: c})
+	}
+	k.expires = now.Add(st.TTL)
+	return r
 }
 
-// Sweep drops expired counters; the reconciler calls it once per pass.
+// Sweep drops expired keys; the reconciler calls it with its evictions.
 func (m *MemoryStore) Sweep() {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for k, c := range m.counters {
-		if !now.Before(c.expires) {
-			delete(m.counters, k)
+	for name, k := range m.keys {
+		if !now.Before(k.expires) {
+			delete(m.keys, name)
 		}
 	}
 }

@@ -1,41 +1,53 @@
 package ratelimit
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/window"
 )
 
 const shardCount = 64 // a power of two; keys spread by the low bits of their hash
 
-// DefaultMaxKeys is the number of keys a zone tracks fleet-wide when the
-// config does not say.
+// DefaultMaxKeys is the number of keys a zone tracks when the config does not
+// say.
 const DefaultMaxKeys = 100_000
 
-// Zone is the key space of one named limit. Zones live in the Engine, not in a
-// config, so their counters survive a config reload. Two handlers naming the
-// same zone share its counters.
+// OverflowBuckets is how many shared buckets take the keys that arrive while a
+// zone tracks max_keys keys already: such a key is counted, fleet-wide, in the
+// bucket its hash picks, together with the other untracked keys of that
+// bucket. Memory stays bounded by max_keys + OverflowBuckets entries.
+const OverflowBuckets = 64
+
+// Zone is the key space of one named limit with one window and precision.
+// Zones live in the Engine, not in a config, so their counters survive a
+// config reload. Two handlers naming the same zone with the same window share
+// its counters.
 type Zone struct {
-	name string
-	id   int // creation order; requests lock zones in this order
+	name    string
+	id      int // creation order; requests lock zones in this order
+	slots   window.Slots
+	storeID string // <prefix>:rl:{<name>:  — the key's hash and the window follow
 
 	maxKeys atomic.Int64
-	keys    atomic.Int64 // fleet-tracked entries
+	keys    atomic.Int64 // tracked keys, overflow buckets not included
 	shards  [shardCount]shard
+	arena   arena
 }
 
 type shard struct {
-	mu      sync.RWMutex
-	entries map[keyhash.Hash]*entry
+	mu      sync.Mutex
+	entries map[keyhash.Hash]int32 // index into the zone's arena
 }
 
-func newZone(name string, id int) *Zone {
-	z := &Zone{name: name, id: id}
+func newZone(prefix, name string, id int, slots window.Slots) *Zone {
+	z := &Zone{name: name, id: id, slots: slots, storeID: prefix + ":rl:{" + name + ":"}
 	z.maxKeys.Store(DefaultMaxKeys)
+	z.arena.ringLen = int(slots.N) + 1
 	for i := range z.shards {
-		z.shards[i].entries = make(map[keyhash.Hash]*entry)
+		z.shards[i].entries = make(map[keyhash.Hash]int32)
 	}
 	return z
 }
@@ -44,11 +56,11 @@ func newZone(name string, id int) *Zone {
 func (z *Zone) Name() string { return z.name }
 
 // ID orders zones: a request that checks several zones must list them by
-// ascending ID so that concurrent requests lock entries in one order.
+// ascending ID so that concurrent requests lock shards in one order.
 func (z *Zone) ID() int { return z.id }
 
-// SetMaxKeys caps how many keys the zone tracks fleet-wide. A new key past the
-// cap gets the local cap only until old keys are evicted.
+// SetMaxKeys caps how many keys the zone tracks; keys past the cap share the
+// overflow buckets until tracked keys are evicted. 0 means DefaultMaxKeys.
 func (z *Zone) SetMaxKeys(n int64) {
 	if n <= 0 {
 		n = DefaultMaxKeys
@@ -56,71 +68,94 @@ func (z *Zone) SetMaxKeys(n int64) {
 	z.maxKeys.Store(n)
 }
 
-// Keys is the number of fleet-tracked keys.
+// Keys is the number of tracked keys.
 func (z *Zone) Keys() int64 { return z.keys.Load() }
 
-// lookup returns the entry of h, creating it at now for window w if needed.
-func (z *Zone) lookup(h keyhash.Hash, now int64, w time.Duration) *entry {
-	s := &z.shards[h.Lo&(shardCount-1)]
-	s.mu.RLock()
-	e := s.entries[h]
-	s.mu.RUnlock()
-	if e != nil {
-		return e
-	}
+// storeKey names a key's hash of slot counts: <prefix>:rl:{<zone>:<hash>}:<slot
+// length ms>x<slots>. The braces are a Redis Cluster hash tag, so every
+// command of a key touches one slot; the suffix keeps counts of another
+// window length apart.
+func (z *Zone) storeKey(h keyhash.Hash) string {
+	b := make([]byte, 0, len(z.storeID)+64)
+	b = append(b, z.storeID...)
+	b = append(b, h.String()...)
+	b = append(b, "}:"...)
+	b = strconv.AppendInt(b, z.slots.Len/1e6, 10)
+	b = append(b, 'x')
+	b = strconv.AppendInt(b, z.slots.N, 10)
+	return string(b)
+}
+
+func (z *Zone) shardOf(h keyhash.Hash) *shard { return &z.shards[h.Lo&(shardCount-1)] }
+
+// overflowHash names the overflow bucket of a key that is not tracked.
+func overflowHash(h keyhash.Hash) keyhash.Hash {
+	return keyhash.Hash{Hi: 0, Lo: 1<<63 | h.Hi%OverflowBuckets}
+}
+
+// lock locks the shard that holds h's state (h itself, or its overflow bucket
+// when the zone is full) and returns it with the hash it is held under; the
+// caller unlocks the shard.
+func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, keyhash.Hash) {
+	s := z.shardOf(h)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e = s.entries[h]; e != nil {
-		return e
+	if i, ok := s.entries[h]; ok {
+		e, ring := z.arena.at(i)
+		return s, e, ring, h
 	}
-	fleet := z.keys.Load() < z.maxKeys.Load()
-	if fleet {
+	if z.keys.Load() < z.maxKeys.Load() {
 		z.keys.Add(1)
+		e, ring := z.insert(s, h, now, 0)
+		return s, e, ring, h
 	}
-	e = newEntry(h, fleet, now, w)
-	s.entries[h] = e
-	return e
+	s.mu.Unlock()
+	h = overflowHash(h)
+	s = z.shardOf(h)
+	s.mu.Lock()
+	if i, ok := s.entries[h]; ok {
+		e, ring := z.arena.at(i)
+		return s, e, ring, h
+	}
+	e, ring := z.insert(s, h, now, flagOverflow)
+	return s, e, ring, h
 }
 
-// snapshot appends every entry of the zone to dst.
-func (z *Zone) snapshot(dst []*entry) []*entry {
-	for i := range z.shards {
-		s := &z.shards[i]
-		s.mu.RLock()
-		for _, e := range s.entries {
-			dst = append(dst, e)
-		}
-		s.mu.RUnlock()
-	}
-	return dst
+func (z *Zone) insert(s *shard, h keyhash.Hash, now int64, flags uint8) (*entry, []uint32) {
+	i := z.arena.alloc()
+	s.entries[h] = i
+	e, ring := z.arena.at(i)
+	e.init(now, z.slots)
+	e.flags = flags
+	clear(ring)
+	return e, ring
 }
 
-// evict drops entries that hold nothing the fleet has not seen and have been
-// idle long enough: fleet keys after max(idleTTL, 2 windows), local-only keys as
-// soon as their GCRA state has fully recovered.
-func (z *Zone) evict(now int64, idleTTL time.Duration) {
+// lookup returns the state of h in a locked shard s, or nil.
+func (z *Zone) lookup(s *shard, h keyhash.Hash) (*entry, []uint32) {
+	i, ok := s.entries[h]
+	if !ok {
+		return nil, nil
+	}
+	return z.arena.at(i)
+}
+
+// evict drops entries that hold nothing the store has not seen and have been
+// idle for max(idleTTL, 2 windows).
+func (z *Zone) evict(now, idleTTL int64) {
+	ttl := max(idleTTL, 2*z.slots.N*z.slots.Len)
 	for i := range z.shards {
 		s := &z.shards[i]
 		s.mu.Lock()
-		for h, e := range s.entries {
-			e.mu.Lock()
-			if !e.pending() && e.idle(now, idleTTL) {
-				e.dead = true
+		for h, idx := range s.entries {
+			e, _ := z.arena.at(idx)
+			if !e.pending() && now-e.lastSeen >= ttl && e.tat <= now {
 				delete(s.entries, h)
-				if e.fleet {
+				if e.flags&flagOverflow == 0 {
 					z.keys.Add(-1)
 				}
+				z.arena.free(idx)
 			}
-			e.mu.Unlock()
 		}
 		s.mu.Unlock()
 	}
-}
-
-func (e *entry) idle(now int64, idleTTL time.Duration) bool {
-	if !e.fleet {
-		return e.tat <= now
-	}
-	ttl := max(idleTTL, 2*e.window)
-	return now-e.lastSeen >= int64(ttl) && e.tat <= now
 }

@@ -1,88 +1,118 @@
 package window
 
 import (
+	"math/rand/v2"
+	"sort"
 	"testing"
 	"time"
 )
 
-func TestEpoch(t *testing.T) {
-	const s = int64(time.Second)
+func TestEpochAndRemaining(t *testing.T) {
+	const w = 10 * time.Second
 	tests := []struct {
-		name string
-		now  int64
-		w    time.Duration
-		want int64
+		now       int64
+		epoch     int64
+		remaining time.Duration
 	}{
-		{"zero time", 0, time.Second, 0},
-		{"negative time", -5 * s, time.Second, 0},
-		{"zero window", 10 * s, 0, 0},
-		{"first instant of epoch 10", 10 * s, time.Second, 10},
-		{"last nanosecond of epoch 9", 10*s - 1, time.Second, 9},
-		{"minute windows", 125 * s, time.Minute, 2},
-		{"exact minute boundary", 120 * s, time.Minute, 2},
-		{"one ns before minute boundary", 120*s - 1, time.Minute, 1},
-		{"sub-second window", 1*s + 250*int64(time.Millisecond), 500 * time.Millisecond, 2},
+		{0, 0, w},
+		{-5, 0, w},
+		{int64(w) - 1, 0, 1},
+		{int64(w), 1, w},
+		{int64(w) + int64(time.Second), 1, 9 * time.Second},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := Epoch(tt.now, tt.w); got != tt.want {
-				t.Fatalf("Epoch(%d, %v) = %d, want %d", tt.now, tt.w, got, tt.want)
-			}
-		})
+		if got := Epoch(tt.now, w); got != tt.epoch {
+			t.Errorf("Epoch(%d) = %d, want %d", tt.now, got, tt.epoch)
+		}
+		if got := Remaining(tt.now, w); got != tt.remaining {
+			t.Errorf("Remaining(%d) = %s, want %s", tt.now, got, tt.remaining)
+		}
 	}
 }
 
-func TestElapsedAndRemaining(t *testing.T) {
-	const s = int64(time.Second)
+func TestNewSlots(t *testing.T) {
 	tests := []struct {
-		name          string
-		now           int64
-		w             time.Duration
-		wantElapsed   time.Duration
-		wantRemaining time.Duration
+		w       time.Duration
+		n       int
+		wantLen int64
+		wantErr bool
 	}{
-		{"at boundary", 60 * s, time.Minute, 0, time.Minute},
-		{"one ns after boundary", 60*s + 1, time.Minute, 1, time.Minute - 1},
-		{"one ns before boundary", 120*s - 1, time.Minute, time.Minute - 1, 1},
-		{"middle", 90 * s, time.Minute, 30 * time.Second, 30 * time.Second},
-		{"zero window", 90 * s, 0, 0, 0},
+		{10 * time.Second, 20, int64(500 * time.Millisecond), false},
+		{10 * time.Second, 3, 3333333334, false}, // rounded up: 3 slots cover the window
+		{time.Second, 1, int64(time.Second), false},
+		{0, 20, 0, true},
+		{time.Second, 0, 0, true},
+		{5, 10, 0, true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := Elapsed(tt.now, tt.w); got != tt.wantElapsed {
-				t.Errorf("Elapsed = %v, want %v", got, tt.wantElapsed)
-			}
-			if got := Remaining(tt.now, tt.w); got != tt.wantRemaining {
-				t.Errorf("Remaining = %v, want %v", got, tt.wantRemaining)
-			}
-		})
+		s, err := NewSlots(tt.w, tt.n)
+		if (err != nil) != tt.wantErr {
+			t.Fatalf("NewSlots(%s, %d): err %v, want error %v", tt.w, tt.n, err, tt.wantErr)
+		}
+		if err == nil && (s.Len != tt.wantLen || s.N*s.Len < int64(tt.w)) {
+			t.Fatalf("NewSlots(%s, %d) = %+v, want Len %d covering the window", tt.w, tt.n, s, tt.wantLen)
+		}
 	}
 }
 
-func TestSlidingEstimate(t *testing.T) {
-	w := 10 * time.Second
+func TestSlotBoundaries(t *testing.T) {
+	s, _ := NewSlots(10*time.Second, 20)
+	q := s.Len
 	tests := []struct {
-		name      string
-		cur, prev int64
-		elapsed   time.Duration
-		want      float64
+		now          int64
+		slot, oldest int64
 	}{
-		{"start of window counts all of previous", 0, 10, 0, 10},
-		{"end of window counts none of previous", 3, 10, w, 3},
-		{"halfway counts half of previous", 4, 10, 5 * time.Second, 9},
-		{"quarter way", 0, 8, 2500 * time.Millisecond, 6},
-		{"negative elapsed clamps to start", 1, 10, -time.Second, 11},
-		{"elapsed past window clamps to end", 1, 10, 2 * w, 1},
-		{"no previous", 7, 0, 3 * time.Second, 7},
+		{0, 0, -20},
+		{q - 1, 0, -20},
+		{q, 1, -19},
+		{21 * q, 21, 1},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := SlidingEstimate(tt.cur, tt.prev, tt.elapsed, w); got != tt.want {
-				t.Fatalf("SlidingEstimate(%d, %d, %v) = %v, want %v", tt.cur, tt.prev, tt.elapsed, got, tt.want)
-			}
-		})
+		if got := s.Of(tt.now); got != tt.slot {
+			t.Errorf("Of(%d) = %d, want %d", tt.now, got, tt.slot)
+		}
+		if got := s.Oldest(tt.now); got != tt.oldest {
+			t.Errorf("Oldest(%d) = %d, want %d", tt.now, got, tt.oldest)
+		}
 	}
-	if got := SlidingEstimate(5, 100, time.Second, 0); got != 5 {
-		t.Fatalf("zero window must count only the current window, got %v", got)
+	// Slot 0 counts through slot 20 and stops at the start of slot 21.
+	if got := s.LeavesAt(0); got != 21*q {
+		t.Fatalf("LeavesAt(0) = %d, want %d", got, 21*q)
+	}
+	if s.Oldest(s.LeavesAt(0)-1) != 0 || s.Oldest(s.LeavesAt(0)) != 1 {
+		t.Fatal("LeavesAt disagrees with Oldest")
+	}
+}
+
+// The slotted count at t always covers every event of the exact window
+// (t-w, t]: gating on it can never admit more than the limit in any window.
+func TestSlottedCountNeverUnderCounts(t *testing.T) {
+	const w = 10 * time.Second
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 3, 7, 20, 60} {
+		s, _ := NewSlots(w, n)
+		var events []int64
+		for i := 0; i < 2000; i++ {
+			events = append(events, int64(rng.Int64N(int64(60*time.Second))))
+		}
+		sort.Slice(events, func(i, j int) bool { return events[i] < events[j] })
+		for i := 0; i < 500; i++ {
+			now := rng.Int64N(int64(70 * time.Second))
+			exact, slotted := 0, 0
+			for _, ev := range events {
+				if ev > now {
+					break
+				}
+				if ev > now-int64(w) {
+					exact++
+				}
+				if s.Of(ev) >= s.Oldest(now) {
+					slotted++
+				}
+			}
+			if slotted < exact {
+				t.Fatalf("n=%d now=%d: slotted count %d under the exact %d", n, now, slotted, exact)
+			}
+		}
 	}
 }

@@ -39,6 +39,14 @@ func Start(t testing.TB) *Server {
 	return startNode(t, freePort(t))
 }
 
+// StartWith is Start with further redis-server arguments, such as
+// "--enable-debug-command", "yes" for a test that stalls the server with DEBUG
+// SLEEP.
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
+	return startNode(t, freePort(t), args...)
+}
+
 func startNode(t testing.TB, port int, extra ...string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")

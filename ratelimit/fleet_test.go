@@ -1,0 +1,229 @@
+package ratelimit
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+func fleetEngine(t testing.TB, s SlotStore, prefix string) *Engine {
+	t.Helper()
+	return newEngine(t, Options{Store: s, Prefix: prefix, SyncInterval: 100 * time.Millisecond})
+}
+
+func passNow(t testing.TB, e *Engine) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := e.pass(ctx, time.Now().UnixNano(), false); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+}
+
+// Two instances that sync between requests admit exactly the limit of every
+// key, on every store; on a Cluster the keys of one pass live on several
+// nodes.
+func TestTwoInstancesHoldOneLimitForManyKeys(t *testing.T) {
+	const keys, events = 25, 10
+	for _, sc := range storeCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			newStore := sc.setup(t)
+			a, b := fleetEngine(t, newStore(t), "two"), fleetEngine(t, newStore(t), "two")
+			l := mustLimit(t, events, time.Hour, 0)
+			admitted := make([]int, keys)
+			for round := 0; round < 3*events; round++ {
+				now := time.Now().UnixNano()
+				served, other := a, b
+				if round%2 == 1 {
+					served, other = b, a
+				}
+				for k := 0; k < keys; k++ {
+					z := served.Zone("z", l)
+					if allow(served, z, l, "key"+strconv.Itoa(k), now).Allowed {
+						admitted[k]++
+					}
+				}
+				// The instance that served pushes first; the other reads after.
+				passNow(t, served)
+				passNow(t, other)
+			}
+			for k, n := range admitted {
+				if n != events {
+					t.Fatalf("key %d: %d admitted across two instances, want exactly %d", k, n, events)
+				}
+			}
+		})
+	}
+}
+
+// A key new to an instance admits only a small share of its limit until its
+// first read, and the read is queued at once.
+func TestFirstContactAdmitsASmallShare(t *testing.T) {
+	store := NewMemoryStore()
+	a := fleetEngine(t, store, "first")
+	l := mustLimit(t, 100, time.Hour, 0)
+	z := a.Zone("z", l)
+	now := time.Now().UnixNano()
+	n := 0
+	for i := 0; i < 50; i++ {
+		if allow(a, z, l, "k", now).Allowed {
+			n++
+		}
+	}
+	if n != 10 {
+		t.Fatalf("before the first read %d admitted, want 10%% of the limit (10)", n)
+	}
+	if plans, _ := a.claimQueued(now); len(plans) != 1 {
+		t.Fatalf("%d keys queued for an early read, want the new key", len(plans))
+	}
+	_ = a.pass(context.Background(), now, false)
+	if v := allow(a, z, l, "k", now); !v.Allowed {
+		t.Fatalf("after the read the key has its whole limit again: %+v", v)
+	}
+}
+
+// When the fleet's headroom is small against its demand, an instance admits
+// only its share of the headroom until the next read, and asks for an early
+// sync; with the mechanisms off it spends all it sees.
+func TestHeadroomShareNearTheLimit(t *testing.T) {
+	run := func(t *testing.T, fixed bool) (admitted int, queued int) {
+		store := NewMemoryStore()
+		opts := Options{Store: store, Prefix: "share", SyncInterval: 100 * time.Millisecond, FixedInterval: fixed}
+		a, b := newEngine(t, opts), newEngine(t, opts)
+		l := mustLimit(t, 100, time.Hour, 0)
+		za, zb := a.Zone("z", l), b.Zone("z", l)
+		now := time.Now().UnixNano()
+		step := int64(time.Millisecond)
+		// Both instances serve the key evenly up to 80 admits, syncing often.
+		for i := 0; i < 80; i++ {
+			now += step
+			if i%2 == 0 {
+				allow(a, za, l, "k", now)
+			} else {
+				allow(b, zb, l, "k", now)
+			}
+			if i%4 == 3 {
+				_ = a.pass(context.Background(), now, false)
+				_ = b.pass(context.Background(), now, false)
+			}
+		}
+		_ = a.pass(context.Background(), now, false)
+		_ = b.pass(context.Background(), now, false)
+		_ = a.pass(context.Background(), now, false)
+		// 20 left in the fleet; a alone is hammered before its next read.
+		for i := 0; i < 40; i++ {
+			if allow(a, za, l, "k", now).Allowed {
+				admitted++
+			}
+		}
+		plans, _ := a.claimQueued(now)
+		return admitted, len(plans)
+	}
+	shared, queued := run(t, false)
+	if shared < 1 || shared > 12 || queued != 1 {
+		t.Fatalf("near the limit an instance with half the demand admitted %d of 20 (queued %d), want about half and an early sync", shared, queued)
+	}
+	if all, _ := run(t, true); all != 20 {
+		t.Fatalf("with a fixed interval the instance spends the whole headroom: %d, want 20", all)
+	}
+}
+
+// While the store is unreachable an instance enforces the window on its own
+// admits exactly, and does not forget them when the store returns empty.
+func TestStoreOutageKeepsTheWindowOnOwnAdmits(t *testing.T) {
+	srv := redistest.Start(t)
+	a := fleetEngine(t, NewRedisStore(redisClient(t, srv)), "outage")
+	l := mustLimit(t, 10, time.Hour, 0)
+	z := a.Zone("z", l)
+	for i := 0; i < 4; i++ {
+		if !allow(a, z, l, "k", time.Now().UnixNano()).Allowed {
+			t.Fatalf("request %d denied", i+1)
+		}
+		passNow(t, a)
+	}
+	srv.Stop()
+	if err := a.pass(context.Background(), time.Now().UnixNano(), false); err == nil {
+		t.Fatal("a pass against a stopped Redis must report the error")
+	}
+	if a.Healthy() {
+		t.Fatal("the engine must know the store is down")
+	}
+	n := 0
+	for i := 0; i < 20; i++ {
+		if allow(a, z, l, "k", time.Now().UnixNano()).Allowed {
+			n++
+		}
+		_ = a.pass(context.Background(), time.Now().UnixNano(), false)
+	}
+	if n != 6 {
+		t.Fatalf("during the outage %d admitted, want the 6 left of the window", n)
+	}
+	srv.Restart() // empty dataset, as after a crash
+	// go-redis re-dials a pool whose dials failed about once a second.
+	for deadline := time.Now().Add(5 * time.Second); a.pass(context.Background(), time.Now().UnixNano(), false) != nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("the engine must recover by itself when Redis is back")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if v := allow(a, z, l, "k", time.Now().UnixNano()); v.Allowed {
+		t.Fatalf("after the store came back empty the instance still knows its 10 admits: %+v", v)
+	}
+}
+
+// A store that stalls longer than the client's timeout may run the step late;
+// it never runs it twice, and the lost step is never re-sent.
+func TestStalledStoreNeverCountsTwice(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	c := redisClient(t, srv)
+	a := fleetEngine(t, NewRedisStore(c), "stall")
+	l := mustLimit(t, 1000, time.Hour, 0)
+	z := a.Zone("z", l)
+	passNow(t, a) // loads the script
+	for i := 0; i < 5; i++ {
+		allow(a, z, l, "k", time.Now().UnixNano())
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	stalled := make(chan error, 1)
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1").Err() }()
+	time.Sleep(100 * time.Millisecond)
+	if err := a.pass(context.Background(), time.Now().UnixNano(), false); err == nil {
+		t.Fatal("a pass during a stall longer than the client timeout must fail")
+	}
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	stored := func() int64 {
+		vals, err := admin.HGetAll(context.Background(), z.storeKey(keyhash.Of("k"))).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for f, v := range vals {
+			if f != "d" {
+				c, _ := strconv.ParseInt(v, 10, 64)
+				n += c
+			}
+		}
+		return n
+	}
+	first := stored()
+	if first != 0 && first != 5 {
+		t.Fatalf("after the stall the store holds %d admits, want 5 (ran late) or 0", first)
+	}
+	allow(a, z, l, "k", time.Now().UnixNano())
+	passNow(t, a)
+	if got := stored(); got != first+1 {
+		t.Fatalf("after the next pass the store holds %d, want %d: the lost step must not be re-sent", got, first+1)
+	}
+	if _, ring := stateOf(z, "k"); count(ring) != 6 {
+		t.Fatalf("the instance counts %d of its own 6 admits", count(ring))
+	}
+}

@@ -1,0 +1,198 @@
+package ratelimit
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// storeCase sets up one kind of store; the setup's result builds a client of
+// it per use, as each instance of a fleet has its own.
+type storeCase struct {
+	name  string
+	setup func(t *testing.T) func(t testing.TB) SlotStore
+}
+
+func storeCases() []storeCase {
+	return []storeCase{
+		{"memory", func(*testing.T) func(testing.TB) SlotStore {
+			m := NewMemoryStore() // one store shared by every "instance"
+			return func(testing.TB) SlotStore { return m }
+		}},
+		{"redis", func(t *testing.T) func(testing.TB) SlotStore {
+			srv := redistest.Start(t)
+			return func(t testing.TB) SlotStore { return NewRedisStore(redisClient(t, srv)) }
+		}},
+		{"redis-cluster", func(t *testing.T) func(testing.TB) SlotStore {
+			c := redistest.StartCluster(t)
+			return func(t testing.TB) SlotStore { return NewRedisStore(clusterClient(t, c)) }
+		}},
+	}
+}
+
+func redisClient(t testing.TB, srv *redistest.Server) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func clusterClient(t testing.TB, c *redistest.Cluster) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+func syncSteps(t testing.TB, s SlotStore, steps []Step) []Reply {
+	t.Helper()
+	replies := make([]Reply, len(steps))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Sync(ctx, steps, replies); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	return replies
+}
+
+func slotMap(r Reply) map[int64]int64 {
+	m := make(map[int64]int64, len(r.Slots))
+	for _, s := range r.Slots {
+		m[s.Slot] = s.Count
+	}
+	return m
+}
+
+// TestSlotStoreConformance runs the same cases against every SlotStore, each
+// with many keys per call so that a Cluster spreads them over its nodes.
+func TestSlotStoreConformance(t *testing.T) {
+	const keys = 60
+	cases := []struct {
+		name string
+		run  func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string)
+	}{
+		{"adds land in their slots, per key", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
+			s := newStore(t)
+			var steps []Step
+			for k := 0; k < keys; k++ {
+				steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 80, TTL: time.Minute, Demand: int64(k + 1),
+					Adds: [2]SlotCount{{Slot: 100, Count: int64(k + 1)}, {Slot: 99, Count: 2}}})
+			}
+			syncSteps(t, s, steps)
+			replies := syncSteps(t, s, steps) // the same adds again: the counts double
+			for k, r := range replies {
+				got := slotMap(r)
+				if len(got) != 2 || got[100] != int64(2*(k+1)) || got[99] != 4 || r.Demand != int64(2*(k+1)) {
+					t.Fatalf("key %d: slots %v demand %d, want 100:%d 99:4 demand %d", k, got, r.Demand, 2*(k+1), 2*(k+1))
+				}
+			}
+		}},
+		{"slots older than the window are dropped", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
+			s := newStore(t)
+			var steps []Step
+			for k := 0; k < keys; k++ {
+				steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 0, TTL: time.Minute,
+					Adds: [2]SlotCount{{Slot: 10, Count: 3}, {Slot: 20, Count: 5}}})
+			}
+			syncSteps(t, s, steps)
+			for k := range steps {
+				// Slot 10 has left; an add to a slot that has left is ignored.
+				steps[k] = Step{Key: steps[k].Key, Oldest: 15, TTL: time.Minute, Adds: [2]SlotCount{{Slot: 12, Count: 7}}}
+			}
+			for k, r := range syncSteps(t, s, steps) {
+				if got := slotMap(r); len(got) != 1 || got[20] != 5 {
+					t.Fatalf("key %d: slots %v, want only 20:5", k, got)
+				}
+			}
+		}},
+		{"a read of an unknown key creates nothing", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
+			s := newStore(t)
+			steps := []Step{{Key: prefix + "nothing", Oldest: 1, TTL: time.Minute}}
+			for i := 0; i < 2; i++ {
+				r := syncSteps(t, s, steps)[0]
+				if len(r.Slots) != 0 || r.Demand != 0 {
+					t.Fatalf("read %d: %+v, want empty", i, r)
+				}
+			}
+		}},
+		{"the expiry is re-armed by every step", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
+			s := newStore(t)
+			add := []Step{{Key: prefix + "ttl", Oldest: 0, TTL: 300 * time.Millisecond, Adds: [2]SlotCount{{Slot: 1, Count: 1}}}}
+			read := []Step{{Key: prefix + "ttl", Oldest: 0, TTL: 300 * time.Millisecond}}
+			syncSteps(t, s, add)
+			for i := 0; i < 3; i++ {
+				time.Sleep(150 * time.Millisecond)
+				if r := syncSteps(t, s, read)[0]; slotMap(r)[1] != 1 {
+					t.Fatalf("re-read %d: %+v, want the slot kept alive", i, r)
+				}
+			}
+			time.Sleep(450 * time.Millisecond)
+			if r := syncSteps(t, s, read)[0]; len(r.Slots) != 0 {
+				t.Fatalf("after the expiry: %+v, want nothing", r)
+			}
+		}},
+		{"instances add up", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
+			a, b := newStore(t), newStore(t)
+			mk := func(n int64) []Step {
+				var steps []Step
+				for k := 0; k < keys; k++ {
+					steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 0, TTL: time.Minute, Demand: n,
+						Adds: [2]SlotCount{{Slot: 5, Count: n}}})
+				}
+				return steps
+			}
+			syncSteps(t, a, mk(2))
+			for k, r := range syncSteps(t, b, mk(3)) {
+				if slotMap(r)[5] != 5 || r.Demand != 5 {
+					t.Fatalf("key %d: %+v, want 5 from both instances", k, r)
+				}
+			}
+		}},
+	}
+	for _, sc := range storeCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			newStore := sc.setup(t)
+			for i, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					c.run(t, newStore, "conf"+strconv.Itoa(i)+":{k")
+				})
+			}
+		})
+	}
+}
+
+// Keys of a pass on a Cluster live on different nodes; one pass serves all.
+func TestRedisStoreSpreadsOverClusterNodes(t *testing.T) {
+	c := redistest.StartCluster(t)
+	cc := clusterClient(t, c)
+	s := NewRedisStore(cc)
+	z := newZone("spread", "z", 0, mustLimit(t, 10, time.Minute, 0).slots)
+	var steps []Step
+	for k := 0; k < 50; k++ {
+		steps = append(steps, Step{Key: z.storeKey(hashOf(strconv.Itoa(k))), Oldest: 0, TTL: time.Minute,
+			Adds: [2]SlotCount{{Slot: 1, Count: 1}}})
+	}
+	syncSteps(t, s, steps)
+	total, withKeys := 0, 0
+	for _, n := range c.Nodes {
+		nc := redis.NewClient(&redis.Options{Addr: n.Addr()})
+		keys, err := nc.Keys(context.Background(), "spread:*").Result()
+		_ = nc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += len(keys)
+		if len(keys) > 0 {
+			withKeys++
+		}
+	}
+	if total != 50 || withKeys < 2 {
+		t.Fatalf("%d keys stored on %d nodes, want 50 spread over several", total, withKeys)
+	}
+}
