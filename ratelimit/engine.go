@@ -275,27 +275,35 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, l *Limit, used, now, staleAfter int64) bool {
 	since := int64(en.sinceRead)
 	var allowance int64
-	if en.readAt == 0 || now-en.readAt >= staleAfter {
+	if !en.fresh(now, staleAfter) {
 		e.enqueue(z, h, en)
-		allowance = ceilMul(l.Events, firstShare*shareWhole)
+		allowance = ceilFraction(l.Events, firstShare)
 	} else {
 		// The fleet's headroom as of the last read, plus what has left the
 		// window since.
 		headroom := l.Events - used + since
 		allowance = headroom
-		if int64(en.fleetRate)*2 >= headroom {
-			allowance = ceilMul(headroom, float64(en.share))
+		// If the fleet could spend the headroom within two intervals (until
+		// the next read, plus what the others admitted since their last push),
+		// take only this instance's share of it, and keep the reads coming:
+		// every admit asks for an early sync (coalesced: one pass per
+		// earlySpacing at most).
+		shared := en.flags&flagRated != 0 && 2*float64(en.fleetRate) >= float64(headroom) && en.fleetRate > 0
+		if shared {
+			allowance = ceilFraction(headroom, float64(en.ownRate/en.fleetRate))
 		}
-		if (since+1)*2 >= allowance {
+		if shared || (since+1)*2 >= allowance {
 			e.enqueue(z, h, en)
 		}
 	}
 	return since < allowance
 }
 
-// ceilMul is ceil(n × share / shareWhole).
-func ceilMul(n int64, share float64) int64 {
-	v := float64(n) * share / shareWhole
+// ceilFraction is ceil(n × f): a share of at least one request whenever n > 0
+// and f > 0, so that no instance is starved (the fleet may go over by one
+// request per instance and read).
+func ceilFraction(n int64, f float64) int64 {
+	v := float64(n) * f
 	c := int64(v)
 	if float64(c) < v {
 		c++

@@ -19,7 +19,7 @@ import "github.com/fleetguard/fleetguard/window"
 type entry struct {
 	tat      int64 // GCRA theoretical arrival time, Unix ns
 	lastSeen int64 // last request for the key, Unix ns
-	readAt   int64 // last successful read of the fleet's counts, Unix ns; 0 = never
+	readAt   int64 // last successful read of the fleet's counts, Unix ns; before the first, minus the first request's time
 	head     int64 // the slot of ring's newest count
 
 	pendCur  uint32 // unclaimed admits in slot head
@@ -28,21 +28,32 @@ type entry struct {
 
 	sinceRead   uint32 // admits since the counts were last read
 	fleetDemand uint32 // the store's demand counter at the last read (low 32 bits)
-	fleetRate   uint32 // the fleet's demand per sync interval, as of the last read
-	share       uint16 // this instance's share of the fleet's demand, of shareWhole
-	flags       uint8
+	// The demand of this instance and of the whole fleet for the key, in
+	// requests per sync interval, averaged over demandHorizon intervals: their
+	// ratio is this instance's share, and the fleet's tells how much it may
+	// admit before the next reads.
+	ownRate, fleetRate float32
+	flags              uint8
 }
 
 const (
 	flagQueued   uint8 = 1 << iota // waiting in the engine's early-sync queue
 	flagOverflow                   // an overflow bucket, not a tracked key
+	flagRated                      // ownRate and fleetRate hold a measurement
 )
 
-// shareWhole is a share of 100%.
-const shareWhole = 1<<16 - 1
+// demandHorizon is the time constant of the demand rates, in sync intervals:
+// long enough to smooth early syncs a few milliseconds apart, short enough to
+// follow a shift of load between instances.
+const demandHorizon = 2
+
+// fresh reports whether the fleet's counts were read within staleAfter.
+func (e *entry) fresh(now, staleAfter int64) bool {
+	return e.readAt > 0 && now-e.readAt < staleAfter
+}
 
 func (e *entry) init(now int64, s window.Slots) {
-	*e = entry{lastSeen: now, head: s.Of(now), share: shareWhole}
+	*e = entry{lastSeen: now, readAt: -now, head: s.Of(now)}
 }
 
 // advance moves the ring's head to slot, clearing the slots that left the

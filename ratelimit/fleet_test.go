@@ -99,24 +99,23 @@ func TestHeadroomShareNearTheLimit(t *testing.T) {
 		l := mustLimit(t, 100, time.Hour, 0)
 		za, zb := a.Zone("z", l), b.Zone("z", l)
 		now := time.Now().UnixNano()
-		step := int64(time.Millisecond)
-		// Both instances serve the key evenly up to 80 admits, syncing often.
-		for i := 0; i < 80; i++ {
-			now += step
-			if i%2 == 0 {
+		// Each instance serves the key 5 times per 100 ms interval, and syncs
+		// every interval, up to 90 admits: the fleet's demand is 10 per
+		// interval; a, which reads before b pushes, sees a headroom of 15,
+		// which two intervals of demand would spend.
+		for round := 0; round < 9; round++ {
+			for i := 0; i < 5; i++ {
+				now += int64(10 * time.Millisecond)
 				allow(a, za, l, "k", now)
-			} else {
+				now += int64(10 * time.Millisecond)
 				allow(b, zb, l, "k", now)
 			}
-			if i%4 == 3 {
-				_ = a.pass(context.Background(), now, false)
-				_ = b.pass(context.Background(), now, false)
-			}
+			_ = a.pass(context.Background(), now, false)
+			_ = b.pass(context.Background(), now, false)
 		}
 		_ = a.pass(context.Background(), now, false)
-		_ = b.pass(context.Background(), now, false)
-		_ = a.pass(context.Background(), now, false)
-		// 20 left in the fleet; a alone is hammered before its next read.
+		a.claimQueued(now) // forget the early syncs asked for so far
+		// a alone is hammered before its next read.
 		for i := 0; i < 40; i++ {
 			if allow(a, za, l, "k", now).Allowed {
 				admitted++
@@ -125,12 +124,11 @@ func TestHeadroomShareNearTheLimit(t *testing.T) {
 		plans, _ := a.claimQueued(now)
 		return admitted, len(plans)
 	}
-	shared, queued := run(t, false)
-	if shared < 1 || shared > 12 || queued != 1 {
-		t.Fatalf("near the limit an instance with half the demand admitted %d of 20 (queued %d), want about half and an early sync", shared, queued)
+	if shared, queued := run(t, false); shared < 1 || shared > 8 || queued != 1 {
+		t.Fatalf("near the limit an instance with half the demand admitted %d of 15 (queued %d), want its half and an early sync", shared, queued)
 	}
-	if all, _ := run(t, true); all != 20 {
-		t.Fatalf("with a fixed interval the instance spends the whole headroom: %d, want 20", all)
+	if all, _ := run(t, true); all != 15 {
+		t.Fatalf("with a fixed interval the instance spends the whole headroom it sees: %d, want 15", all)
 	}
 }
 
@@ -164,7 +162,9 @@ func TestStoreOutageKeepsTheWindowOnOwnAdmits(t *testing.T) {
 	if n != 6 {
 		t.Fatalf("during the outage %d admitted, want the 6 left of the window", n)
 	}
-	srv.Restart() // empty dataset, as after a crash
+	if err := srv.Restart(); err != nil { // empty dataset, as after a crash
+		t.Fatal(err)
+	}
 	// go-redis re-dials a pool whose dials failed about once a second.
 	for deadline := time.Now().Add(5 * time.Second); a.pass(context.Background(), time.Now().UnixNano(), false) != nil; {
 		if time.Now().After(deadline) {

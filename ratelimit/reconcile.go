@@ -20,7 +20,7 @@ type plan struct {
 	zone   *Zone
 	hash   keyhash.Hash
 	demand uint32 // this instance's demand pushed by the step
-	readAt int64  // the entry's previous read
+	readAt int64  // the entry's previous read (see entry.readAt)
 }
 
 // Start runs the reconciler in the background until Close. Calling it again
@@ -252,27 +252,36 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	}
 	en.sinceRead = en.pendCur + en.pendPrev
 
-	// This instance's share of the key's demand since its previous read: the
-	// demand it pushed against what the store's counter grew by.
+	// The demand since the previous read (or the first request): what this
+	// instance pushed, and what the store's counter grew by for the fleet.
 	fleet := uint32(r.Demand)
-	if p.readAt != 0 {
+	if p.readAt > 0 {
 		fleet -= en.fleetDemand
 	}
 	if fleet < p.demand || fleet > math.MaxInt32 {
 		fleet = p.demand // the counter restarted (expired, or a store restart)
 	}
-	if fleet > 0 {
-		en.share = uint16(max(uint64(p.demand)*shareWhole/uint64(fleet), 1))
+	if dt := now - abs(p.readAt); dt > 0 {
+		perInterval := float64(interval) / float64(dt)
+		own, all := float64(p.demand)*perInterval, float64(fleet)*perInterval
+		if en.flags&flagRated == 0 {
+			en.ownRate, en.fleetRate = float32(own), float32(all)
+			en.flags |= flagRated
+		} else {
+			keep := math.Exp(-float64(dt) / float64(demandHorizon*interval))
+			en.ownRate = float32(keep*float64(en.ownRate) + (1-keep)*own)
+			en.fleetRate = float32(keep*float64(en.fleetRate) + (1-keep)*all)
+		}
 	}
-	// The fleet's demand per interval; a quiet spell halves it per read rather
-	// than forgetting a burst at once.
-	rate := uint64(fleet)
-	if dt := now - p.readAt; p.readAt != 0 && dt > 0 {
-		rate = uint64(fleet) * uint64(interval) / uint64(dt)
-	}
-	en.fleetRate = uint32(min(max(rate, uint64(en.fleetRate/2)), math.MaxUint32))
 	en.fleetDemand = uint32(r.Demand)
 	en.readAt = now
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
 }
 
 func (e *Engine) storeFailed(err error) {

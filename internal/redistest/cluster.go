@@ -20,22 +20,44 @@ type Cluster struct {
 // Like Start, a missing redis-server or redis-cli fails the test.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	c, err := LaunchCluster(t.TempDir())
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
+// LaunchCluster is StartCluster for a program that is not a test; dir holds
+// the nodes' cluster files and the caller stops the cluster.
+func LaunchCluster(dir string) (*Cluster, error) {
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		t.Fatalf("redis-cli is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
+		return nil, fmt.Errorf("redis-cli is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
 	}
-	dir := t.TempDir()
 	c := &Cluster{}
 	for i := 0; i < 3; i++ {
-		c.Nodes = append(c.Nodes, startNode(t, clusterPort(t),
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", fmt.Sprintf("%s/nodes-%d.conf", dir, i),
-			"--cluster-node-timeout", "2000",
-		))
+		port, err := clusterPort()
+		if err == nil {
+			var n *Server
+			n, err = launchNode(port,
+				"--cluster-enabled", "yes",
+				"--cluster-config-file", fmt.Sprintf("%s/nodes-%d.conf", dir, i),
+				"--cluster-node-timeout", "2000",
+			)
+			if n != nil {
+				c.Nodes = append(c.Nodes, n)
+			}
+		}
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
 	}
 	args := append(c.Addrs(), "--cluster-replicas", "0", "--cluster-yes")
 	if out, err := exec.Command(cli, append([]string{"--cluster", "create"}, args...)...).CombinedOutput(); err != nil {
-		t.Fatalf("redistest: creating the cluster: %v\n%s", err, out)
+		c.Stop()
+		return nil, fmt.Errorf("creating the cluster: %v\n%s", err, out)
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for _, n := range c.Nodes {
@@ -45,12 +67,20 @@ func StartCluster(t testing.TB) *Cluster {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("redistest: cluster not ready on %s: %s", n.Addr(), out)
+				c.Stop()
+				return nil, fmt.Errorf("cluster not ready on %s: %s", n.Addr(), out)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	return c
+	return c, nil
+}
+
+// Stop stops every node.
+func (c *Cluster) Stop() {
+	for _, n := range c.Nodes {
+		n.Stop()
+	}
 }
 
 // Addrs are the host:port of every node.
@@ -78,10 +108,12 @@ func (c *Cluster) URL() string {
 }
 
 // clusterPort finds a port whose cluster bus port (port + 10000) is free too.
-func clusterPort(t testing.TB) int {
-	t.Helper()
+func clusterPort() (int, error) {
 	for attempt := 0; attempt < 100; attempt++ {
-		p := freePort(t)
+		p, err := freePort()
+		if err != nil {
+			return 0, err
+		}
 		if p+10000 > 65535 {
 			continue
 		}
@@ -90,8 +122,7 @@ func clusterPort(t testing.TB) int {
 			continue
 		}
 		l.Close()
-		return p
+		return p, nil
 	}
-	t.Fatal("redistest: no port pair free for a cluster node")
-	return 0
+	return 0, fmt.Errorf("no port pair free for a cluster node")
 }

@@ -20,9 +20,9 @@ import (
 // InstallHint is the command that provides redis-server on this project's machines.
 const InstallHint = "apt-get update && apt-get install -y redis-server"
 
-// Server is one redis-server process owned by a test.
+// Server is one redis-server process, owned by a test (Start) or by a
+// program such as a benchmark (Launch).
 type Server struct {
-	t     testing.TB
 	bin   string
 	port  int
 	extra []string // further redis-server arguments
@@ -36,7 +36,7 @@ type Server struct {
 // install command: a test that needs Redis never passes without it.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	return startNode(t, freePort(t))
+	return StartWith(t)
 }
 
 // StartWith is Start with further redis-server arguments, such as
@@ -44,21 +44,34 @@ func Start(t testing.TB) *Server {
 // SLEEP.
 func StartWith(t testing.TB, args ...string) *Server {
 	t.Helper()
-	return startNode(t, freePort(t), args...)
-}
-
-func startNode(t testing.TB, port int, extra ...string) *Server {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
+	s, err := Launch(args...)
 	if err != nil {
-		t.Fatalf("redis-server is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
-	}
-	s := &Server{t: t, bin: bin, port: port, extra: extra}
-	if err := s.start(); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// Launch starts a redis-server on a free loopback port for a program that is
+// not a test; the caller stops it.
+func Launch(args ...string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	return launchNode(port, args...)
+}
+
+func launchNode(port int, extra ...string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
+	}
+	s := &Server{bin: bin, port: port, extra: extra}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // Addr is the server's host:port.
@@ -82,11 +95,11 @@ func (s *Server) Stop() {
 
 // Restart starts the server again on the same port after Stop, with an empty
 // dataset (persistence is off), as after a real crash of a cache node.
-func (s *Server) Restart() {
-	s.t.Helper()
+func (s *Server) Restart() error {
 	if err := s.start(); err != nil {
-		s.t.Fatalf("redistest: restart: %v", err)
+		return fmt.Errorf("redistest: restart: %w", err)
 	}
+	return nil
 }
 
 func (s *Server) start() error {
@@ -158,12 +171,11 @@ func waitDial(addr string, timeout time.Duration) error {
 	}
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
+func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("redistest: finding a free port: %v", err)
+		return 0, fmt.Errorf("finding a free port: %w", err)
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
