@@ -124,11 +124,12 @@ func TestHeadroomShareNearTheLimit(t *testing.T) {
 		plans, _ := a.claimQueued(now)
 		return admitted, len(plans)
 	}
-	if shared, queued := run(t, false); shared < 1 || shared > 8 || queued != 1 {
-		t.Fatalf("near the limit an instance with half the demand admitted %d of 15 (queued %d), want its half and an early sync", shared, queued)
+	all, _ := run(t, true)
+	if all < 10 {
+		t.Fatalf("with a fixed interval the instance spends the whole headroom it sees: %d, want at least 10", all)
 	}
-	if all, _ := run(t, true); all != 15 {
-		t.Fatalf("with a fixed interval the instance spends the whole headroom it sees: %d, want 15", all)
+	if shared, queued := run(t, false); shared < 1 || shared > all/2+1 || queued != 1 {
+		t.Fatalf("near the limit an instance with half the demand admitted %d where the whole headroom was %d (queued %d), want about half and an early sync", shared, all, queued)
 	}
 }
 
