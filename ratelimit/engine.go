@@ -290,9 +290,12 @@ func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, l *Limit, used,
 		// earlySpacing at most).
 		shared := en.flags&flagRated != 0 && 2*float64(en.fleetRate) >= float64(headroom) && en.fleetRate > 0
 		if shared {
-			allowance = ceilFraction(headroom, float64(en.ownRate/en.fleetRate))
+			// The others sync every earlySpacing too; what they admit in
+			// between is not in the read yet.
+			unseen := float64(en.fleetRate-en.ownRate) / earlySyncsPerInterval
+			allowance = ceilFraction(headroom-int64(unseen), float64(en.ownRate/en.fleetRate))
 		}
-		if shared || (since+1)*2 >= allowance {
+		if since < allowance && (shared || (since+1)*2 >= allowance) {
 			e.enqueue(z, h, en)
 		}
 	}
@@ -303,6 +306,9 @@ func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, l *Limit, used,
 // and f > 0, so that no instance is starved (the fleet may go over by one
 // request per instance and read).
 func ceilFraction(n int64, f float64) int64 {
+	if n <= 0 {
+		return 0
+	}
 	v := float64(n) * f
 	c := int64(v)
 	if float64(c) < v {

@@ -99,8 +99,11 @@ func (e *Engine) nextTick() time.Duration {
 // earlySpacing is the least time between two passes when keys ask for an
 // early sync, which bounds the store load of early syncs.
 func (e *Engine) earlySpacing() time.Duration {
-	return max(time.Duration(e.interval.Load())/20, time.Millisecond)
+	return max(time.Duration(e.interval.Load())/earlySyncsPerInterval, time.Millisecond)
 }
+
+// earlySyncsPerInterval bounds the early passes per sync interval.
+const earlySyncsPerInterval = 20
 
 func (e *Engine) timedPass(early bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(2*time.Duration(e.interval.Load()), time.Second))
