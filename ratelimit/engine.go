@@ -208,62 +208,86 @@ const MaxChecks = 16
 // only when all admit: a denial consumes nothing anywhere. Allow never waits
 // on the store.
 func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
+	staleAfter := e.staleAfter()
+	near := e.nearLimit.Load() && e.healthy.Load()
+	if len(checks) == 1 {
+		// The usual single zone, without the stack arrays of the general case.
+		c, v := &checks[0], &out[0]
+		s, en, ring, held := c.Zone.lock(c.Key, now)
+		tat, oldest := e.judge(c, en, ring, held, now, staleAfter, near, v)
+		if v.Allowed {
+			record(en, ring, c.Limit, tat, oldest, now, v)
+		}
+		s.mu.Unlock()
+		if v.Allowed {
+			return -1
+		}
+		return 0
+	}
 	var shards [MaxChecks]*shard
 	var entries [MaxChecks]*entry
 	var rings [MaxChecks][]uint32
-	var hashes [MaxChecks]keyhash.Hash
-	var tats [MaxChecks]int64
+	var tats, oldest [MaxChecks]int64
 	checks = checks[:min(len(checks), MaxChecks)]
-	for i := range checks {
-		c := &checks[i]
-		shards[i], entries[i], rings[i], hashes[i] = c.Zone.lock(c.Key, now)
-	}
-	staleAfter := e.staleAfter()
-	near := e.nearLimit.Load() && e.healthy.Load()
 	denied := -1
 	for i := range checks {
 		c := &checks[i]
-		l, en, ring := c.Limit, entries[i], rings[i]
-		en.advance(ring, l.slots.Of(now))
-		en.lastSeen = now
-		en.demand++
-		used := count(ring)
-		g := gcraCheck(en.tat, now, l)
-		tats[i] = g.newTAT
-		v := &out[i]
-		*v = Verdict{}
-		remaining := min(g.remaining, l.Events-used-1)
-		switch {
-		case used >= l.Events:
-			v.Fleet = true
-			v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-l.Events+1))
-		case near && !e.shareAdmits(c.Zone, hashes[i], en, l, used, now, staleAfter):
-			v.Fleet = true
-			v.RetryAfter = time.Duration(e.interval.Load())
-		case !g.allowed:
-			v.RetryAfter = time.Duration(g.retryAfter)
-		default:
-			v.Allowed = true
-			v.Remaining = max(remaining, 0)
-		}
-		if !v.Allowed && denied < 0 {
+		var held keyhash.Hash
+		shards[i], entries[i], rings[i], held = c.Zone.lock(c.Key, now)
+		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], held, now, staleAfter, near, &out[i])
+		if !out[i].Allowed && denied < 0 {
 			denied = i
 		}
 	}
 	if denied < 0 {
 		for i := range checks {
-			en, ring := entries[i], rings[i]
-			ring[slotIndex(en.head, int64(len(ring)))]++
-			en.pendCur++
-			en.sinceRead++
-			en.tat = tats[i]
-			out[i].Reset = time.Duration(en.untilFree(ring, checks[i].Limit.slots, now, 1))
+			record(entries[i], rings[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
 		}
 	}
 	for i := len(checks) - 1; i >= 0; i-- {
 		shards[i].mu.Unlock()
 	}
 	return denied
+}
+
+// judge decides one check at now and fills v; it changes only the key's
+// clock (slots that left, last seen, demand). It returns the GCRA state to
+// record and the oldest slot that counts. The caller holds the key's shard
+// lock.
+func (e *Engine) judge(c *Check, en *entry, ring []uint32, held keyhash.Hash, now, staleAfter int64, near bool, v *Verdict) (tat, oldest int64) {
+	l := c.Limit
+	en.advance(ring, l.slots.Of(now))
+	en.lastSeen = now
+	en.demand++
+	used, oldest := en.scan(ring)
+	g := gcraCheck(en.tat, now, l)
+	*v = Verdict{}
+	switch {
+	case used >= l.Events:
+		v.Fleet = true
+		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-l.Events+1))
+	case near && !e.shareAdmits(c.Zone, held, en, l, used, now, staleAfter):
+		v.Fleet = true
+		v.RetryAfter = time.Duration(e.interval.Load())
+	case !g.allowed:
+		v.RetryAfter = time.Duration(g.retryAfter)
+	default:
+		v.Allowed = true
+		v.Remaining = max(min(g.remaining, l.Events-used-1), 0)
+	}
+	return g.newTAT, oldest
+}
+
+// record counts an admitted request in the key's ring. The caller holds the
+// key's shard lock.
+func record(en *entry, ring []uint32, l *Limit, tat, oldest, now int64, v *Verdict) {
+	ring[slotIndex(en.head, int64(len(ring)))]++
+	en.pendCur++
+	en.sinceRead++
+	en.tat = tat
+	// The oldest counted request (this one, if it is the only one) leaves the
+	// window when its slot does.
+	v.Reset = time.Duration(max(l.slots.LeavesAt(oldest)-now, 0))
 }
 
 // shareAdmits applies the near-limit mechanisms to a request the window would

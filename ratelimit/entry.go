@@ -76,6 +76,27 @@ func (e *entry) advance(ring []uint32, slot int64) {
 	e.head = slot
 }
 
+// scan sums the ring (the key's count in the window at head) and finds its
+// oldest slot that holds a count (head when none does), in one walk.
+func (e *entry) scan(ring []uint32) (used, oldest int64) {
+	n := int64(len(ring))
+	i := slotIndex(e.head+1, n) // the oldest slot's place
+	oldest = e.head
+	found := false
+	for slot := e.head - n + 1; slot <= e.head; slot++ {
+		if c := ring[i]; c != 0 {
+			used += int64(c)
+			if !found {
+				oldest, found = slot, true
+			}
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+	return used, oldest
+}
+
 // count is the sum of the ring: the key's count in the window at head.
 func count(ring []uint32) int64 {
 	var n int64
@@ -95,11 +116,15 @@ func (e *entry) pending() bool {
 // its oldest slots leave the window.
 func (e *entry) untilFree(ring []uint32, s window.Slots, now, need int64) int64 {
 	n := int64(len(ring))
+	i := slotIndex(e.head+1, n) // the oldest slot's place
 	var freed int64
 	for slot := e.head - n + 1; slot <= e.head; slot++ {
-		freed += int64(ring[slotIndex(slot, n)])
+		freed += int64(ring[i])
 		if freed >= need {
 			return max(s.LeavesAt(slot)-now, 0)
+		}
+		if i++; i == n {
+			i = 0
 		}
 	}
 	return max(s.LeavesAt(e.head)-now, 0)

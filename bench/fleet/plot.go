@@ -23,8 +23,8 @@ var (
 )
 
 const (
-	panelW, panelH = 900, 220
-	marginL, marginR, marginT, marginB = 60, 20, 28, 30
+	panelW, panelH = 900, 230
+	marginL, marginR, marginT, marginB = 60, 20, 36, 30
 )
 
 // writePNG draws one panel per case: admits in the sliding window over time
@@ -92,8 +92,8 @@ func drawPanel(img *image.RGBA, r image.Rectangle, name string, runs []result) {
 		}
 		legend += fmt.Sprintf("   %s: worst %d", run.mode(), run.Worst)
 	}
-	label(img, x0, r.Min.Y+16, legend, colAxis)
-	label(img, x1-250, r.Min.Y+16, "grey fixed  blue near-limit  red limit", colAxis)
+	label(img, x0, r.Min.Y+14, legend, colAxis)
+	label(img, x0, r.Min.Y+28, "grey: fixed-interval sync   blue: near-limit mechanisms   red: the limit", colAxis)
 }
 
 func gridStep(top int) int {
