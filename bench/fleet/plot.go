@@ -23,7 +23,7 @@ var (
 )
 
 const (
-	panelW, panelH = 900, 230
+	panelW, panelH                     = 900, 230
 	marginL, marginR, marginT, marginB = 60, 20, 36, 30
 )
 
