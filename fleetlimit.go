@@ -152,7 +152,10 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 func (h *FleetLimit) resolveZones() error {
 	h.zones = h.zones[:0]
 	for name, z := range h.Zones {
-		limit, _ := z.limit()
+		limit, err := z.limit()
+		if err != nil {
+			return fmt.Errorf("fleetlimit: zone %q: %w", name, err)
+		}
 		zone := h.engine.limiter.Zone(name, &limit)
 		zone.SetMaxKeys(z.MaxKeys)
 		h.zones = append(h.zones, zoneRuntime{
