@@ -275,6 +275,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		return next.ServeHTTP(w, r)
 	case err != nil:
 		metrics.llmRequests.WithLabelValues("store_error").Inc()
+		w.Header().Set("Retry-After", "1")
 		return h.reject(w, http.StatusServiceUnavailable, "service_unavailable", "budget_store_unavailable",
 			"the budget store is unavailable; try again shortly")
 	case denial != nil:

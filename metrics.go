@@ -15,6 +15,7 @@ var metrics = struct {
 	llmRequests       *prometheus.CounterVec
 	llmSettles        *prometheus.CounterVec
 	llmSettleFailures prometheus.Counter
+	llmResolved       *prometheus.CounterVec
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
@@ -52,13 +53,19 @@ var metrics = struct {
 		Name:      "settle_failures_total",
 		Help:      "Settles that failed after retries: the counters keep the reservation (drift).",
 	}),
+	llmResolved: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "reserves_resolved_total",
+		Help:      "Reserves whose outcome was unknown (the store's reply was lost), released in the background by reservation id, by outcome: released (it had run), cancelled (it had not; it will charge nothing) or failed (the store stayed unreachable: the charge may remain).",
+	}, []string{"outcome"}),
 }
 
 func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.fleetDecisions, metrics.reconcilePasses, metrics.llmCharged, metrics.llmRequests, metrics.llmSettles, metrics.llmSettleFailures} {
+	for _, c := range []prometheus.Collector{metrics.fleetDecisions, metrics.reconcilePasses, metrics.llmCharged, metrics.llmRequests, metrics.llmSettles, metrics.llmSettleFailures, metrics.llmResolved} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

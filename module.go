@@ -249,6 +249,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 		budgetStore = budget.NewRedisStore(e.client)
 	}
 	e.budgets = budget.NewEngine(budgetStore, prefix)
+	e.budgets.OnResolve = func(outcome string) { metrics.llmResolved.WithLabelValues(outcome).Inc() }
 	lim, err := ratelimit.NewEngine(ratelimit.Options{
 		Store:        store,
 		Prefix:       prefix,
@@ -268,6 +269,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 // Destruct stops the reconciler after a last push and closes the client.
 func (e *engine) Destruct() error {
 	e.limiter.Close(shutdownFlushTimeout)
+	e.budgets.Close(shutdownFlushTimeout)
 	if e.client != nil {
 		if err := e.client.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {
 			return err

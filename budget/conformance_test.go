@@ -39,14 +39,15 @@ func storeCases() []storeCase {
 
 func redisClient(t testing.TB, srv *redistest.Server) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
 func clusterClient(t testing.TB, c *redistest.Cluster) *redis.ClusterClient {
 	t.Helper()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: 500 * time.Millisecond})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
 }
@@ -132,16 +133,47 @@ func TestStoreConformance(t *testing.T) {
 			assertUsed(t, e, b, dims, 0)
 		}},
 		{"settle floors at zero", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			if _, err := s.Reserve(ctx, "c7:bg:{b}:res:1", time.Minute, []Charge{{Key: "c7:bg:{b}:x", Amount: 10, Limit: 100, TTL: time.Hour}}); err != nil {
+				t.Fatal(err)
+			}
 			adj := []Adjustment{{Key: "c7:bg:{b}:x", Delta: -50, TTL: time.Hour}}
-			if ok, err := s.Settle(context.Background(), "c7:bg:{b}:m1", time.Minute, adj); err != nil || !ok {
+			if ok, err := s.Settle(ctx, "c7:bg:{b}:res:1", time.Minute, adj); err != nil || !ok {
 				t.Fatalf("settle: %v %v", ok, err)
 			}
-			got, _ := s.Get(context.Background(), []string{"c7:bg:{b}:x"})
+			got, _ := s.Get(ctx, []string{"c7:bg:{b}:x"})
 			if got[0] != 0 {
 				t.Fatalf("counter = %d, want 0", got[0])
 			}
-			if ok, _ := s.Settle(context.Background(), "c7:bg:{b}:m1", time.Minute, adj); ok {
-				t.Fatal("a repeated marker must not apply")
+			if ok, _ := s.Settle(ctx, "c7:bg:{b}:res:1", time.Minute, adj); ok {
+				t.Fatal("a repeated settle must not apply")
+			}
+		}},
+		{"a release that arrives before its reserve cancels it", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			charges := []Charge{{Key: "c9:bg:{b}:x", Amount: 30, Limit: 100, TTL: time.Hour}}
+			release := []Adjustment{{Key: "c9:bg:{b}:x", Delta: -30, TTL: time.Hour}}
+			if ok, err := s.Settle(ctx, "c9:bg:{b}:res:late", time.Minute, release); err != nil || ok {
+				t.Fatalf("a release of a reservation that never ran: applied %v, %v; want nothing applied", ok, err)
+			}
+			res, err := s.Reserve(ctx, "c9:bg:{b}:res:late", time.Minute, charges)
+			if err != nil || !res.Cancelled || res.Admitted {
+				t.Fatalf("the late reserve: %+v, %v; want cancelled", res, err)
+			}
+			if got, _ := s.Get(ctx, []string{"c9:bg:{b}:x"}); got[0] != 0 {
+				t.Fatalf("counter = %d after a cancelled reserve, want 0", got[0])
+			}
+			// The usual order: reserve, then release, returns the charge once.
+			if res, err := s.Reserve(ctx, "c9:bg:{b}:res:on-time", time.Minute, charges); err != nil || !res.Admitted {
+				t.Fatalf("reserve: %+v %v", res, err)
+			}
+			for i := 0; i < 2; i++ {
+				if _, err := s.Settle(ctx, "c9:bg:{b}:res:on-time", time.Minute, release); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got, _ := s.Get(ctx, []string{"c9:bg:{b}:x"}); got[0] != 0 {
+				t.Fatalf("counter = %d after reserve and two releases, want 0", got[0])
 			}
 		}},
 		{"usd budgets count micro-dollars", func(t *testing.T, s Store) {
@@ -199,16 +231,16 @@ func TestRedisKeysHideThePrincipalAndExpire(t *testing.T) {
 	b := []Budget{tokenBudget("daily", PerKey, 1000)}
 	mustReserve(t, e, b, Dims{Principal: "Bearer sk-secret-123"}, 10)
 	keys, err := c.Keys(context.Background(), "*").Result()
-	if err != nil || len(keys) != 1 {
-		t.Fatalf("keys %v %v", keys, err)
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("keys %v %v, want the counter and the reservation's record", keys, err)
 	}
 	for _, k := range keys {
 		if strings.Contains(k, "sk-secret") {
 			t.Fatalf("store key %q carries the principal", k)
 		}
 		ttl := c.PTTL(context.Background(), k).Val()
-		if ttl <= time.Hour || ttl > 2*time.Hour {
-			t.Fatalf("TTL of %s = %v, want two windows", k, ttl)
+		if ttl <= time.Hour || ttl > recordTTL {
+			t.Fatalf("TTL of %s = %v, want two windows (counter) or the record's %v", k, ttl, recordTTL)
 		}
 	}
 }

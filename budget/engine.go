@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
@@ -13,12 +15,26 @@ import (
 
 const (
 	// settleAttempts and settleBackoff bound the retries of a settle; a retry
-	// is safe because the reservation's marker makes a settle apply once.
+	// is safe because the reservation's record makes a settle apply once.
 	settleAttempts = 3
 	settleBackoff  = 25 * time.Millisecond
-	// markerTTL only has to outlive the retries of one settle.
-	markerTTL = 10 * time.Minute
+	// recordTTL is how long a reservation can wait for its settle (a long
+	// stream); a settle after it keeps the whole reservation, never frees it.
+	recordTTL = 2 * time.Hour
+	// settledTTL keeps a settled record or a tombstone long enough for every
+	// retry, and for a reserve stalled on a server to arrive and be cancelled.
+	settledTTL = 10 * time.Minute
+	// resolveAttempts and resolveBackoff bound the background release of a
+	// reserve whose outcome is unknown (about half a minute in all).
+	resolveAttempts = 8
+	resolveBackoff  = 100 * time.Millisecond
+	// probeEvery is the breaker's probe period while the store is down.
+	probeEvery = 250 * time.Millisecond
 )
+
+// ErrStoreDown is returned by Reserve, at once, while the store is known to
+// be down: a background probe closes the breaker when it answers again.
+var ErrStoreDown = errors.New("budget store is down")
 
 // Engine reserves and settles budgets against a Store. It is safe for
 // concurrent use and holds no per-config state: budgets come with each call.
@@ -26,11 +42,40 @@ type Engine struct {
 	store  Store
 	prefix string
 	now    func() time.Time
+
+	// down is the circuit breaker: set by a store failure, cleared by the
+	// probe when the store answers.
+	down    atomic.Bool
+	probing atomic.Bool
+	// OnResolve, when set, is told how each background release of a reserve
+	// with an unknown outcome ended: released (it had run), cancelled (it had
+	// not; a late arrival charges nothing) or failed.
+	OnResolve func(outcome string)
+	// background tracks resolves and probes, so Close can wait for them.
+	background sync.WaitGroup
+	closed     chan struct{}
+	closeOnce  sync.Once
 }
 
 // NewEngine returns an engine keeping its counters in store under prefix.
 func NewEngine(store Store, prefix string) *Engine {
-	return &Engine{store: store, prefix: prefix, now: time.Now}
+	return &Engine{store: store, prefix: prefix, now: time.Now, closed: make(chan struct{})}
+}
+
+// Down reports whether the breaker is open: the store failed and has not
+// answered since.
+func (e *Engine) Down() bool { return e.down.Load() }
+
+// Close stops the probe and waits, at most timeout, for the background
+// releases still running.
+func (e *Engine) Close(timeout time.Duration) {
+	e.closeOnce.Do(func() { close(e.closed) })
+	done := make(chan struct{})
+	go func() { e.background.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	}
 }
 
 // Dims are the values a request is budgeted by. Principal and Team are raw
@@ -80,28 +125,113 @@ type Denial struct {
 
 // Reserve charges estimate to every budget in one atomic step. It returns a
 // Reservation when all admit, a Denial naming the first budget that does not,
-// or an error when the store fails (nothing is charged then either).
+// or an error when the store fails. The reservation's id exists before the
+// store is asked, so a reserve whose reply is lost (a timeout, a reset) is
+// released by id in the background: whether or not it ran, and even if it
+// runs later, it charges nothing in the end. While the store is known to be
+// down, Reserve fails at once with ErrStoreDown.
 func (e *Engine) Reserve(ctx context.Context, budgets []Budget, dims Dims, estimate Spend) (*Reservation, *Denial, error) {
+	if e.down.Load() {
+		return nil, nil, ErrStoreDown
+	}
 	now := e.now()
-	holds := make([]Hold, len(budgets))
+	r := &Reservation{ID: newReservationID(), Holds: make([]Hold, len(budgets))}
 	charges := make([]Charge, len(budgets))
 	for i := range budgets {
 		b := &budgets[i]
-		holds[i] = Hold{Budget: b, Key: e.counterKey(b, &dims, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
-		charges[i] = Charge{Key: holds[i].Key, Amount: holds[i].Amount, Limit: b.Limit, TTL: 2 * b.Window}
+		r.Holds[i] = Hold{Budget: b, Key: e.counterKey(b, &dims, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
+		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: b.Limit, TTL: 2 * b.Window}
 	}
-	res, err := e.store.Reserve(ctx, charges)
+	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if err != nil {
+		e.trip()
+		e.resolve(r)
 		return nil, nil, err
 	}
-	for i := range holds {
-		holds[i].Used = res.Used[i]
+	if res.Cancelled {
+		// Only a reserve racing its own release sees this; ids are random.
+		return nil, nil, errors.New("budget reserve: the reservation was released before it ran")
+	}
+	for i := range r.Holds {
+		r.Holds[i].Used = res.Used[i]
 	}
 	if !res.Admitted {
-		h := holds[res.Denied]
-		return nil, &Denial{Budget: h.Budget, Amount: h.Amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: holds}, nil
+		h := r.Holds[res.Denied]
+		return nil, &Denial{Budget: h.Budget, Amount: h.Amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}, nil
 	}
-	return &Reservation{ID: newReservationID(), Holds: holds}, nil, nil
+	return r, nil, nil
+}
+
+// resolve releases, in the background and idempotently, a reservation whose
+// reserve failed: if the reserve ran, its charge is returned; if it has not
+// run yet, the tombstone the release leaves cancels it.
+func (e *Engine) resolve(r *Reservation) {
+	e.background.Add(1)
+	go func() {
+		defer e.background.Done()
+		outcome := "failed"
+		for attempt := 0; attempt < resolveAttempts; attempt++ {
+			closing := false
+			select {
+			case <-time.After(resolveBackoff << min(attempt, 4)):
+			case <-e.closed:
+				closing = true // one last try on the way out
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			applied, err := e.store.Settle(ctx, e.recordKey(r), settledTTL, releaseOf(r))
+			cancel()
+			if err == nil {
+				outcome = "cancelled"
+				if applied {
+					outcome = "released"
+				}
+				break
+			}
+			if closing {
+				break
+			}
+		}
+		if e.OnResolve != nil {
+			e.OnResolve(outcome)
+		}
+	}()
+}
+
+// trip opens the breaker and starts the probe that closes it.
+func (e *Engine) trip() {
+	e.down.Store(true)
+	if !e.probing.CompareAndSwap(false, true) {
+		return
+	}
+	e.background.Add(1)
+	go func() {
+		defer e.background.Done()
+		defer e.probing.Store(false)
+		for {
+			select {
+			case <-time.After(probeEvery):
+			case <-e.closed:
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), probeEvery)
+			err := e.store.Ping(ctx)
+			cancel()
+			if err == nil {
+				e.down.Store(false)
+				return
+			}
+		}
+	}()
+}
+
+func releaseOf(r *Reservation) []Adjustment {
+	adjs := make([]Adjustment, 0, len(r.Holds))
+	for _, h := range r.Holds {
+		if h.Amount != 0 {
+			adjs = append(adjs, Adjustment{Key: h.Key, Delta: -h.Amount, TTL: 2 * h.Budget.Window})
+		}
+	}
+	return adjs
 }
 
 // ErrDrift wraps a settle that failed after every retry: the counters keep the
@@ -115,15 +245,11 @@ var ErrDrift = errors.New("budget settle failed; counters drifted by the unsettl
 func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error {
 	adjs := make([]Adjustment, 0, len(r.Holds))
 	for _, h := range r.Holds {
+		// Every budget is named, even with a delta of 0: the script marks the
+		// record settled in the same step.
 		delta := max(h.Budget.Amount(actual), 0) - h.Amount
-		if delta != 0 {
-			adjs = append(adjs, Adjustment{Key: h.Key, Delta: delta, TTL: 2 * h.Budget.Window})
-		}
+		adjs = append(adjs, Adjustment{Key: h.Key, Delta: delta, TTL: 2 * h.Budget.Window})
 	}
-	if len(adjs) == 0 {
-		return nil
-	}
-	marker := e.prefix + ":bg:{b}:settled:" + r.ID
 	var err error
 	for attempt := 0; attempt < settleAttempts; attempt++ {
 		if attempt > 0 {
@@ -133,10 +259,11 @@ func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error
 			case <-time.After(settleBackoff << (attempt - 1)):
 			}
 		}
-		if _, err = e.store.Settle(ctx, marker, markerTTL, adjs); err == nil {
+		if _, err = e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs); err == nil {
 			return nil
 		}
 	}
+	e.trip()
 	return fmt.Errorf("%w: %w", ErrDrift, err)
 }
 
@@ -153,6 +280,12 @@ func (e *Engine) Used(ctx context.Context, budgets []Budget, dims Dims) ([]int64
 		keys[i] = e.counterKey(&budgets[i], &dims, now)
 	}
 	return e.store.Get(ctx, keys)
+}
+
+// recordKey names the reservation's record: <prefix>:bg:{b}:res:<id>, in the
+// budgets' hash tag so the scripts stay on one Cluster slot.
+func (e *Engine) recordKey(r *Reservation) string {
+	return e.prefix + ":bg:{b}:res:" + r.ID
 }
 
 // counterKey is <prefix>:bg:{b}:<budget>:<hash of scope value>:<window index>.

@@ -11,7 +11,7 @@ import (
 type MemoryStore struct {
 	mu       sync.Mutex
 	counters map[string]memoryValue
-	markers  map[string]time.Time
+	records  map[string]memoryRecord
 	now      func() time.Time
 	lastGC   time.Time
 }
@@ -21,13 +21,20 @@ type memoryValue struct {
 	expires time.Time
 }
 
+// memoryRecord is a reservation's record: 'r' reserved, 's' settled, 'x'
+// released before its reserve ran.
+type memoryRecord struct {
+	state   byte
+	expires time.Time
+}
+
 var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty store.
 func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{
 		counters: make(map[string]memoryValue),
-		markers:  make(map[string]time.Time),
+		records:  make(map[string]memoryRecord),
 		now:      time.Now,
 	}
 }
@@ -41,11 +48,14 @@ func (m *MemoryStore) get(key string, now time.Time) int64 {
 }
 
 // Reserve implements Store.
-func (m *MemoryStore) Reserve(_ context.Context, charges []Charge) (ReserveResult, error) {
+func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.collect(now)
+	if rec, ok := m.records[record]; ok && now.Before(rec.expires) {
+		return ReserveResult{Cancelled: true, Denied: -1}, nil
+	}
 	res := ReserveResult{Denied: -1, Used: make([]int64, len(charges))}
 	for i, c := range charges {
 		res.Used[i] = m.get(c.Key, now)
@@ -60,25 +70,34 @@ func (m *MemoryStore) Reserve(_ context.Context, charges []Charge) (ReserveResul
 		res.Used[i] += c.Amount
 		m.counters[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
 	}
+	m.records[record] = memoryRecord{state: 'r', expires: now.Add(recordTTL)}
 	res.Admitted = true
 	return res, nil
 }
 
 // Settle implements Store.
-func (m *MemoryStore) Settle(_ context.Context, marker string, markerTTL time.Duration, adjs []Adjustment) (bool, error) {
+func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if exp, ok := m.markers[marker]; ok && now.Before(exp) {
+	rec, ok := m.records[record]
+	if !ok || !now.Before(rec.expires) {
+		m.records[record] = memoryRecord{state: 'x', expires: now.Add(ttl)}
 		return false, nil
 	}
-	m.markers[marker] = now.Add(markerTTL)
+	if rec.state != 'r' {
+		return false, nil
+	}
+	m.records[record] = memoryRecord{state: 's', expires: now.Add(ttl)}
 	for _, a := range adjs {
 		v := max(m.get(a.Key, now)+a.Delta, 0)
 		m.counters[a.Key] = memoryValue{value: v, expires: now.Add(a.TTL)}
 	}
 	return true, nil
 }
+
+// Ping implements Store.
+func (m *MemoryStore) Ping(context.Context) error { return nil }
 
 // Get implements Store.
 func (m *MemoryStore) Get(_ context.Context, keys []string) ([]int64, error) {
@@ -104,9 +123,9 @@ func (m *MemoryStore) collect(now time.Time) {
 			delete(m.counters, k)
 		}
 	}
-	for k, exp := range m.markers {
-		if !now.Before(exp) {
-			delete(m.markers, k)
+	for k, rec := range m.records {
+		if !now.Before(rec.expires) {
+			delete(m.records, k)
 		}
 	}
 }

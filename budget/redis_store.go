@@ -9,39 +9,51 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// reserveScript checks every counter, then charges every counter, in one
-// server-side step: no other client can run between the check and the charge,
-// and a denial charges nothing.
+// reserveScript checks every counter, then charges every counter and writes
+// the reservation's record, in one server-side step: no other client can run
+// between the check and the charge, and a denial charges nothing. A record
+// that exists already means the reservation was released before this script
+// ran: nothing is charged.
 //
-// KEYS: the counters. ARGV: amount, limit, ttl_ms for each key in order.
-// Returns {admitted (0|1), denied index (1-based, 0 if admitted), used...}.
+// KEYS[1]: the record; KEYS[2..]: the counters. ARGV[1]: record ttl_ms; then
+// amount, limit, ttl_ms for each counter in order. Returns {admitted (0|1|-1
+// cancelled), denied index (1-based, 0 if admitted), used...}.
 var reserveScript = redis.NewScript(`
-local n = #KEYS
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {-1, 0}
+end
 local used = {}
 local denied = 0
-for i = 1, n do
-  used[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if denied == 0 and used[i] + tonumber(ARGV[3*i-2]) > tonumber(ARGV[3*i-1]) then
-    denied = i
+for i = 2, #KEYS do
+  used[i-1] = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if denied == 0 and used[i-1] + tonumber(ARGV[3*i-4]) > tonumber(ARGV[3*i-3]) then
+    denied = i-1
   end
 end
 if denied > 0 then
   return {0, denied, unpack(used)}
 end
-for i = 1, n do
-  used[i] = redis.call('INCRBY', KEYS[i], ARGV[3*i-2])
-  redis.call('PEXPIRE', KEYS[i], ARGV[3*i])
+for i = 2, #KEYS do
+  used[i-1] = redis.call('INCRBY', KEYS[i], ARGV[3*i-4])
+  redis.call('PEXPIRE', KEYS[i], ARGV[3*i-2])
 end
+redis.call('SET', KEYS[1], 'r', 'PX', ARGV[1])
 return {1, 0, unpack(used)}
 `)
 
-// settleScript applies a reservation's adjustments at most once: the marker
-// is set NX first, so a retry after a lost reply is a no-op.
+// settleScript applies a reservation's adjustments once, to a reserved record
+// only: a repeat after a lost reply is a no-op, and a release that arrives
+// before its reserve leaves a tombstone that cancels the reserve.
 //
-// KEYS[1]: the marker; KEYS[2..]: counters. ARGV[1]: marker ttl_ms; then
-// delta, ttl_ms for each counter. Returns 1 if applied, 0 for a repeat.
+// KEYS[1]: the record; KEYS[2..]: counters. ARGV[1]: ttl_ms of the settled
+// record or tombstone; then delta, ttl_ms for each counter. Returns 1 if
+// applied, 0 otherwise.
 var settleScript = redis.NewScript(`
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then
+local state = redis.call('GET', KEYS[1])
+if state ~= 'r' then
+  if not state then
+    redis.call('SET', KEYS[1], 'x', 'PX', ARGV[1])
+  end
   return 0
 end
 for i = 2, #KEYS do
@@ -51,6 +63,7 @@ for i = 2, #KEYS do
   end
   redis.call('PEXPIRE', KEYS[i], ARGV[2*i-1])
 end
+redis.call('SET', KEYS[1], 's', 'PX', ARGV[1])
 return 1
 `)
 
@@ -68,16 +81,21 @@ func NewRedisStore(client redis.UniversalClient) *RedisStore {
 }
 
 // Reserve implements Store.
-func (r *RedisStore) Reserve(ctx context.Context, charges []Charge) (ReserveResult, error) {
-	keys := make([]string, len(charges))
-	args := make([]any, 0, 3*len(charges))
-	for i, c := range charges {
-		keys[i] = c.Key
+func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
+	keys := make([]string, 0, 1+len(charges))
+	args := make([]any, 0, 1+3*len(charges))
+	keys = append(keys, record)
+	args = append(args, recordTTL.Milliseconds())
+	for _, c := range charges {
+		keys = append(keys, c.Key)
 		args = append(args, c.Amount, c.Limit, c.TTL.Milliseconds())
 	}
 	vals, err := reserveScript.Run(ctx, r.client, keys, args...).Int64Slice()
 	if err != nil {
 		return ReserveResult{}, fmt.Errorf("budget reserve script: %w", err)
+	}
+	if len(vals) == 2 && vals[0] == -1 {
+		return ReserveResult{Cancelled: true, Denied: -1}, nil
 	}
 	if len(vals) != 2+len(charges) {
 		return ReserveResult{}, fmt.Errorf("budget reserve script: %d values for %d budgets", len(vals), len(charges))
@@ -86,11 +104,11 @@ func (r *RedisStore) Reserve(ctx context.Context, charges []Charge) (ReserveResu
 }
 
 // Settle implements Store.
-func (r *RedisStore) Settle(ctx context.Context, marker string, markerTTL time.Duration, adjs []Adjustment) (bool, error) {
+func (r *RedisStore) Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
 	keys := make([]string, 0, 1+len(adjs))
 	args := make([]any, 0, 1+2*len(adjs))
-	keys = append(keys, marker)
-	args = append(args, markerTTL.Milliseconds())
+	keys = append(keys, record)
+	args = append(args, ttl.Milliseconds())
 	for _, a := range adjs {
 		keys = append(keys, a.Key)
 		args = append(args, a.Delta, a.TTL.Milliseconds())
@@ -100,6 +118,14 @@ func (r *RedisStore) Settle(ctx context.Context, marker string, markerTTL time.D
 		return false, fmt.Errorf("budget settle script: %w", err)
 	}
 	return n == 1, nil
+}
+
+// Ping implements Store.
+func (r *RedisStore) Ping(ctx context.Context) error {
+	if err := r.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("budget store: %w", err)
+	}
+	return nil
 }
 
 // Get implements Store.

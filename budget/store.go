@@ -16,6 +16,9 @@ type Charge struct {
 // ReserveResult is the answer of Store.Reserve.
 type ReserveResult struct {
 	Admitted bool
+	// Cancelled is true when the reservation's record already existed: it was
+	// released (or settled) before this reserve ran, so nothing is charged.
+	Cancelled bool
 	// Denied is the index of the first charge that did not fit; -1 when admitted.
 	Denied int
 	// Used is each counter after the reservation, or as it stands when denied.
@@ -29,15 +32,23 @@ type Adjustment struct {
 	TTL   time.Duration
 }
 
-// Store keeps budget counters. Implementations must make Reserve all or
-// nothing and Settle at most once per marker.
+// Store keeps budget counters and one record per reservation. The record
+// makes a reservation exact under lost replies: Reserve charges nothing if
+// the record exists, and writes it when it charges; Settle applies only to a
+// reserved record, once, and leaves a tombstone where there was none, so a
+// reserve that runs after its release (a stalled server, a lost reply)
+// charges nothing. A Store never re-sends a command by itself.
 type Store interface {
 	// Reserve adds every charge if each counter stays within its limit, and
-	// adds none otherwise, in one atomic step.
-	Reserve(ctx context.Context, charges []Charge) (ReserveResult, error)
-	// Settle applies every adjustment in one atomic step unless marker was
-	// already used; applied is false for such a repeat.
-	Settle(ctx context.Context, marker string, markerTTL time.Duration, adjs []Adjustment) (applied bool, err error)
+	// adds none otherwise, in one atomic step; when it adds, it writes the
+	// record (kept for recordTTL).
+	Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error)
+	// Settle applies every adjustment in one atomic step if the record is
+	// reserved, and marks it settled (kept for ttl); applied is false when it
+	// was settled already or never reserved (then it is tombstoned for ttl).
+	Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (applied bool, err error)
 	// Get reads counters; a missing one reads 0.
 	Get(ctx context.Context, keys []string) ([]int64, error)
+	// Ping checks that the store answers.
+	Ping(ctx context.Context) error
 }

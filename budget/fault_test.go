@@ -1,0 +1,143 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// waitIdle waits for the engine's background releases and for its breaker to
+// close again.
+func waitIdle(t *testing.T, e *Engine) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for e.Down() {
+		if time.Now().After(deadline) {
+			t.Fatal("the breaker did not close after the store came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.Close(20 * time.Second)
+}
+
+// A reserve whose reply is lost in a stall longer than the client's timeout
+// is answered with an error, runs late on the server, and is released by id:
+// what was refused is never charged, and nothing is charged twice.
+func TestStallDuringReservesChargesNothingRefused(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	c := redisClient(t, srv)
+	var resolved sync.Map
+	e := NewEngine(NewRedisStore(c), "stall")
+	e.OnResolve = func(o string) {
+		n, _ := resolved.LoadOrStore(o, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
+	}
+	b := []Budget{tokenBudget("daily", Global, 100_000)}
+	// Admitted before the stall and settled to what they used.
+	var usedBefore int64
+	for i := 0; i < 3; i++ {
+		r := mustReserve(t, e, b, Dims{}, 105)
+		if err := e.Settle(context.Background(), r, Spend{Tokens: 40}); err != nil {
+			t.Fatal(err)
+		}
+		usedBefore += 40
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	stalled := make(chan error, 1)
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1.5").Err() }()
+	time.Sleep(100 * time.Millisecond)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := 0; i < 5; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 105}); err != nil {
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() != 5 {
+		t.Fatalf("%d of 5 reserves during the stall failed, want all", failed.Load())
+	}
+	// While the store is known to be down, a reserve fails at once.
+	start := time.Now()
+	if _, _, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 105}); !errors.Is(err, ErrStoreDown) {
+		t.Fatalf("a reserve with the breaker open: %v, want ErrStoreDown", err)
+	} else if waited := time.Since(start); waited > 50*time.Millisecond {
+		t.Fatalf("a reserve with the breaker open waited %v", waited)
+	}
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, e)
+	assertUsed(t, e, b, Dims{}, usedBefore)
+	var released, cancelled int64
+	if n, ok := resolved.Load("released"); ok {
+		released = n.(*atomic.Int64).Load()
+	}
+	if n, ok := resolved.Load("cancelled"); ok {
+		cancelled = n.(*atomic.Int64).Load()
+	}
+	if released+cancelled != 5 {
+		t.Fatalf("resolved %d released + %d cancelled, want all 5 reserves resolved", released, cancelled)
+	}
+}
+
+// A settle whose reply is lost in a stall is retried by the engine (never by
+// the client): it applies exactly once.
+func TestStallDuringSettleAppliesOnce(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	e := NewEngine(NewRedisStore(redisClient(t, srv)), "stallsettle")
+	b := []Budget{tokenBudget("daily", Global, 100_000)}
+	r := mustReserve(t, e, b, Dims{}, 500)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	stalled := make(chan error, 1)
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "0.5").Err() }()
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = e.Settle(ctx, r, Spend{Tokens: 120}) // may fail: its first try ran late
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Settle(ctx, r, Spend{Tokens: 120}); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, e)
+	assertUsed(t, e, b, Dims{}, 120)
+}
+
+// kill -9 mid-flight and a restart: reserves that failed are resolved once
+// the store is back, and nothing refused is charged.
+func TestKillAndRestartMidFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	e := NewEngine(NewRedisStore(redisClient(t, srv)), "kill")
+	b := []Budget{tokenBudget("daily", Global, 100_000)}
+	srv.Stop() // SIGKILL
+	for i := 0; i < 5; i++ {
+		if _, _, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 50}); err == nil {
+			t.Fatal("a reserve against a killed Redis must fail")
+		}
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, e)
+	assertUsed(t, e, b, Dims{}, 0)
+	r := mustReserve(t, e, b, Dims{}, 50)
+	if err := e.Settle(context.Background(), r, Spend{Tokens: 30}); err != nil {
+		t.Fatal(err)
+	}
+	assertUsed(t, e, b, Dims{}, 30)
+}
