@@ -224,6 +224,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		format             openai_chat|openai_responses|anthropic|gemini|ollama
 //		inject_stream_usage on|off
 //		fail_open
+//		store_timeout <duration>
 //	}
 func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
@@ -291,6 +292,12 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.FailOpen = true
+		case "store_timeout":
+			dur, err := parseDurationArg(d)
+			if err != nil {
+				return err
+			}
+			h.StoreTimeout = dur
 		case "inject_stream_usage":
 			var v string
 			if !d.AllArgs(&v) || (v != "on" && v != "off") {
@@ -299,7 +306,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			on := v == "on"
 			h.InjectStreamUsage = &on
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage or fail_open)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, fail_open or store_timeout)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line, on a copy so that the

@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,8 @@ const (
 	DefaultMaxTokens = 4096
 	// DefaultMaxRequestBody bounds the request body read to estimate a request.
 	DefaultMaxRequestBody = 16 << 20
+	// defaultStoreTimeout is StoreTimeout's default.
+	defaultStoreTimeout = 100 * time.Millisecond
 	// settleTimeout bounds a settle, which runs after the response on a
 	// context detached from the request (and from the config, which a reload
 	// may have cleaned up meanwhile).
@@ -60,6 +63,12 @@ type LLMBudget struct {
 	// FailOpen admits requests unbudgeted when the store fails. Default: deny
 	// with 503.
 	FailOpen bool `json:"fail_open,omitempty"`
+	// StoreTimeout bounds how long a request waits for its reservation. A
+	// reserve that times out is answered 503 (or admitted with fail_open) and
+	// released by id in the background, so it never charges; the store is then
+	// taken as down and requests are answered at once until a probe reaches
+	// it. Default 100ms.
+	StoreTimeout caddy.Duration `json:"store_timeout,omitempty"`
 	// Format forces the API format (openai_chat, openai_responses,
 	// anthropic, gemini, ollama) for gateways that rewrite paths. Default:
 	// from the path.
@@ -69,13 +78,14 @@ type LLMBudget struct {
 	// usage. Default true.
 	InjectStreamUsage *bool `json:"inject_stream_usage,omitempty"`
 
-	budgets []budget.Budget
-	prices  *budget.PriceBook
-	hasUSD  bool
-	format  usage.Format
-	policy  string
-	engine  *engine
-	logger  *zap.Logger
+	budgets      []budget.Budget
+	storeTimeout time.Duration
+	prices       *budget.PriceBook
+	hasUSD       bool
+	format       usage.Format
+	policy       string
+	engine       *engine
+	logger       *zap.Logger
 }
 
 // BudgetConfig is one budget.
@@ -143,6 +153,10 @@ func (h *LLMBudget) compile() error {
 	if h.MaxRequestBody < 0 {
 		return errors.New("llmbudget: max_request_body: must be > 0")
 	}
+	if h.StoreTimeout < 0 {
+		return errors.New("llmbudget: store_timeout: must be > 0")
+	}
+	h.storeTimeout = cmp.Or(time.Duration(h.StoreTimeout), defaultStoreTimeout)
 	if h.MaxRequestBody == 0 {
 		h.MaxRequestBody = DefaultMaxRequestBody
 	}
@@ -262,7 +276,9 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		spend.CostMicros = price.CostMicros(estimate)
 	}
 
-	res, denial, err := h.engine.budgets.Reserve(r.Context(), h.budgets, dims, spend)
+	reserveCtx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
+	res, denial, err := h.engine.budgets.Reserve(reserveCtx, h.budgets, dims, spend)
+	cancel()
 	if err != nil {
 		h.engine.budgetStoreFailed(h.logger, h.FailOpen, err)
 	} else {

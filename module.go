@@ -149,6 +149,7 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
 		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
+		opts.ContextTimeoutEnabled = true // a reserve waits at most store_timeout
 		key := fmt.Sprintf("redis|%s|%s|%d|%s", opts.Addr, opts.Username, opts.DB, a.Prefix)
 		return key, func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case a.RedisCluster != "":
@@ -161,6 +162,7 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 		}
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
 		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
+		opts.ContextTimeoutEnabled = true
 		addrs := append([]string(nil), opts.Addrs...)
 		sort.Strings(addrs)
 		key := fmt.Sprintf("cluster|%s|%s|%s", strings.Join(addrs, ","), opts.Username, a.Prefix)

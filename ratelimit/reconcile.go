@@ -106,7 +106,8 @@ func (e *Engine) earlySpacing() time.Duration {
 const earlySyncsPerInterval = 20
 
 func (e *Engine) timedPass(early bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(2*time.Duration(e.interval.Load()), time.Second))
+	// A pass that cannot finish in two intervals is late for the next one.
+	ctx, cancel := context.WithTimeout(context.Background(), min(max(2*time.Duration(e.interval.Load()), 200*time.Millisecond), time.Second))
 	defer cancel()
 	_ = e.pass(ctx, time.Now().UnixNano(), early)
 }
