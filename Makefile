@@ -28,11 +28,12 @@ vet:
 unit:
 	$(GO) test -race -count=1 ./...
 
-# The stream meter and the JSON usage readers take bytes from upstreams; each
-# fuzzer runs for FUZZTIME from the golden files as seed corpus.
+# The stream meter and the JSON usage readers take bytes from upstreams, the
+# request reader from clients; each fuzzer runs for FUZZTIME from its seeds.
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMeter$$' -fuzztime $(FUZZTIME) ./budget/usage
 	$(GO) test -run '^$$' -fuzz '^FuzzFromJSON$$' -fuzztime $(FUZZTIME) ./budget/usage
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRequestReadsExactCase$$' -fuzztime $(FUZZTIME) ./budget/usage
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

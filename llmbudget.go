@@ -249,7 +249,11 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	req, err := usage.ParseRequest(format, r.URL.Path, body)
 	if err != nil {
 		metrics.llmRequests.WithLabelValues("rejected").Inc()
-		return h.reject(w, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+		code := "invalid_request"
+		if errors.Is(err, usage.ErrAmbiguous) {
+			code = "ambiguous_request"
+		}
+		return h.reject(w, http.StatusBadRequest, "invalid_request_error", code, err.Error())
 	}
 
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)

@@ -174,6 +174,9 @@ func TestLLMBudgetRejectsBadRequestsWithoutForwarding(t *testing.T) {
 		{"negative max_tokens", `{"model":"gpt-4o","max_tokens":-1,"messages":[]}`, 400, "invalid_request"},
 		{"absurd max_tokens", `{"model":"gpt-4o","max_tokens":50000000,"messages":[]}`, 400, "invalid_request"},
 		{"body over max_request_body", `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`, 413, "request_too_large"},
+		{"case-variant model", `{"model":"gpt-4o","MODEL":"gpt-4o-mini","messages":[]}`, 400, "ambiguous_request"},
+		{"case-variant cap beside the real one", `{"model":"gpt-4o","max_tokens":2000,"Max_Tokens":1,"messages":[]}`, 400, "ambiguous_request"},
+		{"duplicate cap", `{"model":"gpt-4o","max_tokens":2000,"max_tokens":1,"messages":[]}`, 400, "ambiguous_request"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -88,6 +88,9 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 		}
 		return Request{}, badRequest("body is not valid JSON")
 	}
+	if err := checkAmbiguous(body); err != nil {
+		return Request{}, err
+	}
 	var req Request
 	if f == Gemini {
 		req.Model, req.Stream = geminiModel(path)
