@@ -314,7 +314,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	h.restoreBody(r, body)
 
 	mw := newMeteringWriter(w, format)
-	defer h.finish(res, mw, req.PromptTokens, price)
+	defer h.finish(r, res, mw, req.PromptTokens, outputCap*req.N, price)
 	return next.ServeHTTP(mw, r)
 }
 
@@ -356,35 +356,48 @@ func (h *LLMBudget) restoreBody(r *http.Request, body []byte) {
 // deferred, so it also runs when the client goes away, the upstream fails or
 // a later handler panics; and on a context of its own, so it also works after
 // a config reload cleaned up the config that admitted the request.
-func (h *LLMBudget) finish(res *budget.Reservation, mw *meteringWriter, promptEstimate int64, price budget.Price) {
+func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price) {
+	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
+	spend := budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)}
+	// The response reaches the client first: the settle runs after this
+	// handler has returned, off the response path.
+	h.engine.settleLater(func() { h.settle(res, out, spend) })
+}
+
+// settle applies the outcome of a response to its reservation, on a context
+// of its own (the request's is done, and a reload may have cleaned up the
+// config that admitted it).
+func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Spend) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	out := mw.outcome(promptEstimate)
-	spend := budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)}
 	var err error
 	switch out.source {
 	case "released":
 		err = h.engine.budgets.Release(ctx, res)
-	case "reserved":
-		// A success with no readable usage keeps the whole reservation: never
-		// free.
+	case "reserved", "abandoned":
+		// No readable usage, or a client that left after the upstream had the
+		// request: the upstream bills it, so the reservation stands. Never free.
 	default:
 		err = h.engine.budgets.Settle(ctx, res, spend)
 	}
-	metrics.llmSettles.WithLabelValues(out.source).Inc()
-	if out.source != "released" {
-		for _, hold := range res.Holds {
-			amount := hold.Amount
-			if out.source != "reserved" {
-				amount = hold.Budget.Amount(spend)
-			}
-			metrics.llmCharged.WithLabelValues(hold.Budget.Name, hold.Budget.Unit.String()).Add(float64(amount))
-		}
-	}
 	if err != nil {
+		// The settle's outcome is unknown (it may apply late); it is resolved
+		// in the background and counted there, never as charged here.
 		metrics.llmSettleFailures.Inc()
-		h.logger.Error("settling a budget reservation failed; the counters keep the reservation",
+		h.logger.Error("settling a budget reservation failed; it is retried in the background, and the counters keep the reservation meanwhile",
 			zap.String("reservation", res.ID), zap.Error(err))
+		return
+	}
+	metrics.llmSettles.WithLabelValues(out.source).Inc()
+	if out.source == "released" {
+		return
+	}
+	for _, hold := range res.Holds {
+		amount := hold.Amount
+		if out.source != "reserved" && out.source != "abandoned" {
+			amount = hold.Budget.Amount(spend)
+		}
+		metrics.llmCharged.WithLabelValues(hold.Budget.Name, hold.Budget.Unit.String()).Add(float64(amount))
 	}
 }
 

@@ -207,6 +207,7 @@ func TestLLMBudgetSettlesFromTheResponse(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rc.Close()
 	counter := func() int64 {
+		waitSettles()
 		keys, err := rc.Keys(context.Background(), "settle:bg:{b}:g:*").Result()
 		if err != nil || len(keys) != 1 {
 			t.Fatalf("budget keys %v %v", keys, err)
@@ -319,8 +320,10 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 		t.Fatalf("%d %s %v", resp.StatusCode, body, resp.Header)
 	}
 	remaining := func() int64 {
-		// A small request shows what the budget holds after its reservation;
-		// it then settles to the upstream's 100 tokens.
+		// A small request shows what the budget holds after its reservation
+		// (the settles before it done); it then settles to the upstream's 100
+		// tokens.
+		waitSettles()
 		resp, _ := chat(t, url, `{"model":"gpt-4o","max_tokens":1,"messages":[]}`, "Authorization: Bearer json")
 		h := resp.Header.Get("RateLimit")
 		r, _, _ := strings.Cut(strings.TrimPrefix(h, `"per_key";r=`), ";")
@@ -331,7 +334,8 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 		return n
 	}
 	before := remaining()
-	// A client that goes away before the upstream answers is released.
+	// A client that goes away after its request was forwarded, before the
+	// upstream answers, keeps its reservation: the upstream bills it.
 	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
 	req.Header.Set("Authorization", "Bearer json")
 	req.Header.Set("X-Fake-Delay", "700ms")
@@ -340,9 +344,10 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 		t.Fatal("the client was meant to give up")
 	}
 	time.Sleep(900 * time.Millisecond) // the upstream finishes; the handler settles
-	// Only the 100 tokens of the first remaining() call were added since.
-	if after := remaining(); after != before-100 {
-		t.Fatalf("after a client cancel: %d remaining, want %d (the cancelled request released)", after, before-100)
+	// The 100 tokens of the first remaining() call, and the abandoned
+	// request's reservation: 200 max_tokens and 5 of prompt.
+	if after := remaining(); after != before-100-205 {
+		t.Fatalf("after a client cancel: %d remaining, want %d (the abandoned request keeps its reservation)", after, before-100-205)
 	}
 	bad := strings.Replace(cfg, `"limit": 1000`, `"limit": -3`, 1)
 	if code, body := tc.load("application/json", bad); code == http.StatusOK || !strings.Contains(body, "limit must be > 0") {

@@ -36,11 +36,21 @@ func directHandler(t *testing.T) *LLMBudget {
 
 func (h *LLMBudget) usedForTest(t *testing.T) int64 {
 	t.Helper()
+	h.engine.waitSettles(5 * time.Second)
 	used, err := h.engine.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return used[0]
+}
+
+// waitSettles waits for the background settles of every engine in the pool,
+// so a test reads counters after the settles of the responses it has.
+func waitSettles() {
+	engines.Range(func(_, v any) bool {
+		v.(*engine).waitSettles(5 * time.Second)
+		return true
+	})
 }
 
 // serveRecovering calls ServeHTTP and swallows a panic of next, as Caddy's

@@ -11,6 +11,10 @@ import (
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
+// statusClientClosed is the status Caddy's reverse_proxy gives a request whose
+// client went away before the response.
+const statusClientClosed = 499
+
 // maxUsageCapture bounds the copy of a JSON response kept to read its usage.
 // A larger response passes through untouched and keeps its reservation.
 const maxUsageCapture = 8 << 20
@@ -97,16 +101,25 @@ func (w *meteringWriter) observe(p []byte) {
 
 // outcome is how a response ended, for the settle.
 type outcome struct {
-	// source is the usage_source of the settle: released (nothing successful
-	// reached the client), reserved (no readable usage: keep the
-	// reservation), reported or estimated (charge usage).
+	// source is the usage_source of the settle: released (the upstream
+	// answered an error, or could not be reached: nothing to bill), reserved
+	// (a success with no readable usage: keep the reservation), abandoned (the
+	// client went away after the request was forwarded, before a response:
+	// the upstream bills it, so keep the reservation), reported or estimated
+	// (charge usage).
 	source string
 	usage  budget.Usage
 }
 
-// outcome decides what the response used; promptEstimate is the
-// reservation's input estimate.
-func (w *meteringWriter) outcome(promptEstimate int64) outcome {
+// outcome decides what the response used: promptEstimate and outputCap are
+// the reservation's input estimate and output cap (an estimate never charges
+// more output than was reserved); gone says the client went away.
+func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) outcome {
+	// Nothing reached the client, which went away: 499 is what Caddy's
+	// reverse_proxy writes for a client that closed the request.
+	if gone && (w.status == 0 || w.status == statusClientClosed) {
+		return outcome{source: "abandoned"}
+	}
 	if w.status == 0 || w.status < 200 || w.status >= 300 {
 		return outcome{source: "released"}
 	}
@@ -124,6 +137,9 @@ func (w *meteringWriter) outcome(promptEstimate int64) outcome {
 	switch {
 	case r.Complete:
 		return outcome{usage: r.Usage, source: "reported"}
+	case r.Bytes == 0 && gone:
+		// The client left before the first byte; the upstream had started.
+		return outcome{source: "abandoned"}
 	case r.Bytes == 0:
 		// A stream that ended before any output: nothing was delivered.
 		return outcome{source: "released"}
@@ -135,6 +151,7 @@ func (w *meteringWriter) outcome(promptEstimate int64) outcome {
 		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
 	}
 	u.OutputTokens = max(r.Usage.OutputTokens, (r.OutputTextBytes+usage.BytesPerToken-1)/usage.BytesPerToken)
+	u.OutputTokens = min(u.OutputTokens, outputCap)
 	return outcome{usage: u, source: "estimated"}
 }
 

@@ -56,9 +56,9 @@ var metrics = struct {
 	llmResolved: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
-		Name:      "reserves_resolved_total",
-		Help:      "Reserves whose outcome was unknown (the store's reply was lost), released in the background by reservation id, by outcome: released (it had run), cancelled (it had not; it will charge nothing) or failed (the store stayed unreachable: the charge may remain).",
-	}, []string{"outcome"}),
+		Name:      "resolved_total",
+		Help:      "Reserves and settles whose outcome was unknown (the store's reply was lost), resolved in the background by reservation id, by kind and outcome: reserve released (it had run), cancelled (it had not; it charges nothing) or failed; settle applied, applied_before (the failed attempt had applied) or failed (drift remains).",
+	}, []string{"kind", "outcome"}),
 }
 
 func registerMetrics(reg *prometheus.Registry) error {

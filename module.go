@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -218,6 +219,41 @@ type engine struct {
 	// budgetStoreDown makes a budget store outage one log line, not one per
 	// request.
 	budgetStoreDown atomic.Bool
+
+	// Settles run after the response, at most maxPendingSettles at once (past
+	// that a settle runs on its request's goroutine: backpressure, not loss);
+	// Destruct waits for them.
+	settleSlots chan struct{}
+	settles     sync.WaitGroup
+}
+
+// maxPendingSettles bounds the settles running in the background.
+const maxPendingSettles = 1024
+
+// settleLater runs settle in the background, or now when too many are
+// pending.
+func (e *engine) settleLater(settle func()) {
+	select {
+	case e.settleSlots <- struct{}{}:
+	default:
+		settle()
+		return
+	}
+	e.settles.Add(1)
+	go func() {
+		defer func() { <-e.settleSlots; e.settles.Done() }()
+		settle()
+	}()
+}
+
+// waitSettles waits at most timeout for the pending settles.
+func (e *engine) waitSettles(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { e.settles.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	}
 }
 
 // budgetStoreFailed logs the first failure of an outage.
@@ -241,7 +277,7 @@ func (e *engine) budgetStoreOK(log *zap.Logger) {
 // newEngine builds and starts an engine; connect is nil for the embedded
 // memory store.
 func newEngine(connect func() redis.UniversalClient, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {
-	e := &engine{}
+	e := &engine{settleSlots: make(chan struct{}, maxPendingSettles)}
 	var store ratelimit.SlotStore = ratelimit.NewMemoryStore()
 	var budgetStore budget.Store = budget.NewMemoryStore()
 	if connect != nil {
@@ -251,7 +287,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 		budgetStore = budget.NewRedisStore(e.client)
 	}
 	e.budgets = budget.NewEngine(budgetStore, prefix)
-	e.budgets.OnResolve = func(outcome string) { metrics.llmResolved.WithLabelValues(outcome).Inc() }
+	e.budgets.OnResolve = func(kind, outcome string) { metrics.llmResolved.WithLabelValues(kind, outcome).Inc() }
 	lim, err := ratelimit.NewEngine(ratelimit.Options{
 		Store:        store,
 		Prefix:       prefix,
@@ -271,6 +307,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 // Destruct stops the reconciler after a last push and closes the client.
 func (e *engine) Destruct() error {
 	e.limiter.Close(shutdownFlushTimeout)
+	e.waitSettles(settleTimeout)
 	e.budgets.Close(shutdownFlushTimeout)
 	if e.client != nil {
 		if err := e.client.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {

@@ -47,6 +47,7 @@ func newStreamSetup(t *testing.T, extra string) *streamSetup {
 // counter is the budget's counter in Redis (0 before any request).
 func (s *streamSetup) counter() int64 {
 	s.t.Helper()
+	waitSettles()
 	keys, err := s.redis.Keys(context.Background(), "*:bg:{b}:g:*").Result()
 	if err != nil || len(keys) > 1 {
 		s.t.Fatalf("budget keys %v %v", keys, err)

@@ -47,10 +47,12 @@ type Engine struct {
 	// probe when the store answers.
 	down    atomic.Bool
 	probing atomic.Bool
-	// OnResolve, when set, is told how each background release of a reserve
-	// with an unknown outcome ended: released (it had run), cancelled (it had
-	// not; a late arrival charges nothing) or failed.
-	OnResolve func(outcome string)
+	// OnResolve, when set, is told how each background resolution ended. For
+	// a reserve whose outcome was unknown (kind "reserve"): released (it had
+	// run), cancelled (it had not; a late arrival charges nothing) or failed.
+	// For a settle that failed (kind "settle"): applied (now), applied_before
+	// (the failed attempt had applied after all) or failed (drift remains).
+	OnResolve func(kind, outcome string)
 	// background tracks resolves and probes, so Close can wait for them.
 	background sync.WaitGroup
 	closed     chan struct{}
@@ -145,7 +147,7 @@ func (e *Engine) Reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if err != nil {
 		e.trip()
-		e.resolve(r)
+		e.resolve(r, releaseOf(r), "reserve", "released", "cancelled")
 		return nil, nil, err
 	}
 	if res.Cancelled {
@@ -162,10 +164,12 @@ func (e *Engine) Reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	return r, nil, nil
 }
 
-// resolve releases, in the background and idempotently, a reservation whose
-// reserve failed: if the reserve ran, its charge is returned; if it has not
-// run yet, the tombstone the release leaves cancels it.
-func (e *Engine) resolve(r *Reservation) {
+// resolve applies adjs to a reservation in the background, idempotently,
+// after a reserve or settle whose outcome is unknown. For a reserve, adjs is
+// its release: if the reserve ran, its charge is returned; if it has not run
+// yet, the tombstone the release leaves cancels it. The outcome is applied
+// or notApplied (the record was not in the reserved state), or "failed".
+func (e *Engine) resolve(r *Reservation, adjs []Adjustment, kind, applied, notApplied string) {
 	e.background.Add(1)
 	go func() {
 		defer e.background.Done()
@@ -178,12 +182,12 @@ func (e *Engine) resolve(r *Reservation) {
 				closing = true // one last try on the way out
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			applied, err := e.store.Settle(ctx, e.recordKey(r), settledTTL, releaseOf(r))
+			ok, err := e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs)
 			cancel()
 			if err == nil {
-				outcome = "cancelled"
-				if applied {
-					outcome = "released"
+				outcome = notApplied
+				if ok {
+					outcome = applied
 				}
 				break
 			}
@@ -192,7 +196,7 @@ func (e *Engine) resolve(r *Reservation) {
 			}
 		}
 		if e.OnResolve != nil {
-			e.OnResolve(outcome)
+			e.OnResolve(kind, outcome)
 		}
 	}()
 }
@@ -235,7 +239,8 @@ func releaseOf(r *Reservation) []Adjustment {
 }
 
 // ErrDrift wraps a settle that failed after every retry: the counters keep the
-// reservation instead of the actual usage.
+// reservation instead of the actual usage until the background resolution
+// (see OnResolve) applies it, if the store returns in time.
 var ErrDrift = errors.New("budget settle failed; counters drifted by the unsettled difference")
 
 // Settle moves each budget from the reserved amount to what actual costs in
@@ -264,6 +269,7 @@ func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error
 		}
 	}
 	e.trip()
+	e.resolve(r, adjs, "settle", "applied", "applied_before")
 	return fmt.Errorf("%w: %w", ErrDrift, err)
 }
 
