@@ -225,6 +225,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		inject_stream_usage on|off
 //		fail_open
 //		store_timeout <duration>
+//		unknown_paths pass|deny
 //	}
 func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
@@ -292,6 +293,10 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.FailOpen = true
+		case "unknown_paths":
+			if !d.AllArgs(&h.UnknownPaths) || (h.UnknownPaths != "pass" && h.UnknownPaths != "deny") {
+				return d.Errf("llmbudget: unknown_paths takes pass or deny")
+			}
 		case "store_timeout":
 			dur, err := parseDurationArg(d)
 			if err != nil {
@@ -306,7 +311,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			on := v == "on"
 			h.InjectStreamUsage = &on
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, fail_open or store_timeout)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, fail_open, store_timeout or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line, on a copy so that the

@@ -63,6 +63,14 @@ type LLMBudget struct {
 	// FailOpen admits requests unbudgeted when the store fails. Default: deny
 	// with 503.
 	FailOpen bool `json:"fail_open,omitempty"`
+	// UnknownPaths says what happens to a POST whose path llmbudget does not
+	// recognise as an API it budgets: "deny" (404 with a reason, not
+	// forwarded) or "pass" (forwarded unbudgeted). Default "deny": a budget is
+	// a hard ceiling, so nothing the upstream might bill passes unbudgeted
+	// unless the config says so. Paths are recognised on their normalized form
+	// (case, trailing "/.", spaces and ";parameters" do not matter). Other
+	// methods (GET /v1/models…) always pass.
+	UnknownPaths string `json:"unknown_paths,omitempty"`
 	// StoreTimeout bounds how long a request waits for its reservation. A
 	// reserve that times out is answered 503 (or admitted with fail_open) and
 	// released by id in the background, so it never charges; the store is then
@@ -153,6 +161,9 @@ func (h *LLMBudget) compile() error {
 	if h.MaxRequestBody < 0 {
 		return errors.New("llmbudget: max_request_body: must be > 0")
 	}
+	if h.UnknownPaths != "" && h.UnknownPaths != "pass" && h.UnknownPaths != "deny" {
+		return fmt.Errorf("llmbudget: unknown_paths %q: want pass or deny", h.UnknownPaths)
+	}
 	if h.StoreTimeout < 0 {
 		return errors.New("llmbudget: store_timeout: must be > 0")
 	}
@@ -233,8 +244,16 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	if format == usage.Unknown {
 		format = usage.FormatFromPath(r.URL.Path)
 	}
-	if format == usage.Unknown || r.Method != http.MethodPost {
-		return next.ServeHTTP(w, r) // not an LLM call this handler budgets
+	if r.Method != http.MethodPost {
+		return next.ServeHTTP(w, r) // not an LLM call: reads are free
+	}
+	if format == usage.Unknown {
+		if h.UnknownPaths == "pass" {
+			return next.ServeHTTP(w, r)
+		}
+		metrics.llmRequests.WithLabelValues("rejected").Inc()
+		return h.reject(w, http.StatusNotFound, "invalid_request_error", "unbudgeted_path",
+			fmt.Sprintf("llmbudget does not know how to budget POST %s, so it does not forward it (set unknown_paths pass to forward such requests unbudgeted)", usage.NormalizePath(r.URL.Path)))
 	}
 
 	body, err := h.readBody(r)
@@ -265,7 +284,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		dims.Team = repl.ReplaceAll(h.Team, "")
 	}
 	outputCap := req.MaxOutputTokens
-	if outputCap == 0 {
+	if outputCap == 0 && !req.NoOutput {
 		outputCap = h.DefaultMaxTokens
 	}
 	estimate := budget.Usage{InputTokens: req.PromptTokens, OutputTokens: outputCap * req.N}
@@ -304,7 +323,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	metrics.llmRequests.WithLabelValues("admitted").Inc()
 	h.setRateLimitHeaders(w.Header(), res.Holds, time.Now())
-	if format == usage.OpenAIChat && req.Stream && !req.IncludeUsage && h.injectStreamUsage() {
+	if (format == usage.OpenAIChat || format == usage.OpenAICompletions) && req.Stream && !req.IncludeUsage && h.injectStreamUsage() {
 		if rewritten, err := usage.WithIncludeUsage(body); err == nil {
 			body = rewritten
 		} else {

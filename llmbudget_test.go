@@ -400,3 +400,73 @@ func TestOnRedisCluster(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Budgeting is decided on the normalized path: variants of a budgeted path
+// are budgeted, an unknown POST is refused (unknown_paths deny, the default)
+// and never forwarded, and embeddings and legacy completions are budgeted.
+func TestLLMBudgetPathsAreNormalizedAndUnknownPostsRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix paths\n }", `budget g {
+			limit 100000
+			window 1h
+		}`))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rc.Close()
+	counter := func() int64 {
+		waitSettles()
+		keys, _ := rc.Keys(context.Background(), "paths:bg:{b}:g:*").Result()
+		var n int64
+		for _, k := range keys {
+			v, _ := rc.Get(context.Background(), k).Int64()
+			n += v
+		}
+		return n
+	}
+	for _, p := range []string{"/v1/Chat/Completions", "/v1/chat/completions/.", "/v1/chat/completions%20", "/v1/chat/completions;x=1", "/v1//chat/completions"} {
+		before := counter()
+		resp, body := do(t, http.MethodPost, url+p, chatBody, "Content-Type: application/json")
+		if resp.Header.Get("RateLimit-Policy") == "" {
+			t.Fatalf("POST %s: %d %s was forwarded without a reservation", p, resp.StatusCode, body)
+		}
+		if got := counter() - before; got != 100 {
+			t.Fatalf("POST %s: charged %d, want the upstream's 100", p, got)
+		}
+	}
+	hits := up.Hits()
+	resp, body := do(t, http.MethodPost, url+"/v1/images/generations", `{"model":"dall-e-3","prompt":"a cat"}`, "Content-Type: application/json")
+	if resp.StatusCode != http.StatusNotFound || decodeError(t, body).Error.Code != "unbudgeted_path" || up.Hits() != hits {
+		t.Fatalf("an unknown POST: %d %s (upstream hits %d → %d), want 404 unbudgeted_path, not forwarded", resp.StatusCode, body, hits, up.Hits())
+	}
+	// Embeddings reserve the input only, and settle to the reported usage.
+	before := counter()
+	resp, body = do(t, http.MethodPost, url+"/v1/embeddings", `{"model":"text-embedding-3-small","input":"some text to embed"}`, "Content-Type: application/json")
+	if resp.StatusCode != http.StatusOK || !strings.Contains(resp.Header.Get("RateLimit"), `"g";r=`) {
+		t.Fatalf("embeddings: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	r, _, _ := strings.Cut(strings.TrimPrefix(resp.Header.Get("RateLimit"), `"g";r=`), ";")
+	if reserved := 100000 - before - mustInt(t, r); reserved > 20 {
+		t.Fatalf("embeddings reserved %d tokens, want the input estimate only (no output)", reserved)
+	}
+	if got := counter() - before; got != 30 {
+		t.Fatalf("embeddings charged %d, want the reported 30 input tokens", got)
+	}
+	before = counter()
+	if resp, body := do(t, http.MethodPost, url+"/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"Say hi","max_tokens":20}`, "Content-Type: application/json"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("legacy completions: %d %s", resp.StatusCode, body)
+	}
+	if got := counter() - before; got != 100 {
+		t.Fatalf("legacy completions charged %d, want 100", got)
+	}
+}
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

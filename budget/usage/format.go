@@ -2,6 +2,7 @@ package usage
 
 import (
 	"fmt"
+	"path"
 	"strings"
 )
 
@@ -21,6 +22,10 @@ const (
 	Gemini
 	// Ollama is Ollama's native /api/chat and /api/generate API.
 	Ollama
+	// OpenAIEmbeddings is OpenAI's /v1/embeddings: input only.
+	OpenAIEmbeddings
+	// OpenAICompletions is OpenAI's legacy /v1/completions.
+	OpenAICompletions
 )
 
 func (f Format) String() string {
@@ -35,37 +40,63 @@ func (f Format) String() string {
 		return "gemini"
 	case Ollama:
 		return "ollama"
+	case OpenAIEmbeddings:
+		return "openai_embeddings"
+	case OpenAICompletions:
+		return "openai_completions"
 	}
 	return "unknown"
 }
 
 // ParseFormat reads a format name as String writes it.
 func ParseFormat(s string) (Format, error) {
-	for _, f := range []Format{OpenAIChat, OpenAIResponses, Anthropic, Gemini, Ollama} {
+	for _, f := range []Format{OpenAIChat, OpenAIResponses, Anthropic, Gemini, Ollama, OpenAIEmbeddings, OpenAICompletions} {
 		if s == f.String() {
 			return f, nil
 		}
 	}
-	return Unknown, fmt.Errorf("format %q: want openai_chat, openai_responses, anthropic, gemini or ollama", s)
+	return Unknown, fmt.Errorf("format %q: want openai_chat, openai_responses, anthropic, gemini, ollama, openai_embeddings or openai_completions", s)
 }
 
 // FormatFromPath recognises the format by the request path's ending, so
-// /v1/chat/completions and /openai/v1/chat/completions both match.
-func FormatFromPath(path string) Format {
-	path = strings.TrimSuffix(path, "/")
+// /v1/chat/completions and /openai/v1/chat/completions both match. It reads
+// the normalized path (see NormalizePath), so a variant an upstream might
+// still route (another case, a trailing "/." or space, ";params") is
+// budgeted like the path it varies.
+func FormatFromPath(p string) Format {
+	p = NormalizePath(p)
 	switch {
-	case strings.HasSuffix(path, ":generateContent") || strings.HasSuffix(path, ":streamGenerateContent"):
+	case strings.HasSuffix(p, ":generatecontent") || strings.HasSuffix(p, ":streamgeneratecontent"):
 		return Gemini
-	case strings.HasSuffix(path, "/api/chat") || strings.HasSuffix(path, "/api/generate"):
+	case strings.HasSuffix(p, "/api/chat") || strings.HasSuffix(p, "/api/generate"):
 		return Ollama
-	case strings.HasSuffix(path, "/chat/completions"):
+	case strings.HasSuffix(p, "/chat/completions"):
 		return OpenAIChat
-	case strings.HasSuffix(path, "/responses"):
+	case strings.HasSuffix(p, "/completions"):
+		return OpenAICompletions
+	case strings.HasSuffix(p, "/embeddings"):
+		return OpenAIEmbeddings
+	case strings.HasSuffix(p, "/responses"):
 		return OpenAIResponses
-	case strings.HasSuffix(path, "/messages"):
+	case strings.HasSuffix(p, "/messages"):
 		return Anthropic
 	}
 	return Unknown
+}
+
+// NormalizePath is the form of a (decoded) request path that budgeting
+// decides on: each segment without ";parameters" and surrounding spaces,
+// cleaned of "." and ".." and repeated slashes, in lower case.
+func NormalizePath(p string) string {
+	if strings.ContainsAny(p, "; \t") {
+		segs := strings.Split(p, "/")
+		for i, s := range segs {
+			s, _, _ = strings.Cut(s, ";")
+			segs[i] = strings.TrimSpace(s)
+		}
+		p = strings.Join(segs, "/")
+	}
+	return strings.ToLower(path.Clean("/" + p))
 }
 
 // geminiModel is the model named by a Gemini path such as

@@ -36,6 +36,9 @@ type Request struct {
 	MaxOutputTokens int64
 	// PromptTokens estimates the input tokens from the text parts.
 	PromptTokens int64
+	// NoOutput is true for an API that only reads input (embeddings): no
+	// output is reserved.
+	NoOutput bool
 }
 
 // ErrBadRequest wraps every reason a body is refused; the message is safe to
@@ -105,6 +108,7 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 		req.Stream = raw.Stream != nil && *raw.Stream || f == Ollama && raw.Stream == nil
 	}
 	req.IncludeUsage = raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage
+	req.NoOutput = f == OpenAIEmbeddings
 	req.N = 1
 	n, nName := raw.N, "n"
 	caps := []struct {

@@ -1,7 +1,8 @@
 // Package fakellm is a local OpenAI-, Anthropic- and Ollama-compatible
 // upstream for tests and bench scripts. Every answer reports a fixed usage.
 //
-// A chat completion with "stream": true is streamed as Chunks SSE chunks
+// An embeddings request reports Input tokens only. A chat completion with
+// "stream": true is streamed as Chunks SSE chunks
 // Interval apart, with a usage chunk only when the request sets
 // stream_options.include_usage, as OpenAI does; /v1/messages streams the
 // Anthropic event sequence with two cumulative message_delta events.
@@ -95,6 +96,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasSuffix(r.URL.Path, "/messages"):
 		a.json(fmt.Sprintf(`{"id":"msg_fake","type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":"hello"}],"stop_reason":"end_turn"%s}`,
 			req.Model, a.usage(`,"usage":{"input_tokens":%d,"output_tokens":%d}`, s.Input, s.Output)))
+	case strings.HasSuffix(r.URL.Path, "/embeddings"):
+		a.json(fmt.Sprintf(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":%q%s}`,
+			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"total_tokens":%d}`, s.Input, s.Input)))
 	case stream:
 		a.chatStream(req.StreamOptions.IncludeUsage)
 	default:
