@@ -34,6 +34,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMeter$$' -fuzztime $(FUZZTIME) ./budget/usage
 	$(GO) test -run '^$$' -fuzz '^FuzzFromJSON$$' -fuzztime $(FUZZTIME) ./budget/usage
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRequestReadsExactCase$$' -fuzztime $(FUZZTIME) ./budget/usage
+	$(GO) test -run '^$$' -fuzz '^FuzzLLMBudgetBodies$$' -fuzztime $(FUZZTIME) .
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -19,7 +19,7 @@ import (
 
 // directHandler is an llmbudget handler on its own memory engine, for tests
 // that drive ServeHTTP with a next handler of their own.
-func directHandler(t *testing.T) *LLMBudget {
+func directHandler(t testing.TB) *LLMBudget {
 	t.Helper()
 	eng, err := newEngine(nil, "direct", time.Second, zap.NewNop())
 	if err != nil {
@@ -34,7 +34,7 @@ func directHandler(t *testing.T) *LLMBudget {
 	return h
 }
 
-func (h *LLMBudget) usedForTest(t *testing.T) int64 {
+func (h *LLMBudget) usedForTest(t testing.TB) int64 {
 	t.Helper()
 	h.engine.waitSettles(5 * time.Second)
 	used, err := h.engine.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
@@ -114,4 +114,43 @@ func TestEncodedResponseKeepsTheReservation(t *testing.T) {
 	if got, want := h.usedForTest(t), prompt.PromptTokens+200; got != want {
 		t.Fatalf("an unreadable (compressed) stream: counter %d, want the whole reservation %d", got, want)
 	}
+}
+
+// FuzzLLMBudgetBodies: whatever the body, the request is either refused with
+// a 4xx and not forwarded, or forwarded holding a reservation.
+func FuzzLLMBudgetBodies(f *testing.F) {
+	for _, s := range []string{
+		chatBody, streamBody, `{"model":"gpt-4o","MODEL":"x"}`, `{"model":"gpt-4o","max_tokens":1,"max_tokens":9}`,
+		`{"model":"gpt-4o","n":3,"max_completion_tokens":7,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`,
+		`not json`, `[]`, `{"model":""}`,
+	} {
+		f.Add([]byte(s))
+	}
+	h := directHandler(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		h.engine.waitSettles(5 * time.Second)
+		before := h.usedForTest(t)
+		forwarded, held := false, false
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			forwarded = true
+			used, err := h.engine.budgets.Used(context.Background(), h.budgets, budget.Dims{})
+			held = err == nil && used[0] > before
+			w.WriteHeader(http.StatusInternalServerError) // released after
+			return nil
+		})
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(string(body)))
+		req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		rec := httptest.NewRecorder()
+		err := h.ServeHTTP(rec, req, next)
+		status := rec.Code
+		if he, ok := err.(caddyhttp.HandlerError); ok {
+			status = he.StatusCode
+		}
+		switch {
+		case forwarded && !held:
+			t.Fatalf("body %q was forwarded without a reservation", body)
+		case !forwarded && (status < 400 || status >= 500):
+			t.Fatalf("body %q was neither forwarded nor refused with a 4xx (status %d, %v)", body, status, err)
+		}
+	})
 }
