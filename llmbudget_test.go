@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -469,4 +470,77 @@ func mustInt(t *testing.T, s string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A Redis stall longer than store_timeout while requests flow: the requests
+// caught in it are answered 503 with Retry-After, and when all is settled the
+// counter equals exactly what the admitted requests used (a 503 is never
+// charged, whether its reserve ran late or not).
+func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix stall\n }", `budget g {
+			limit 100000000
+			window 1h
+		}`))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rc.Close()
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "0.8").Err()
+	}()
+	type answer struct {
+		status int
+		retry  string
+	}
+	answers := make(chan answer, 80)
+	var wg sync.WaitGroup
+	for i := 0; i < 60; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, _ := chat(t, url, chatBody)
+			answers <- answer{resp.StatusCode, resp.Header.Get("Retry-After")}
+		}()
+		time.Sleep(25 * time.Millisecond)
+	}
+	wg.Wait()
+	close(answers)
+	admitted, unavailable := 0, 0
+	for a := range answers {
+		switch a.status {
+		case http.StatusOK:
+			admitted++
+		case http.StatusServiceUnavailable:
+			unavailable++
+			if a.retry == "" {
+				t.Fatal("a 503 without Retry-After")
+			}
+		default:
+			t.Fatalf("unexpected status %d", a.status)
+		}
+	}
+	if unavailable == 0 || admitted == 0 {
+		t.Fatalf("%d admitted, %d unavailable: the stall must catch some requests and spare others", admitted, unavailable)
+	}
+	counter := func() int64 {
+		waitSettles()
+		keys, _ := rc.Keys(context.Background(), "stall:bg:{b}:g:*").Result()
+		var n int64
+		for _, k := range keys {
+			v, _ := rc.Get(context.Background(), k).Int64()
+			n += v
+		}
+		return n
+	}
+	want := int64(admitted) * 100
+	deadline := time.Now().Add(10 * time.Second) // background releases of the lost reserves
+	for counter() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("counter %d, want %d: the usage of the %d admitted requests (%d answered 503)", counter(), want, admitted, unavailable)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -116,6 +116,23 @@ func TestEncodedResponseKeepsTheReservation(t *testing.T) {
 	}
 }
 
+// A stream cut before its usage, with an event over the meter's 1 MiB bound,
+// is estimated, but never beyond the output cap it reserved.
+func TestEstimatedStreamNeverExceedsTheReservedCap(t *testing.T) {
+	h := directHandler(t)
+	big := strings.Repeat("x", 2<<20)
+	serveRecovering(h, streamBody, func(w http.ResponseWriter, _ *http.Request) error {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, err := io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\""+big+"\"}}]}\n\n")
+		return err
+	})
+	prompt, _ := usage.ParseRequest(usage.OpenAIChat, "/v1/chat/completions", []byte(streamBody))
+	if got, want := h.usedForTest(t), prompt.PromptTokens+200; got != want {
+		t.Fatalf("a cut stream with 2 MiB of text: counter %d, want the prompt plus the reserved cap of 200 (%d)", got, want)
+	}
+}
+
 // FuzzLLMBudgetBodies: whatever the body, the request is either refused with
 // a 4xx and not forwarded, or forwarded holding a reservation.
 func FuzzLLMBudgetBodies(f *testing.F) {
