@@ -4,7 +4,8 @@
 # answer), 40 requests a second for 12 s while Redis stalls (DEBUG SLEEP) for
 # 2 s and then for 4 s. Prints the answers, the slowest 503 once the store was
 # known to be down, and the Redis counter against the usage of the admitted
-# requests (they must be equal: a 503 is never charged).
+# requests (they must be equal: a 503 is never charged), and the slowest
+# admitted answers (a settle caught in a stall runs after the response).
 source "$(dirname "$0")/lib.sh"
 redis_port=${REDIS_PORT:-6393}
 redis-server --port "$redis_port" --save '' --appendonly no --enable-debug-command yes >"$work/redis.log" 2>&1 &
@@ -50,6 +51,7 @@ other=$(grep -vc '^\(200\|503\) ' "$work/answers.txt" || true)
 echo "answers: 200=$admitted 503=$unavailable other=$other"
 echo "slowest 503s (s): $(grep '^503 ' "$work/answers.txt" | sort -k2 -nr | head -5 | awk '{printf "%s ", $2}')"
 echo "503s slower than 0.1 s: $(grep '^503 ' "$work/answers.txt" | awk '$2 > 0.1' | wc -l)"
+echo "slowest 200s (s): $(grep '^200 ' "$work/answers.txt" | sort -k2 -nr | head -5 | awk '{printf "%s ", $2}')"
 counter=0
 for k in $(redis-cli -p "$redis_port" --scan --pattern 'stalltry:bg:{b}:all:*'); do
 	counter=$((counter + $(redis-cli -p "$redis_port" get "$k")))

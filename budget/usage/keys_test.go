@@ -1,6 +1,7 @@
 package usage
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -110,4 +111,36 @@ func benchBody() []byte {
 	body, _ := json.Marshal(map[string]any{"model": "gpt-4o", "max_tokens": 500, "stream": true,
 		"stream_options": map[string]bool{"include_usage": true}, "messages": msgs})
 	return body
+}
+
+// BenchmarkCheckAmbiguousTokens is the same check written with the standard
+// library's token reader, the alternative to the scanner of keys.go.
+func BenchmarkCheckAmbiguousTokens(b *testing.B) {
+	body := benchBody()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		if _, err := dec.Token(); err != nil {
+			b.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				b.Fatal(err)
+			}
+			key := tok.(string)
+			if f, ok := matchField(key, topFields); ok {
+				if seen[f] || key != f {
+					b.Fatal("ambiguous")
+				}
+				seen[f] = true
+			}
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
 }
