@@ -416,16 +416,7 @@ func TestLLMBudgetPathsAreNormalizedAndUnknownPostsRefused(t *testing.T) {
 		}`))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rc.Close()
-	counter := func() int64 {
-		waitSettles()
-		keys, _ := rc.Keys(context.Background(), "paths:bg:{b}:g:*").Result()
-		var n int64
-		for _, k := range keys {
-			v, _ := rc.Get(context.Background(), k).Int64()
-			n += v
-		}
-		return n
-	}
+	counter := func() int64 { return budgetCounter(t, rc, "paths", "g") }
 	for _, p := range []string{"/v1/Chat/Completions", "/v1/chat/completions/.", "/v1/chat/completions%20", "/v1/chat/completions;x=1", "/v1//chat/completions"} {
 		before := counter()
 		resp, body := do(t, http.MethodPost, url+p, chatBody, "Content-Type: application/json")
@@ -461,6 +452,23 @@ func TestLLMBudgetPathsAreNormalizedAndUnknownPostsRefused(t *testing.T) {
 	if got := counter() - before; got != 100 {
 		t.Fatalf("legacy completions charged %d, want 100", got)
 	}
+}
+
+// budgetCounter sums the Redis counters of budget under prefix, once the
+// settles of the answers so far have run.
+func budgetCounter(t *testing.T, rc *redis.Client, prefix, budget string) int64 {
+	t.Helper()
+	waitSettles()
+	keys, err := rc.Keys(context.Background(), prefix+":bg:{b}:"+budget+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, k := range keys {
+		v, _ := rc.Get(context.Background(), k).Int64()
+		n += v
+	}
+	return n
 }
 
 func mustInt(t *testing.T, s string) int64 {
@@ -525,16 +533,7 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 	if unavailable == 0 || admitted == 0 {
 		t.Fatalf("%d admitted, %d unavailable: the stall must catch some requests and spare others", admitted, unavailable)
 	}
-	counter := func() int64 {
-		waitSettles()
-		keys, _ := rc.Keys(context.Background(), "stall:bg:{b}:g:*").Result()
-		var n int64
-		for _, k := range keys {
-			v, _ := rc.Get(context.Background(), k).Int64()
-			n += v
-		}
-		return n
-	}
+	counter := func() int64 { return budgetCounter(t, rc, "stall", "g") }
 	want := int64(admitted) * 100
 	deadline := time.Now().Add(10 * time.Second) // background releases of the lost reserves
 	for counter() != want {

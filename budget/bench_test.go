@@ -40,5 +40,5 @@ func BenchmarkReserveSettleMemory(b *testing.B) { benchReserveSettle(b, NewMemor
 // BenchmarkReserveSettleRedis: the same against a local redis-server (two
 // script calls per request).
 func BenchmarkReserveSettleRedis(b *testing.B) {
-	benchReserveSettle(b, NewRedisStore(redisClient(b, redistest.Start(b))))
+	benchReserveSettle(b, NewRedisStore(redistest.Start(b).Client(b)))
 }

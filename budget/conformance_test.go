@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
@@ -28,28 +26,13 @@ func storeCases() []storeCase {
 		}},
 		{"redis", func(t *testing.T) func(*testing.T) Store {
 			srv := redistest.Start(t)
-			return func(t *testing.T) Store { return NewRedisStore(redisClient(t, srv)) }
+			return func(t *testing.T) Store { return NewRedisStore(srv.Client(t)) }
 		}},
 		{"redis-cluster", func(t *testing.T) func(*testing.T) Store {
 			c := redistest.StartCluster(t)
-			return func(t *testing.T) Store { return NewRedisStore(clusterClient(t, c)) }
+			return func(t *testing.T) Store { return NewRedisStore(c.Client(t)) }
 		}},
 	}
-}
-
-func redisClient(t testing.TB, srv *redistest.Server) *redis.Client {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond,
-		ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1, DialerRetries: 1})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func clusterClient(t testing.TB, c *redistest.Cluster) *redis.ClusterClient {
-	t.Helper()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = cc.Close() })
-	return cc
 }
 
 func tokenBudget(name string, scope Scope, limit int64) Budget {
@@ -226,7 +209,7 @@ func assertUsed(t *testing.T, e *Engine, b []Budget, dims Dims, want int64) {
 
 func TestRedisKeysHideThePrincipalAndExpire(t *testing.T) {
 	srv := redistest.Start(t)
-	c := redisClient(t, srv)
+	c := srv.Client(t)
 	e := NewEngine(NewRedisStore(c), "keys")
 	b := []Budget{tokenBudget("daily", PerKey, 1000)}
 	mustReserve(t, e, b, Dims{Principal: "Bearer sk-secret-123"}, 10)
@@ -247,7 +230,7 @@ func TestRedisKeysHideThePrincipalAndExpire(t *testing.T) {
 
 func TestSettleFailureIsDrift(t *testing.T) {
 	srv := redistest.Start(t)
-	e := NewEngine(NewRedisStore(redisClient(t, srv)), "drift")
+	e := NewEngine(NewRedisStore(srv.Client(t)), "drift")
 	b := []Budget{tokenBudget("daily", Global, 1000)}
 	r := mustReserve(t, e, b, Dims{}, 100)
 	srv.Stop()
@@ -267,9 +250,9 @@ func TestFleetNeverOvershoots(t *testing.T) {
 	const limit = 20_000
 	b := []Budget{tokenBudget("shared", Global, limit)}
 	engines := []*Engine{
-		NewEngine(NewRedisStore(redisClient(t, srv)), "fleet"),
-		NewEngine(NewRedisStore(redisClient(t, srv)), "fleet"),
-		NewEngine(NewRedisStore(redisClient(t, srv)), "fleet"),
+		NewEngine(NewRedisStore(srv.Client(t)), "fleet"),
+		NewEngine(NewRedisStore(srv.Client(t)), "fleet"),
+		NewEngine(NewRedisStore(srv.Client(t)), "fleet"),
 	}
 	watcher := engines[0]
 	stop := make(chan struct{})

@@ -32,7 +32,7 @@ func waitIdle(t *testing.T, e *Engine) {
 // what was refused is never charged, and nothing is charged twice.
 func TestStallDuringReservesChargesNothingRefused(t *testing.T) {
 	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
-	c := redisClient(t, srv)
+	c := srv.Client(t)
 	var resolved sync.Map
 	e := NewEngine(NewRedisStore(c), "stall")
 	e.OnResolve = func(_, o string) {
@@ -97,7 +97,7 @@ func TestStallDuringReservesChargesNothingRefused(t *testing.T) {
 // the client): it applies exactly once.
 func TestStallDuringSettleAppliesOnce(t *testing.T) {
 	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
-	e := NewEngine(NewRedisStore(redisClient(t, srv)), "stallsettle")
+	e := NewEngine(NewRedisStore(srv.Client(t)), "stallsettle")
 	b := []Budget{tokenBudget("daily", Global, 100_000)}
 	r := mustReserve(t, e, b, Dims{}, 500)
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -122,7 +122,7 @@ func TestStallDuringSettleAppliesOnce(t *testing.T) {
 // the store is back, and nothing refused is charged.
 func TestKillAndRestartMidFlight(t *testing.T) {
 	srv := redistest.Start(t)
-	e := NewEngine(NewRedisStore(redisClient(t, srv)), "kill")
+	e := NewEngine(NewRedisStore(srv.Client(t)), "kill")
 	b := []Budget{tokenBudget("daily", Global, 100_000)}
 	srv.Stop() // SIGKILL
 	for i := 0; i < 5; i++ {

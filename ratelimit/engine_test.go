@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/window"
 )
 
 func hashOf(s string) keyhash.Hash { return keyhash.Of(s) }
@@ -269,20 +270,6 @@ type request struct {
 	key string
 }
 
-// worstWindow is the most admits of one key in any interval of length w,
-// from exact timestamps (a sliding log).
-func worstWindow(admits []int64, w time.Duration) int {
-	sort.Slice(admits, func(i, j int) bool { return admits[i] < admits[j] })
-	worst, lo := 0, 0
-	for hi := range admits {
-		for admits[hi]-admits[lo] >= int64(w) {
-			lo++
-		}
-		worst = max(worst, hi-lo+1)
-	}
-	return worst
-}
-
 // patterns are request timings that defeat a two-epoch counter: bursts at
 // epoch edges, an even stream, random gaps, a burst then a trickle.
 func patterns(rng *rand.Rand, w time.Duration, start int64) map[string][]int64 {
@@ -351,7 +338,8 @@ func TestNoWindowEverHoldsMoreThanTheLimit(t *testing.T) {
 						admits = append(admits, at)
 					}
 				}
-				if got := worstWindow(admits, s.w); got > int(s.events) {
+				sort.Slice(admits, func(i, j int) bool { return admits[i] < admits[j] })
+				if got := window.MostInAny(admits, s.w); got > int(s.events) {
 					t.Fatalf("worst window holds %d admits, limit %d", got, s.events)
 				}
 				if len(admits) == 0 {

@@ -137,7 +137,7 @@ func TestHeadroomShareNearTheLimit(t *testing.T) {
 // admits exactly, and does not forget them when the store returns empty.
 func TestStoreOutageKeepsTheWindowOnOwnAdmits(t *testing.T) {
 	srv := redistest.Start(t)
-	a := fleetEngine(t, NewRedisStore(redisClient(t, srv)), "outage")
+	a := fleetEngine(t, NewRedisStore(srv.Client(t)), "outage")
 	l := mustLimit(t, 10, time.Hour, 0)
 	z := a.Zone("z", l)
 	for i := 0; i < 4; i++ {
@@ -182,7 +182,7 @@ func TestStoreOutageKeepsTheWindowOnOwnAdmits(t *testing.T) {
 // it never runs it twice, and the lost step is never re-sent.
 func TestStalledStoreNeverCountsTwice(t *testing.T) {
 	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
-	c := redisClient(t, srv)
+	c := srv.Client(t)
 	a := fleetEngine(t, NewRedisStore(c), "stall")
 	l := mustLimit(t, 1000, time.Hour, 0)
 	z := a.Zone("z", l)

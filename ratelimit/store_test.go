@@ -26,28 +26,13 @@ func storeCases() []storeCase {
 		}},
 		{"redis", func(t *testing.T) func(testing.TB) SlotStore {
 			srv := redistest.Start(t)
-			return func(t testing.TB) SlotStore { return NewRedisStore(redisClient(t, srv)) }
+			return func(t testing.TB) SlotStore { return NewRedisStore(srv.Client(t)) }
 		}},
 		{"redis-cluster", func(t *testing.T) func(testing.TB) SlotStore {
 			c := redistest.StartCluster(t)
-			return func(t testing.TB) SlotStore { return NewRedisStore(clusterClient(t, c)) }
+			return func(t testing.TB) SlotStore { return NewRedisStore(c.Client(t)) }
 		}},
 	}
-}
-
-func redisClient(t testing.TB, srv *redistest.Server) *redis.Client {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond,
-		ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1, DialerRetries: 1})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
-func clusterClient(t testing.TB, c *redistest.Cluster) *redis.ClusterClient {
-	t.Helper()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = cc.Close() })
-	return cc
 }
 
 func syncSteps(t testing.TB, s SlotStore, steps []Step) []Reply {
@@ -170,7 +155,7 @@ func TestSlotStoreConformance(t *testing.T) {
 // Keys of a pass on a Cluster live on different nodes; one pass serves all.
 func TestRedisStoreSpreadsOverClusterNodes(t *testing.T) {
 	c := redistest.StartCluster(t)
-	cc := clusterClient(t, c)
+	cc := c.Client(t)
 	s := NewRedisStore(cc)
 	z := newZone("spread", "z", 0, mustLimit(t, 10, time.Minute, 0).slots)
 	var steps []Step

@@ -51,3 +51,17 @@ func (s Slots) Oldest(now int64) int64 { return s.Of(now) - s.N }
 // LeavesAt returns when slot stops counting (Unix nanoseconds): the start of
 // the slot N+1 after it.
 func (s Slots) LeavesAt(slot int64) int64 { return (slot + s.N + 1) * s.Len }
+
+// MostInAny returns the most timestamps of ts (Unix ns, sorted ascending)
+// that fall in any interval of length w: the worst sliding window of an exact
+// log, which is what a limit is judged by.
+func MostInAny(ts []int64, w time.Duration) int {
+	most, lo := 0, 0
+	for hi := range ts {
+		for ts[hi]-ts[lo] >= int64(w) {
+			lo++
+		}
+		most = max(most, hi-lo+1)
+	}
+	return most
+}

@@ -116,3 +116,21 @@ func TestSlottedCountNeverUnderCounts(t *testing.T) {
 		}
 	}
 }
+
+func TestMostInAny(t *testing.T) {
+	s := int64(time.Second)
+	tests := []struct {
+		ts   []int64
+		want int
+	}{
+		{nil, 0},
+		{[]int64{0}, 1},
+		{[]int64{0, s - 1, s, 2 * s}, 2}, // [0, 1s) holds two; 1s is outside
+		{[]int64{0, s / 2, s - 1, s + s/2, s + s/2}, 3}, // 0.5s and 1.5s are a whole second apart: three at most
+	}
+	for _, tt := range tests {
+		if got := MostInAny(tt.ts, time.Second); got != tt.want {
+			t.Errorf("MostInAny(%v) = %d, want %d", tt.ts, got, tt.want)
+		}
+	}
+}

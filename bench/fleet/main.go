@@ -30,6 +30,7 @@ import (
 	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 	"github.com/fleetguard/fleetguard/ratelimit"
+	"github.com/fleetguard/fleetguard/window"
 )
 
 // scenario is one load against one fleet.
@@ -308,7 +309,7 @@ func run(b *backend, sc scenario, prefix string) (result, error) {
 	}
 	for _, a := range admits {
 		sort.Slice(a, func(i, j int) bool { return a[i] < a[j] })
-		r.Worst = max(r.Worst, worstWindow(a, sc.Window))
+		r.Worst = max(r.Worst, window.MostInAny(a, sc.Window))
 	}
 	r.Overshoot = 100 * float64(r.Worst-int(sc.Events)) / float64(sc.Events)
 	r.FalseDenials = -1
@@ -338,18 +339,6 @@ func pick(sc scenario, i int) int {
 		return 1 + i%(sc.Instances-1)
 	}
 	return i % sc.Instances
-}
-
-// worstWindow is the most timestamps of sorted ts in any interval of length w.
-func worstWindow(ts []int64, w time.Duration) int {
-	worst, lo := 0, 0
-	for hi := range ts {
-		for ts[hi]-ts[lo] >= int64(w) {
-			lo++
-		}
-		worst = max(worst, hi-lo+1)
-	}
-	return worst
 }
 
 // series counts the sorted timestamps in the window (t-w, t] for t every

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Cluster is a Redis Cluster of three primaries (no replicas) owned by a test.
@@ -125,4 +127,13 @@ func clusterPort() (int, error) {
 		return p, nil
 	}
 	return 0, fmt.Errorf("no port pair free for a cluster node")
+}
+
+// Client is a cluster client for a test, closed at its cleanup, that never
+// retries a command by itself.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
 }
