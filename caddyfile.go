@@ -225,6 +225,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		inject_stream_usage on|off
 //		fail_open
 //		store_timeout <duration>
+//		max_retry_after <duration>
 //		unknown_paths pass|deny
 //	}
 func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -297,12 +298,16 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&h.UnknownPaths) || (h.UnknownPaths != "pass" && h.UnknownPaths != "deny") {
 				return d.Errf("llmbudget: unknown_paths takes pass or deny")
 			}
-		case "store_timeout":
+		case "store_timeout", "max_retry_after":
 			dur, err := parseDurationArg(d)
 			if err != nil {
 				return err
 			}
-			h.StoreTimeout = dur
+			if field == "store_timeout" {
+				h.StoreTimeout = dur
+			} else {
+				h.MaxRetryAfter = dur
+			}
 		case "inject_stream_usage":
 			var v string
 			if !d.AllArgs(&v) || (v != "on" && v != "off") {
@@ -311,7 +316,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			on := v == "on"
 			h.InjectStreamUsage = &on
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, fail_open, store_timeout or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, fail_open, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line, on a copy so that the

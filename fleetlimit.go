@@ -189,8 +189,8 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 	}
 	denied := h.engine.limiter.Allow(time.Now().UnixNano(), checks[:n], verdicts[:n])
 	hdr := w.Header()
-	hdr["Ratelimit-Policy"] = []string{h.policy}
-	hdr["Ratelimit"] = []string{h.rateLimitHeader(verdicts[:n])}
+	addItems(hdr, "Ratelimit-Policy", h.policy)
+	addItems(hdr, "Ratelimit", h.rateLimitHeader(verdicts[:n]))
 	if denied < 0 {
 		for i := range h.zones {
 			h.zones[i].allowed.Inc()

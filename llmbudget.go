@@ -30,6 +30,8 @@ const (
 	DefaultMaxTokens = 4096
 	// DefaultMaxRequestBody bounds the request body read to estimate a request.
 	DefaultMaxRequestBody = 16 << 20
+	// defaultMaxRetryAfter is MaxRetryAfter's default.
+	defaultMaxRetryAfter = 60 * time.Second
 	// defaultStoreTimeout is StoreTimeout's default.
 	defaultStoreTimeout = 100 * time.Millisecond
 	// settleTimeout bounds a settle, which runs after the response on a
@@ -45,7 +47,9 @@ const (
 // reports.
 type LLMBudget struct {
 	// Principal identifies who a `key` budget is kept for, with placeholders,
-	// e.g. {http.request.header.Authorization}. It is hashed before it reaches
+	// e.g. {http.request.header.X-User}. Default: the credential of the API
+	// being called (Authorization; Anthropic's x-api-key; Gemini's
+	// x-goog-api-key or key query parameter). It is hashed before it reaches
 	// a store key or a log. Requests where it resolves to "" share one budget.
 	Principal string `json:"principal,omitempty"`
 	// Team identifies the team of a `team` budget, with placeholders.
@@ -63,6 +67,11 @@ type LLMBudget struct {
 	// FailOpen admits requests unbudgeted when the store fails. Default: deny
 	// with 503.
 	FailOpen bool `json:"fail_open,omitempty"`
+	// MaxRetryAfter is the longest Retry-After a denial leaves SDKs to wait
+	// out on their own: a longer one (a budget whose window ends in an hour)
+	// also carries x-should-retry: false, which the OpenAI and Anthropic SDKs
+	// honour, so the call fails at once instead of sleeping. Default 60s.
+	MaxRetryAfter caddy.Duration `json:"max_retry_after,omitempty"`
 	// UnknownPaths says what happens to a POST whose path llmbudget does not
 	// recognise as an API it budgets: "deny" (404 with a reason, not
 	// forwarded) or "pass" (forwarded unbudgeted). Default "deny": a budget is
@@ -86,14 +95,15 @@ type LLMBudget struct {
 	// usage. Default true.
 	InjectStreamUsage *bool `json:"inject_stream_usage,omitempty"`
 
-	budgets      []budget.Budget
-	storeTimeout time.Duration
-	prices       *budget.PriceBook
-	hasUSD       bool
-	format       usage.Format
-	policy       string
-	engine       *engine
-	logger       *zap.Logger
+	budgets       []budget.Budget
+	storeTimeout  time.Duration
+	maxRetryAfter time.Duration
+	prices        *budget.PriceBook
+	hasUSD        bool
+	format        usage.Format
+	policy        string
+	engine        *engine
+	logger        *zap.Logger
 }
 
 // BudgetConfig is one budget.
@@ -168,6 +178,10 @@ func (h *LLMBudget) compile() error {
 		return errors.New("llmbudget: store_timeout: must be > 0")
 	}
 	h.storeTimeout = cmp.Or(time.Duration(h.StoreTimeout), defaultStoreTimeout)
+	if h.MaxRetryAfter < 0 {
+		return errors.New("llmbudget: max_retry_after: must be > 0")
+	}
+	h.maxRetryAfter = cmp.Or(time.Duration(h.MaxRetryAfter), defaultMaxRetryAfter)
 	if h.MaxRequestBody == 0 {
 		h.MaxRequestBody = DefaultMaxRequestBody
 	}
@@ -276,7 +290,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	dims := budget.Dims{Model: req.Model}
+	dims := budget.Dims{Model: req.Model, Principal: apiCredential(r, format)}
 	if h.Principal != "" {
 		dims.Principal = repl.ReplaceAll(h.Principal, "")
 	}
@@ -293,6 +307,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	if h.hasUSD {
 		if !priced {
 			metrics.llmRequests.WithLabelValues("denied").Inc()
+			w.Header().Set("X-Should-Retry", "false") // waiting never prices it
 			return h.reject(w, http.StatusPaymentRequired, "budget_exceeded", "model_not_priced",
 				fmt.Sprintf("model %q has no price in the price book, so a dollar budget cannot admit it", req.Model))
 		}
@@ -335,6 +350,27 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	mw := newMeteringWriter(w, format)
 	defer h.finish(r, res, mw, req.PromptTokens, outputCap*req.N, price)
 	return next.ServeHTTP(mw, r)
+}
+
+// apiCredential is the credential the API being called authenticates with,
+// the default principal of `key` budgets: Anthropic's x-api-key, Gemini's
+// x-goog-api-key or key query parameter, else the Authorization header (which
+// Anthropic and Gemini clients may send instead). It is hashed before use.
+func apiCredential(r *http.Request, f usage.Format) string {
+	switch f {
+	case usage.Anthropic:
+		if k := r.Header.Get("X-Api-Key"); k != "" {
+			return "x-api-key " + k
+		}
+	case usage.Gemini:
+		if k := r.Header.Get("X-Goog-Api-Key"); k != "" {
+			return "x-goog-api-key " + k
+		}
+		if k := r.URL.Query().Get("key"); k != "" {
+			return "x-goog-api-key " + k
+		}
+	}
+	return r.Header.Get("Authorization")
 }
 
 func (h *LLMBudget) injectStreamUsage() bool {
@@ -431,10 +467,8 @@ func (h *LLMBudget) deny(w http.ResponseWriter, repl *caddy.Replacer, d *budget.
 	}
 	hdr := w.Header()
 	h.setRateLimitHeaders(hdr, d.Holds, now)
-	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
 	repl.Set("http.llmbudget.budget", d.Budget.Name)
-	repl.Set("http.llmbudget.retry_after", retry)
-	h.logger.Info("request denied by budget",
+	h.logger.Debug("request denied by budget",
 		zap.String("budget", d.Budget.Name),
 		zap.String("scope", d.Budget.Scope.String()),
 		zap.String("principal_hash", keyhash.Of(dims.Principal).String()),
@@ -442,6 +476,21 @@ func (h *LLMBudget) deny(w http.ResponseWriter, repl *caddy.Replacer, d *budget.
 		zap.Int64("requested", d.Amount),
 		zap.Int64("used", d.Used),
 		zap.Int64("limit", d.Budget.Limit))
+	if d.Amount > d.Budget.Limit {
+		// No window will ever admit it: say what to lower, and tell SDKs not
+		// to retry (they would sleep Retry-After and fail again).
+		hdr.Set("X-Should-Retry", "false")
+		return h.reject(w, status, "budget_exceeded", "request_exceeds_budget", fmt.Sprintf(
+			"this request alone needs up to %d %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%d %s per %s): lower max_tokens or shorten the prompt",
+			d.Amount, unit, d.Budget.Name, d.Budget.Limit, unit, time.Duration(d.Budget.Window)))
+	}
+	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
+	repl.Set("http.llmbudget.retry_after", retry)
+	if time.Duration(retry)*time.Second > h.maxRetryAfter {
+		// SDKs retry a 429 after sleeping Retry-After: with a long window one
+		// call would block for hours. They honour x-should-retry.
+		hdr.Set("X-Should-Retry", "false")
+	}
 	return h.reject(w, status, "budget_exceeded", code, fmt.Sprintf(
 		"budget %q (%s, per %s) is exhausted for this window: %d of %d %s used, this request needs up to %d; it resets in %ds",
 		d.Budget.Name, d.Budget.Scope, time.Duration(d.Budget.Window), d.Used, d.Budget.Limit, unit, d.Amount, retry))
@@ -454,8 +503,8 @@ func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, no
 	for _, hold := range holds {
 		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.Limit-hold.Used, hold.WindowEnd.Sub(now))
 	}
-	hdr.Set("RateLimit-Policy", h.policy)
-	hdr.Set("RateLimit", string(buf))
+	addItems(hdr, "Ratelimit-Policy", h.policy)
+	addItems(hdr, "Ratelimit", string(buf))
 }
 
 // apiError is the OpenAI error shape, which OpenAI and Anthropic SDKs both

@@ -89,6 +89,7 @@ func TestLLMBudgetTokenBudgetAdmitsEightThenDenies(t *testing.T) {
 			t.Fatalf("request %d: RateLimit headers %q / %q", i, resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy"))
 		}
 	}
+	waitSettles() // the 8 settles have run: 800 of 1000 used
 	resp, body := chat(t, url, chatBody, "Authorization: Bearer alice")
 	if resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("9th request: %d %s, want 429", resp.StatusCode, body)
@@ -103,6 +104,17 @@ func TestLLMBudgetTokenBudgetAdmitsEightThenDenies(t *testing.T) {
 	}
 	if !strings.HasPrefix(resp.Header.Get("RateLimit"), `"per_key";r=200;t=`) {
 		t.Fatalf("RateLimit on the denial: %q (800 of 1000 used)", resp.Header.Get("RateLimit"))
+	}
+	// SDKs sleep Retry-After before retrying a 429: past max_retry_after
+	// (60 s) they are told not to retry.
+	if want := map[bool]string{true: "false", false: ""}[retry > 60]; resp.Header.Get("X-Should-Retry") != want {
+		t.Fatalf("Retry-After %d: X-Should-Retry %q, want %q", retry, resp.Header.Get("X-Should-Retry"), want)
+	}
+	// A request that can never fit says so, and what to lower.
+	resp, body = chat(t, url, `{"model":"gpt-4o","max_tokens":4000,"messages":[]}`, "Authorization: Bearer carol")
+	if e := decodeError(t, body); resp.StatusCode != http.StatusTooManyRequests || e.Error.Code != "request_exceeds_budget" ||
+		!strings.Contains(e.Error.Message, "lower max_tokens") || resp.Header.Get("X-Should-Retry") != "false" || resp.Header.Get("Retry-After") != "" {
+		t.Fatalf("a request over the whole limit: %d %s %v", resp.StatusCode, body, resp.Header)
 	}
 	if up.Hits() != 8 {
 		t.Fatalf("upstream saw %d requests, want 8: a denied request is not forwarded", up.Hits())
@@ -541,5 +553,71 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 			t.Fatalf("counter %d, want %d: the usage of the %d admitted requests (%d answered 503)", counter(), want, admitted, unavailable)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Without a principal, each API's own credential keys the budget: Anthropic
+// clients that send only x-api-key get a budget per key.
+func TestLLMBudgetDefaultPrincipalIsTheAPICredential(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+}
+:%d {
+	llmbudget {
+		budget per_key {
+			scope key
+			limit 300
+			window 1h
+		}
+	}
+	reverse_proxy %s
+}`, port, strings.TrimPrefix(up.URL, "http://")))
+	const msg = `{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	send := func(key string) int {
+		resp, _ := do(t, http.MethodPost, url+"/v1/messages", msg, "Content-Type: application/json", "X-Api-Key: "+key, "Anthropic-Version: 2023-06-01")
+		waitSettles()
+		return resp.StatusCode
+	}
+	codes := []int{send("sk-ant-one"), send("sk-ant-one"), send("sk-ant-one"), send("sk-ant-one")}
+	if codes[0] != 200 || codes[3] != http.StatusTooManyRequests {
+		t.Fatalf("one key: %v, want 200s then 429 once its 300 tokens are spent", codes)
+	}
+	if code := send("sk-ant-two"); code != http.StatusOK {
+		t.Fatalf("a never-used key after another ran out: %d, want 200 (its own budget)", code)
+	}
+}
+
+// fleetlimit and llmbudget on one route give one RateLimit list with both.
+func TestRateLimitItemsOfBothHandlersJoin(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+}
+:%d {
+	fleetlimit {
+		zone rps {
+			key {http.request.header.Authorization}
+			events 100
+			window 1m
+		}
+	}
+	llmbudget {
+		budget tokens {
+			limit 100000
+			window 1h
+		}
+	}
+	reverse_proxy %s
+}`, port, strings.TrimPrefix(up.URL, "http://")))
+	resp, body := chat(t, url, chatBody, "Authorization: Bearer joined")
+	rl, policy := resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy")
+	if resp.StatusCode != http.StatusOK || !strings.Contains(rl, `"rps";r=`) || !strings.Contains(rl, `"tokens";r=`) ||
+		policy != `"rps";q=100;w=60, "tokens";q=100000;w=3600` {
+		t.Fatalf("%d %s: RateLimit %q, RateLimit-Policy %q; want both handlers' items in one list", resp.StatusCode, body, rl, policy)
 	}
 }

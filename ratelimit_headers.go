@@ -17,6 +17,16 @@ func policyItem(name string, quota int64, window time.Duration) string {
 	return strconv.Quote(name) + ";q=" + strconv.FormatInt(quota, 10) + ";w=" + strconv.FormatInt(ceilSeconds(window), 10)
 }
 
+// addItems appends list items to header name, after any items another
+// handler of the route put there (fleetlimit and llmbudget on one route give
+// one list with both).
+func addItems(hdr map[string][]string, name, items string) {
+	if prev := hdr[name]; len(prev) > 0 && prev[0] != "" {
+		items = prev[0] + ", " + items
+	}
+	hdr[name] = []string{items}
+}
+
 // joinItems joins header list items.
 func joinItems(items []string) string { return strings.Join(items, ", ") }
 
