@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -266,7 +265,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 			return next.ServeHTTP(w, r)
 		}
 		metrics.llmRequests.WithLabelValues("rejected").Inc()
-		return h.reject(w, http.StatusNotFound, "invalid_request_error", "unbudgeted_path",
+		return h.reject(w, format, http.StatusNotFound, "invalid_request_error", "unbudgeted_path",
 			fmt.Sprintf("llmbudget does not know how to budget POST %s, so it does not forward it (set unknown_paths pass to forward such requests unbudgeted)", usage.NormalizePath(r.URL.Path)))
 	}
 
@@ -274,7 +273,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	if err != nil {
 		if errors.Is(err, errBodyTooLarge) {
 			metrics.llmRequests.WithLabelValues("rejected").Inc()
-			return h.reject(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+			return h.reject(w, format, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
 				fmt.Sprintf("request body exceeds %d bytes", h.MaxRequestBody))
 		}
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("llmbudget: reading the request body: %w", err))
@@ -286,7 +285,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		if errors.Is(err, usage.ErrAmbiguous) {
 			code = "ambiguous_request"
 		}
-		return h.reject(w, http.StatusBadRequest, "invalid_request_error", code, err.Error())
+		return h.reject(w, format, http.StatusBadRequest, "invalid_request_error", code, err.Error())
 	}
 
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
@@ -308,7 +307,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		if !priced {
 			metrics.llmRequests.WithLabelValues("denied").Inc()
 			w.Header().Set("X-Should-Retry", "false") // waiting never prices it
-			return h.reject(w, http.StatusPaymentRequired, "budget_exceeded", "model_not_priced",
+			return h.reject(w, format, http.StatusPaymentRequired, "budget_exceeded", "model_not_priced",
 				fmt.Sprintf("model %q has no price in the price book, so a dollar budget cannot admit it", req.Model))
 		}
 		spend.CostMicros = price.CostMicros(estimate)
@@ -330,17 +329,18 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	case err != nil:
 		metrics.llmRequests.WithLabelValues("store_error").Inc()
 		w.Header().Set("Retry-After", "1")
-		return h.reject(w, http.StatusServiceUnavailable, "service_unavailable", "budget_store_unavailable",
+		return h.reject(w, format, http.StatusServiceUnavailable, "service_unavailable", "budget_store_unavailable",
 			"the budget store is unavailable; try again shortly")
 	case denial != nil:
 		metrics.llmRequests.WithLabelValues("denied").Inc()
-		return h.deny(w, repl, denial, dims)
+		return h.deny(w, format, repl, denial, dims)
 	}
 	metrics.llmRequests.WithLabelValues("admitted").Inc()
 	h.setRateLimitHeaders(w.Header(), res.Holds, time.Now())
+	injected := false
 	if (format == usage.OpenAIChat || format == usage.OpenAICompletions) && req.Stream && !req.IncludeUsage && h.injectStreamUsage() {
 		if rewritten, err := usage.WithIncludeUsage(body); err == nil {
-			body = rewritten
+			body, injected = rewritten, true
 		} else {
 			h.logger.Debug("could not ask the stream for usage; it will be estimated", zap.Error(err))
 		}
@@ -348,6 +348,9 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	h.restoreBody(r, body)
 
 	mw := newMeteringWriter(w, format)
+	// The client did not ask for the usage chunk (or said no): it still
+	// settles the budget, but the client does not see it.
+	mw.stripUsage = injected
 	defer h.finish(r, res, mw, req.PromptTokens, outputCap*req.N, price)
 	return next.ServeHTTP(mw, r)
 }
@@ -412,6 +415,7 @@ func (h *LLMBudget) restoreBody(r *http.Request, body []byte) {
 // a later handler panics; and on a context of its own, so it also works after
 // a config reload cleaned up the config that admitted the request.
 func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price) {
+	mw.drain()
 	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
 	spend := budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)}
 	// The response reaches the client first: the settle runs after this
@@ -457,7 +461,7 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 }
 
 // deny answers 429 for a token budget and 402 for a dollar budget.
-func (h *LLMBudget) deny(w http.ResponseWriter, repl *caddy.Replacer, d *budget.Denial, dims budget.Dims) error {
+func (h *LLMBudget) deny(w http.ResponseWriter, format usage.Format, repl *caddy.Replacer, d *budget.Denial, dims budget.Dims) error {
 	now := time.Now()
 	retry := ceilSeconds(d.WindowEnd.Sub(now))
 	status, code := http.StatusTooManyRequests, "token_budget_exceeded"
@@ -480,7 +484,7 @@ func (h *LLMBudget) deny(w http.ResponseWriter, repl *caddy.Replacer, d *budget.
 		// No window will ever admit it: say what to lower, and tell SDKs not
 		// to retry (they would sleep Retry-After and fail again).
 		hdr.Set("X-Should-Retry", "false")
-		return h.reject(w, status, "budget_exceeded", "request_exceeds_budget", fmt.Sprintf(
+		return h.reject(w, format, status, "budget_exceeded", "request_exceeds_budget", fmt.Sprintf(
 			"this request alone needs up to %d %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%d %s per %s): lower max_tokens or shorten the prompt",
 			d.Amount, unit, d.Budget.Name, d.Budget.Limit, unit, time.Duration(d.Budget.Window)))
 	}
@@ -491,7 +495,7 @@ func (h *LLMBudget) deny(w http.ResponseWriter, repl *caddy.Replacer, d *budget.
 		// call would block for hours. They honour x-should-retry.
 		hdr.Set("X-Should-Retry", "false")
 	}
-	return h.reject(w, status, "budget_exceeded", code, fmt.Sprintf(
+	return h.reject(w, format, status, "budget_exceeded", code, fmt.Sprintf(
 		"budget %q (%s, per %s) is exhausted for this window: %d of %d %s used, this request needs up to %d; it resets in %ds",
 		d.Budget.Name, d.Budget.Scope, time.Duration(d.Budget.Window), d.Used, d.Budget.Limit, unit, d.Amount, retry))
 }
@@ -507,28 +511,3 @@ func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, no
 	addItems(hdr, "Ratelimit", string(buf))
 }
 
-// apiError is the OpenAI error shape, which OpenAI and Anthropic SDKs both
-// surface to their callers.
-type apiError struct {
-	Error struct {
-		Type    string `json:"type"`
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-// reject answers with a JSON error; nothing is forwarded.
-func (h *LLMBudget) reject(w http.ResponseWriter, status int, errType, code, message string) error {
-	var e apiError
-	e.Error.Type, e.Error.Code, e.Error.Message = errType, code, message
-	body, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	body = append(body, '\n')
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(status)
-	_, err = w.Write(body)
-	return err
-}

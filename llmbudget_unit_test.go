@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -170,4 +171,49 @@ func FuzzLLMBudgetBodies(f *testing.F) {
 			t.Fatalf("body %q was neither forwarded nor refused with a 4xx (status %d, %v)", body, status, err)
 		}
 	})
+}
+
+// However the upstream splits its writes, stripping the usage chunk gives the
+// client the stream less that one event, and the meter still reads it.
+func TestStripUsageChunkAtAnySplit(t *testing.T) {
+	for _, name := range []string{"chat_usage.openai_chat.sse", "chat_crlf.openai_chat.sse"} {
+		stream, err := os.ReadFile("budget/usage/testdata/streams/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []byte
+		for rest := stream; len(rest) > 0; {
+			end := usage.EventEnd(rest, 0)
+			if end < 0 {
+				end = len(rest)
+			}
+			if !usage.IsUsageOnlyChunk(rest[:end]) {
+				want = append(want, rest[:end]...)
+			}
+			rest = rest[end:]
+		}
+		if len(want) == len(stream) {
+			t.Fatalf("%s has no usage chunk: the test proves nothing", name)
+		}
+		for split := 1; split < len(stream); split += 7 {
+			rec := httptest.NewRecorder()
+			mw := newMeteringWriter(rec, usage.OpenAIChat)
+			mw.stripUsage = true
+			mw.Header().Set("Content-Type", "text/event-stream")
+			for rest := stream; len(rest) > 0; {
+				n := min(split, len(rest))
+				if _, err := mw.Write(rest[:n]); err != nil {
+					t.Fatal(err)
+				}
+				rest = rest[n:]
+			}
+			mw.drain()
+			if got := rec.Body.String(); got != string(want) {
+				t.Fatalf("%s split every %d bytes: the client got\n%q\nwant\n%q", name, split, got, want)
+			}
+			if out := mw.outcome(10, 1000, false); out.source != "reported" {
+				t.Fatalf("%s split every %d bytes: settled as %q, want the reported usage", name, split, out.source)
+			}
+		}
+	}
 }

@@ -33,6 +33,12 @@ type meteringWriter struct {
 	// opaque: the body is encoded (the upstream compressed it although it
 	// was not asked to), so its usage cannot be read.
 	opaque bool
+	// stripUsage drops the usage-only chunk of an OpenAI stream from what the
+	// client receives (llmbudget asked for it, the client did not); pending
+	// holds the start of an event not complete yet.
+	stripUsage bool
+	pending    []byte
+	scanned    int // how far pending was scanned for an event's end
 }
 
 var (
@@ -67,9 +73,39 @@ func (w *meteringWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
+	if w.stripUsage && w.meter != nil {
+		w.observe(p)
+		return len(p), w.passEvents(p)
+	}
 	n, err := w.ResponseWriter.Write(p)
 	w.observe(p[:n])
 	return n, err
+}
+
+// passEvents writes the complete SSE events of pending+p to the client, each
+// as it completes, except the usage-only chunk; an incomplete event waits for
+// its end (so the chunk can be recognised whole), every other byte passes at
+// once.
+func (w *meteringWriter) passEvents(p []byte) error {
+	w.pending = append(w.pending, p...)
+	for {
+		end := usage.EventEnd(w.pending, w.scanned)
+		if end < 0 {
+			w.scanned = len(w.pending)
+			return nil
+		}
+		w.scanned = 0
+		ev := w.pending[:end]
+		if !usage.IsUsageOnlyChunk(ev) {
+			if _, err := w.ResponseWriter.Write(ev); err != nil {
+				return err
+			}
+		}
+		w.pending = w.pending[end:]
+		if len(w.pending) == 0 {
+			w.pending = w.pending[:0]
+		}
+	}
 }
 
 // ReadFrom copies through Write so that the body is observed; the wrapped
@@ -97,6 +133,15 @@ func (w *meteringWriter) observe(p []byte) {
 	default:
 		w.capture = append(w.capture, p...)
 	}
+}
+
+// drain writes out what is left of an incomplete last event when the
+// response ends (a stream that did not end with a blank line).
+func (w *meteringWriter) drain() {
+	if len(w.pending) > 0 && !usage.IsUsageOnlyChunk(w.pending) {
+		_, _ = w.ResponseWriter.Write(w.pending)
+	}
+	w.pending = nil
 }
 
 // outcome is how a response ended, for the settle.

@@ -3,6 +3,7 @@ package fleetguard
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -123,6 +124,54 @@ func TestStreamChargesReportedUsageAndInjectsIncludeUsage(t *testing.T) {
 		t.Fatalf("the rewritten body lost fields: %+v %v", req, err)
 	}
 	s.waitCounter(100)
+}
+
+// naiveClient reads an OpenAI chat stream the way ordinary code does, indexing
+// choices[0] on every chunk; it fails where that code would throw.
+func naiveClient(t *testing.T, stream []byte) (text string) {
+	t.Helper()
+	for _, line := range strings.Split(string(stream), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct{ Content string } `json:"delta"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			t.Fatalf("chunk %q: %v", data, err)
+		}
+		if len(chunk.Choices) == 0 {
+			t.Fatalf("chunk %q has no choices[0]: c.choices[0].delta throws on it", data)
+		}
+		text += chunk.Choices[0].Delta.Content
+	}
+	return text
+}
+
+// The usage chunk llmbudget asked for is taken out of what the client
+// receives (and still settles); a client that asks for it gets it.
+func TestInjectedUsageChunkIsRemovedForTheClient(t *testing.T) {
+	s := newStreamSetup(t, "")
+	for _, body := range []string{streamBody, strings.Replace(streamBody, `"stream":true`, `"stream":true,"stream_options":{"include_usage":false}`, 1)} {
+		before := s.counter()
+		resp := s.open(context.Background(), "/v1/chat/completions", body)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if text := naiveClient(t, got); text == "" || !strings.Contains(string(got), "data: [DONE]") {
+			t.Fatalf("the stream lost its text or its end: %q", got)
+		}
+		s.waitCounter(before + 100)
+	}
+	asked := strings.Replace(streamBody, `"stream":true`, `"stream":true,"stream_options":{"include_usage":true}`, 1)
+	resp := s.open(context.Background(), "/v1/chat/completions", asked)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(got), `"choices":[]`) {
+		t.Fatalf("a client that asked for usage must get the usage chunk: %q", got)
+	}
 }
 
 func TestStreamWithoutInjectionIsEstimated(t *testing.T) {
