@@ -510,4 +510,3 @@ func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, no
 	addItems(hdr, "Ratelimit-Policy", h.policy)
 	addItems(hdr, "Ratelimit", string(buf))
 }
-
