@@ -621,3 +621,91 @@ func TestRateLimitItemsOfBothHandlersJoin(t *testing.T) {
 		t.Fatalf("%d %s: RateLimit %q, RateLimit-Policy %q; want both handlers' items in one list", resp.StatusCode, body, rl, policy)
 	}
 }
+
+// Each API gets its own error shape, so its SDK raises its own error class;
+// every shape names the budget. The RateLimit headers parse as Structured
+// Field lists of one item per budget.
+func TestErrorShapesPerAPIAndRateLimitHeaders(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, llmCaddyfile(port, up.URL, "", `budget tiny {
+			limit 10
+			window 1h
+		}`))
+	tests := []struct {
+		name, path, body string
+		check            func(body string) bool
+	}{
+		{"openai", "/v1/chat/completions", chatBody, func(b string) bool {
+			var e struct {
+				Error struct{ Type, Code, Message string } `json:"error"`
+			}
+			return json.Unmarshal([]byte(b), &e) == nil && e.Error.Code == "request_exceeds_budget" && strings.Contains(e.Error.Message, `"tiny"`)
+		}},
+		{"anthropic", "/v1/messages", `{"model":"claude-sonnet-4-6","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`, func(b string) bool {
+			var e struct {
+				Type  string
+				Error struct{ Type, Message string } `json:"error"`
+			}
+			return json.Unmarshal([]byte(b), &e) == nil && e.Type == "error" && e.Error.Type == "rate_limit_error" && strings.Contains(e.Error.Message, `"tiny"`)
+		}},
+		{"gemini", "/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":200}}`, func(b string) bool {
+			var e struct {
+				Error struct {
+					Code    int
+					Status  string
+					Message string
+				} `json:"error"`
+			}
+			return json.Unmarshal([]byte(b), &e) == nil && e.Error.Code == 429 && e.Error.Status == "RESOURCE_EXHAUSTED" && strings.Contains(e.Error.Message, `"tiny"`)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := do(t, http.MethodPost, url+tt.path, tt.body, "Content-Type: application/json")
+			if resp.StatusCode != http.StatusTooManyRequests || !tt.check(body) {
+				t.Fatalf("%d %s: not the %s error shape naming the budget", resp.StatusCode, body, tt.name)
+			}
+			items := parseSFList(t, resp.Header.Get("RateLimit"))
+			if len(items) != 1 || items[0].name != "tiny" || items[0].params["r"] == "" || items[0].params["t"] == "" {
+				t.Fatalf("RateLimit %q: want one item \"tiny\" with r and t", resp.Header.Get("RateLimit"))
+			}
+			policy := parseSFList(t, resp.Header.Get("RateLimit-Policy"))
+			if len(policy) != 1 || policy[0].params["q"] != "10" || policy[0].params["w"] != "3600" {
+				t.Fatalf("RateLimit-Policy %q", resp.Header.Get("RateLimit-Policy"))
+			}
+		})
+	}
+}
+
+type sfItem struct {
+	name   string
+	params map[string]string
+}
+
+// parseSFList parses an RFC 8941 list of string items with integer
+// parameters, the form of the RateLimit headers, strictly: anything else
+// fails the test.
+func parseSFList(t *testing.T, v string) []sfItem {
+	t.Helper()
+	var items []sfItem
+	for _, member := range strings.Split(v, ",") {
+		member = strings.TrimSpace(member)
+		parts := strings.Split(member, ";")
+		name, err := strconv.Unquote(parts[0])
+		if err != nil || !strings.HasPrefix(parts[0], `"`) {
+			t.Fatalf("list member %q of %q is not a string item", member, v)
+		}
+		it := sfItem{name: name, params: map[string]string{}}
+		for _, p := range parts[1:] {
+			k, val, ok := strings.Cut(p, "=")
+			if _, err := strconv.ParseInt(val, 10, 64); !ok || err != nil || k == "" || strings.ToLower(k) != k {
+				t.Fatalf("parameter %q of %q is not key=integer", p, v)
+			}
+			it.params[k] = val
+		}
+		items = append(items, it)
+	}
+	return items
+}
