@@ -418,17 +418,7 @@ func TestOnRedisCluster(t *testing.T) {
 // are budgeted, an unknown POST is refused (unknown_paths deny, the default)
 // and never forwarded, and embeddings and legacy completions are budgeted.
 func TestLLMBudgetPathsAreNormalizedAndUnknownPostsRefused(t *testing.T) {
-	srv := redistest.Start(t)
-	up := newFakeLLM(t)
-	port := freePort(t)
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix paths\n }", `budget g {
-			limit 100000
-			window 1h
-		}`))
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer rc.Close()
-	counter := func() int64 { return budgetCounter(t, rc, "paths", "g") }
+	url, up, counter := budgetOnRedis(t, redistest.Start(t), "paths")
 	for _, p := range []string{"/v1/Chat/Completions", "/v1/chat/completions/.", "/v1/chat/completions%20", "/v1/chat/completions;x=1", "/v1//chat/completions"} {
 		before := counter()
 		resp, body := do(t, http.MethodPost, url+p, chatBody, "Content-Type: application/json")
@@ -451,7 +441,7 @@ func TestLLMBudgetPathsAreNormalizedAndUnknownPostsRefused(t *testing.T) {
 		t.Fatalf("embeddings: %d %s %v", resp.StatusCode, body, resp.Header)
 	}
 	r, _, _ := strings.Cut(strings.TrimPrefix(resp.Header.Get("RateLimit"), `"g";r=`), ";")
-	if reserved := 100000 - before - mustInt(t, r); reserved > 20 {
+	if reserved := 100000000 - before - mustInt(t, r); reserved > 20 {
 		t.Fatalf("embeddings reserved %d tokens, want the input estimate only (no output)", reserved)
 	}
 	if got := counter() - before; got != 30 {
@@ -464,6 +454,23 @@ func TestLLMBudgetPathsAreNormalizedAndUnknownPostsRefused(t *testing.T) {
 	if got := counter() - before; got != 100 {
 		t.Fatalf("legacy completions charged %d, want 100", got)
 	}
+}
+
+// budgetOnRedis starts Caddy with one global token budget "g" on srv under
+// prefix, in front of a local upstream; counter reads the budget's Redis
+// counters once the settles so far have run.
+func budgetOnRedis(t *testing.T, srv *redistest.Server, prefix string) (url string, up *upstream, counter func() int64) {
+	t.Helper()
+	up = newFakeLLM(t)
+	port := freePort(t)
+	url = fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
+			limit 100000000
+			window 1h
+		}`))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rc.Close() })
+	return url, up, func() int64 { return budgetCounter(t, rc, prefix, "g") }
 }
 
 // budgetCounter sums the Redis counters of budget under prefix, once the
@@ -498,14 +505,8 @@ func mustInt(t *testing.T, s string) int64 {
 // charged, whether its reserve ran late or not).
 func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
-	up := newFakeLLM(t)
-	port := freePort(t)
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix stall\n }", `budget g {
-			limit 100000000
-			window 1h
-		}`))
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	url, _, counter := budgetOnRedis(t, srv, "stall")
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
 	defer rc.Close()
 	go func() {
 		time.Sleep(300 * time.Millisecond)
@@ -545,7 +546,6 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 	if unavailable == 0 || admitted == 0 {
 		t.Fatalf("%d admitted, %d unavailable: the stall must catch some requests and spare others", admitted, unavailable)
 	}
-	counter := func() int64 { return budgetCounter(t, rc, "stall", "g") }
 	want := int64(admitted) * 100
 	deadline := time.Now().Add(10 * time.Second) // background releases of the lost reserves
 	for counter() != want {
