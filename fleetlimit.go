@@ -136,15 +136,26 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
-	eng, err := engineFrom(ctx)
+	app, err := appFrom(ctx)
 	if err != nil {
 		return fmt.Errorf("fleetlimit: %w", err)
 	}
-	h.engine = eng
+	h.engine = app.engine
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("fleetlimit: metrics: %w", err)
 	}
-	return h.resolveZones()
+	if err := h.resolveZones(); err != nil {
+		return err
+	}
+	// max_keys and conflicting definitions are the config's business: the
+	// caps apply when the config starts.
+	for _, z := range h.zones {
+		def := zoneDef{events: z.limit.Events, window: z.limit.Window, precision: z.limit.Precision}
+		if err := app.claimZone(z.name, def, z.zone, h.Zones[z.name].MaxKeys); err != nil {
+			return fmt.Errorf("fleetlimit: %w", err)
+		}
+	}
+	return nil
 }
 
 // resolveZones binds the configured zones to the engine's and precomputes the
@@ -157,7 +168,6 @@ func (h *FleetLimit) resolveZones() error {
 			return fmt.Errorf("fleetlimit: zone %q: %w", name, err)
 		}
 		zone := h.engine.limiter.Zone(name, &limit)
-		zone.SetMaxKeys(z.MaxKeys)
 		h.zones = append(h.zones, zoneRuntime{
 			name:    name,
 			key:     z.Key,

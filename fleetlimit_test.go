@@ -3,6 +3,7 @@ package fleetguard
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
 func fleetCaddyfile(port int, extraGlobal, zoneExtra string) string {
@@ -278,4 +280,77 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A config that fails to load, here at start (its port is taken), changes
+// nothing the running config uses: not the sync interval, not a zone's cap.
+func TestFailedLoadChangesNothing(t *testing.T) {
+	port := freePort(t)
+	tc := startCaddy(t, fleetCaddyfile(port, "fleetguard {\n sync_interval 100ms\n }", ""))
+	memoryEngine := func() *engine {
+		var found *engine
+		engines.Range(func(k, v any) bool {
+			if k == "memory|"+DefaultPrefix {
+				found = v.(*engine)
+			}
+			return true
+		})
+		if found == nil {
+			t.Fatal("no memory engine in the pool")
+		}
+		return found
+	}
+	e := memoryEngine()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	bad := fleetCaddyfile(busy.Addr().(*net.TCPAddr).Port, "fleetguard {\n sync_interval 3s\n }", "max_keys 1")
+	if code, _ := tc.load("text/caddyfile", bad); code == http.StatusOK {
+		t.Fatal("a config whose port is taken must fail to load")
+	}
+	if got := memoryEngine(); got != e || e.limiter.SyncInterval() != 100*time.Millisecond {
+		t.Fatalf("after the failed load the engine syncs every %s, want 100ms", e.limiter.SyncInterval())
+	}
+	for _, z := range e.limiter.Zones() {
+		if z.MaxKeys() != ratelimit.DefaultMaxKeys {
+			t.Fatalf("zone %s caps %d keys after the failed load, want the default %d", z.Name(), z.MaxKeys(), ratelimit.DefaultMaxKeys)
+		}
+	}
+	assertFiveThenLimited(t, fmt.Sprintf("http://127.0.0.1:%d/", port), "still-running")
+}
+
+// One zone name with two different limits in one config is refused at load.
+func TestConflictingZoneDefinitionsAreRefused(t *testing.T) {
+	port := freePort(t)
+	tc := startCaddy(t, fleetCaddyfile(port, "", ""))
+	conflicting := fmt.Sprintf(`{
+	admin {ADMIN}
+}
+:%d {
+	route /a {
+		fleetlimit {
+			zone z {
+				key {http.request.remote.host}
+				events 5
+				window 10s
+			}
+		}
+	}
+	route /b {
+		fleetlimit {
+			zone z {
+				key {http.request.remote.host}
+				events 6
+				window 1m
+			}
+		}
+	}
+	respond ok
+}`, port)
+	code, body := tc.load("text/caddyfile", conflicting)
+	if code == http.StatusOK || !strings.Contains(body, `zone "z" is defined twice`) || !strings.Contains(body, "events 5 per 10s") || !strings.Contains(body, "events 6 per 1m0s") {
+		t.Fatalf("%d %s: want the load refused, naming both definitions", code, body)
+	}
 }

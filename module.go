@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
@@ -67,6 +68,30 @@ type App struct {
 	engine   *engine
 	poolKey  string
 	acquired bool
+
+	// What this config sets on the shared engine, applied in Start (after
+	// every app of the config has provisioned) and undone in Stop if the
+	// config never took over (a load that failed while starting).
+	interval  time.Duration
+	maxKeys   map[*ratelimit.Zone]int64
+	zones     map[string]zoneDef // for refusing one zone defined two ways
+	undo      engineSettings
+	appliedAt bool
+}
+
+// zoneDef is what identifies a zone's limit in a config.
+type zoneDef struct {
+	events    int64
+	window    time.Duration
+	precision int
+}
+
+// engineSettings are the engine-wide settings a config applies.
+type engineSettings struct {
+	owner     *App
+	interval  time.Duration
+	nearLimit bool
+	maxKeys   map[*ratelimit.Zone]int64
 }
 
 // CaddyModule returns the Caddy module information.
@@ -115,9 +140,64 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.engine = val.(*engine)
 	a.poolKey, a.acquired = key, true
-	// A reload may change the interval of a store that is kept.
-	a.engine.limiter.SetSyncInterval(interval)
-	a.engine.limiter.SetNearLimit(a.NearLimit != "off")
+	a.interval = interval
+	return nil
+}
+
+// claimZone records that a handler of this config uses zone name with def;
+// one name defined two ways in one config is refused, naming both.
+func (a *App) claimZone(name string, def zoneDef, z *ratelimit.Zone, maxKeys int64) error {
+	if prev, ok := a.zones[name]; ok && prev != def {
+		return fmt.Errorf("zone %q is defined twice in this config: events %d per %s (precision %d) and events %d per %s (precision %d); a zone name is one counter across the fleet",
+			name, prev.events, prev.window, prev.precision, def.events, def.window, def.precision)
+	}
+	if a.zones == nil {
+		a.zones, a.maxKeys = make(map[string]zoneDef), make(map[*ratelimit.Zone]int64)
+	}
+	a.zones[name] = def
+	a.maxKeys[z] = maxKeys
+	return nil
+}
+
+// Start implements caddy.App: the config's engine-wide settings (sync
+// interval, near-limit mechanisms, zone key caps) take effect now that the
+// whole config has provisioned, so a load that fails earlier changes nothing.
+func (a *App) Start() error {
+	e := a.engine
+	e.settingsMu.Lock()
+	defer e.settingsMu.Unlock()
+	a.undo = engineSettings{owner: e.settingsOwner, interval: e.limiter.SyncInterval(), nearLimit: e.limiter.NearLimit(),
+		maxKeys: make(map[*ratelimit.Zone]int64, len(a.maxKeys))}
+	for z, n := range a.maxKeys {
+		a.undo.maxKeys[z] = z.MaxKeys()
+		z.SetMaxKeys(n)
+	}
+	e.limiter.SetSyncInterval(a.interval)
+	e.limiter.SetNearLimit(a.NearLimit != "off")
+	e.settingsOwner, a.appliedAt = a, true
+	return nil
+}
+
+// Stop implements caddy.App. The engine outlives the config (see Cleanup);
+// but if this config's settings are still the engine's, no newer config took
+// over: the load failed after Start (another app did not start), so they are
+// undone.
+func (a *App) Stop() error {
+	e := a.engine
+	if e == nil || !a.appliedAt {
+		return nil
+	}
+	e.settingsMu.Lock()
+	defer e.settingsMu.Unlock()
+	if e.settingsOwner != a {
+		return nil
+	}
+	for z, n := range a.undo.maxKeys {
+		z.SetMaxKeys(n)
+	}
+	e.limiter.SetSyncInterval(a.undo.interval)
+	e.limiter.SetNearLimit(a.undo.nearLimit)
+	e.settingsOwner = a.undo.owner
 	return nil
 }
 
@@ -151,7 +231,7 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
 		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
 		opts.ContextTimeoutEnabled = true // a reserve waits at most store_timeout
-		key := fmt.Sprintf("redis|%s|%s|%d|%s", opts.Addr, opts.Username, opts.DB, a.Prefix)
+		key := fmt.Sprintf("redis|%s|%s|%d|%s|%s", opts.Addr, opts.Username, opts.DB, a.Prefix, connectionSecrets(opts.Password, opts.TLSConfig != nil))
 		return key, func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case a.RedisCluster != "":
 		if err := checkRedisURL("redis_cluster", a.RedisCluster); err != nil {
@@ -166,10 +246,24 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 		opts.ContextTimeoutEnabled = true
 		addrs := append([]string(nil), opts.Addrs...)
 		sort.Strings(addrs)
-		key := fmt.Sprintf("cluster|%s|%s|%s", strings.Join(addrs, ","), opts.Username, a.Prefix)
+		key := fmt.Sprintf("cluster|%s|%s|%s|%s", strings.Join(addrs, ","), opts.Username, a.Prefix, connectionSecrets(opts.Password, opts.TLSConfig != nil))
 		return key, func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
 	}
 	return "memory|" + a.Prefix, nil, nil
+}
+
+// connectionSecrets is the part of a store's identity that changes the
+// connection without naming a server: a reload that rotates the password or
+// turns TLS on gets a new client. The password appears only as a hash.
+func connectionSecrets(password string, tls bool) string {
+	id := "plain"
+	if tls {
+		id = "tls"
+	}
+	if password != "" {
+		id += ":" + keyhash.Of(password).String()[:16]
+	}
+	return id
 }
 
 // checkRedisURL gives a clear error, naming the field and never echoing a
@@ -193,11 +287,6 @@ func redactURL(raw string) string {
 	return u.Redacted()
 }
 
-// Start implements caddy.App; the engine already runs.
-func (a *App) Start() error { return nil }
-
-// Stop implements caddy.App; the engine outlives the config (see Cleanup).
-func (a *App) Stop() error { return nil }
 
 // Cleanup releases this config's hold on the engine; the last holder's
 // release stops it.
@@ -219,6 +308,10 @@ type engine struct {
 	// budgetStoreDown makes a budget store outage one log line, not one per
 	// request.
 	budgetStoreDown atomic.Bool
+
+	// settingsOwner is the config whose engine-wide settings are in force.
+	settingsMu    sync.Mutex
+	settingsOwner *App
 
 	// Settles run after the response, at most maxPendingSettles at once (past
 	// that a settle runs on its request's goroutine: backpressure, not loss);
@@ -320,9 +413,19 @@ func (e *engine) Destruct() error {
 // engineFrom returns the engine of the config's fleetguard app, loading an
 // empty app (embedded memory store) when the config has none.
 func engineFrom(ctx caddy.Context) (*engine, error) {
+	a, err := appFrom(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return a.engine, nil
+}
+
+// appFrom returns the config's fleetguard app (an empty one when the config
+// has none).
+func appFrom(ctx caddy.Context) (*App, error) {
 	appIface, err := ctx.App("fleetguard")
 	if err != nil {
 		return nil, fmt.Errorf("loading the fleetguard app: %w", err)
 	}
-	return appIface.(*App).engine, nil
+	return appIface.(*App), nil
 }

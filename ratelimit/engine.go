@@ -129,6 +129,9 @@ func (e *Engine) SetSyncInterval(d time.Duration) {
 // Options.FixedInterval); they stay off for a Solo engine.
 func (e *Engine) SetNearLimit(on bool) { e.nearLimit.Store(on && !e.solo) }
 
+// NearLimit reports whether the near-limit mechanisms are on.
+func (e *Engine) NearLimit() bool { return e.nearLimit.Load() }
+
 // SyncInterval is the reconciler's period.
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }
 

@@ -68,6 +68,9 @@ func (z *Zone) SetMaxKeys(n int64) {
 	z.maxKeys.Store(n)
 }
 
+// MaxKeys is the zone's cap on tracked keys.
+func (z *Zone) MaxKeys() int64 { return z.maxKeys.Load() }
+
 // Keys is the number of tracked keys.
 func (z *Zone) Keys() int64 { return z.keys.Load() }
 
