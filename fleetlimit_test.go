@@ -237,7 +237,7 @@ func TestAdminStatusAndMetrics(t *testing.T) {
 	}
 	var found bool
 	for _, st := range status.Stores {
-		if strings.HasSuffix(st.Store, "|status") {
+		if strings.Contains(st.Store, "|status|plain") { // prefix "status", no TLS, no password
 			found = true
 			if !st.Healthy || st.SyncInterval != "50ms" || len(st.Zones) != 1 || st.Zones[0].Name != "per_key" || st.Zones[0].Keys != 1 {
 				t.Fatalf("status %+v", st)

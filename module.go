@@ -287,7 +287,6 @@ func redactURL(raw string) string {
 	return u.Redacted()
 }
 
-
 // Cleanup releases this config's hold on the engine; the last holder's
 // release stops it.
 func (a *App) Cleanup() error {
