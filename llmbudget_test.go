@@ -81,6 +81,9 @@ func TestLLMBudgetTokenBudgetAdmitsEightThenDenies(t *testing.T) {
 			window 1h
 		}`))
 	for i := 1; i <= 8; i++ {
+		// The settle runs after the response: a client that sends its next
+		// request at once may find the last reservation not settled yet.
+		waitSettles()
 		resp, body := chat(t, url, chatBody, "Authorization: Bearer alice")
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
@@ -145,6 +148,7 @@ func TestLLMBudgetUSDBudget(t *testing.T) {
 	var last *http.Response
 	var lastBody string
 	for i := 0; i < 10; i++ {
+		waitSettles() // each request sees the last one settled
 		last, lastBody = chat(t, url, chatBody, "X-Team: red")
 		if last.StatusCode != http.StatusOK {
 			break
@@ -387,10 +391,12 @@ func TestOnRedisCluster(t *testing.T) {
 		}`), "reverse_proxy", "fleetlimit {\n zone z {\n key {http.request.header.Authorization}\n events 100\n window 1m\n }\n }\n reverse_proxy", 1)
 	startCaddy(t, cfg)
 	for i := 1; i <= 8; i++ {
+		waitSettles() // each request sees the last one settled
 		if resp, body := chat(t, url, chatBody, "Authorization: Bearer cluster"); resp.StatusCode != http.StatusOK {
 			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
 		}
 	}
+	waitSettles()
 	if resp, _ := chat(t, url, chatBody, "Authorization: Bearer cluster"); resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("9th request: %d, want 429 from the per_key budget", resp.StatusCode)
 	}
