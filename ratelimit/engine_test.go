@@ -51,6 +51,15 @@ func allow(e *Engine, z *Zone, l *Limit, key string, now int64) Verdict {
 	return out[0]
 }
 
+// count is the sum of the ring: the key's count in the window at head.
+func count(ring []uint32) int64 {
+	var n int64
+	for _, c := range ring {
+		n += int64(c)
+	}
+	return n
+}
+
 // stateOf reads a key's entry and ring (a copy) for a test.
 func stateOf(z *Zone, key string) (entry, []uint32) {
 	h := keyhash.Of(key)

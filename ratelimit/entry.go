@@ -97,15 +97,6 @@ func (e *entry) scan(ring []uint32) (used, oldest int64) {
 	return used, oldest
 }
 
-// count is the sum of the ring: the key's count in the window at head.
-func count(ring []uint32) int64 {
-	var n int64
-	for _, c := range ring {
-		n += int64(c)
-	}
-	return n
-}
-
 // pending reports whether the entry holds admits the store has not seen, or
 // waits for an early sync.
 func (e *entry) pending() bool {

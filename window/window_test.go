@@ -7,29 +7,6 @@ import (
 	"time"
 )
 
-func TestEpochAndRemaining(t *testing.T) {
-	const w = 10 * time.Second
-	tests := []struct {
-		now       int64
-		epoch     int64
-		remaining time.Duration
-	}{
-		{0, 0, w},
-		{-5, 0, w},
-		{int64(w) - 1, 0, 1},
-		{int64(w), 1, w},
-		{int64(w) + int64(time.Second), 1, 9 * time.Second},
-	}
-	for _, tt := range tests {
-		if got := Epoch(tt.now, w); got != tt.epoch {
-			t.Errorf("Epoch(%d) = %d, want %d", tt.now, got, tt.epoch)
-		}
-		if got := Remaining(tt.now, w); got != tt.remaining {
-			t.Errorf("Remaining(%d) = %s, want %s", tt.now, got, tt.remaining)
-		}
-	}
-}
-
 func TestNewSlots(t *testing.T) {
 	tests := []struct {
 		w       time.Duration
