@@ -65,12 +65,14 @@ type ZoneConfig struct {
 }
 
 type zoneRuntime struct {
-	name    string
-	key     string
-	limit   ratelimit.Limit
-	zone    *ratelimit.Zone
-	allowed prometheus.Counter
-	denied  prometheus.Counter
+	name         string
+	key          string
+	limit        ratelimit.Limit
+	zone         *ratelimit.Zone
+	allowed      prometheus.Counter
+	deniedFleet  prometheus.Counter // by the window (the fleet's count)
+	deniedLocal  prometheus.Counter // by the local burst cap
+	dryRunDenied prometheus.Counter
 }
 
 // CaddyModule returns the Caddy module information.
@@ -169,12 +171,14 @@ func (h *FleetLimit) resolveZones() error {
 		}
 		zone := h.engine.limiter.Zone(name, &limit)
 		h.zones = append(h.zones, zoneRuntime{
-			name:    name,
-			key:     z.Key,
-			limit:   limit,
-			zone:    zone,
-			allowed: metrics.fleetDecisions.WithLabelValues(name, "allowed"),
-			denied:  metrics.fleetDecisions.WithLabelValues(name, "denied"),
+			name:         name,
+			key:          z.Key,
+			limit:        limit,
+			zone:         zone,
+			allowed:      metrics.fleetDecisions.WithLabelValues(name, "allowed"),
+			deniedFleet:  metrics.fleetDecisions.WithLabelValues(name, "denied_fleet"),
+			deniedLocal:  metrics.fleetDecisions.WithLabelValues(name, "denied_local"),
+			dryRunDenied: metrics.fleetDecisions.WithLabelValues(name, "dry_run_denied"),
 		})
 	}
 	sort.Slice(h.zones, func(i, j int) bool { return h.zones[i].zone.ID() < h.zones[j].zone.ID() })
@@ -209,8 +213,15 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 	}
 
 	z := &h.zones[denied]
-	z.denied.Inc()
 	retry := ceilSeconds(verdicts[denied].RetryAfter)
+	switch {
+	case h.DryRun:
+		z.dryRunDenied.Inc()
+	case verdicts[denied].Fleet:
+		z.deniedFleet.Inc()
+	default:
+		z.deniedLocal.Inc()
+	}
 	if h.DryRun {
 		h.logger.Info("dry run: request would be rate limited",
 			zap.String("zone", z.name),

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/fleetguard/fleetguard/internal/redistest"
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
@@ -259,6 +261,7 @@ func TestAdminStatusAndMetrics(t *testing.T) {
 	for {
 		_, m := get(t, "http://"+tc.admin+"/metrics")
 		if strings.Contains(m, `fleetguard_fleetlimit_requests_total{decision="allowed",zone="per_key"}`) &&
+			strings.Contains(m, "fleetguard_fleetlimit_early_syncs_total") &&
 			strings.Contains(m, `fleetguard_fleetlimit_reconcile_passes_total{result="ok"}`) {
 			if strings.Contains(m, "status-key") {
 				t.Fatal("metrics must not carry user keys")
@@ -352,5 +355,65 @@ func TestConflictingZoneDefinitionsAreRefused(t *testing.T) {
 	code, body := tc.load("text/caddyfile", conflicting)
 	if code == http.StatusOK || !strings.Contains(body, `zone "z" is defined twice`) || !strings.Contains(body, "events 5 per 10s") || !strings.Contains(body, "events 6 per 1m0s") {
 		t.Fatalf("%d %s: want the load refused, naming both definitions", code, body)
+	}
+}
+
+// Decisions are counted by reason: the window, the local burst cap, dry run.
+func TestFleetLimitDecisionsByReason(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+}
+:%d {
+	route /window {
+		fleetlimit {
+			zone reason_window {
+				key {http.request.remote.host}
+				events 2
+				window 1m
+			}
+		}
+	}
+	route /burst {
+		fleetlimit {
+			zone reason_burst {
+				key {http.request.remote.host}
+				events 100
+				window 1m
+				burst 2
+			}
+		}
+	}
+	route /dry {
+		fleetlimit {
+			dry_run
+			zone reason_dry {
+				key {http.request.remote.host}
+				events 2
+				window 1m
+			}
+		}
+	}
+	respond ok
+}`, port))
+	count := func(zone, decision string) float64 {
+		return testutil.ToFloat64(metrics.fleetDecisions.WithLabelValues(zone, decision))
+	}
+	for _, p := range []string{"/window", "/burst", "/dry"} {
+		for i := 0; i < 3; i++ {
+			get(t, url+p)
+		}
+	}
+	tests := []struct{ zone, decision string }{
+		{"reason_window", "denied_fleet"}, {"reason_burst", "denied_local"}, {"reason_dry", "dry_run_denied"},
+	}
+	for _, tt := range tests {
+		if got := count(tt.zone, tt.decision); got != 1 {
+			t.Errorf("zone %s: %s = %v, want 1", tt.zone, tt.decision, got)
+		}
+		if got := count(tt.zone, "allowed"); got != 2 {
+			t.Errorf("zone %s: allowed = %v, want 2", tt.zone, got)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 var metrics = struct {
 	fleetDecisions    *prometheus.CounterVec
 	reconcilePasses   *prometheus.CounterVec
+	earlySyncs        prometheus.Counter
 	llmCharged        *prometheus.CounterVec
 	llmRequests       *prometheus.CounterVec
 	llmSettles        *prometheus.CounterVec
@@ -21,7 +22,7 @@ var metrics = struct {
 		Namespace: "fleetguard",
 		Subsystem: "fleetlimit",
 		Name:      "requests_total",
-		Help:      "Requests decided by fleetlimit, by zone and decision (allowed, denied; dry-run denials count as denied).",
+		Help:      "Requests decided by fleetlimit, by zone and decision: allowed, denied_fleet (the window, the fleet's count), denied_local (the local burst cap), dry_run_denied (would have been denied; admitted by dry_run).",
 	}, []string{"zone", "decision"}),
 	reconcilePasses: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
@@ -29,6 +30,12 @@ var metrics = struct {
 		Name:      "reconcile_passes_total",
 		Help:      "Reconcile passes that synced keys with the store, by result (ok, error). Errors mean limits are per instance until the store returns.",
 	}, []string{"result"}),
+	earlySyncs: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "fleetlimit",
+		Name:      "early_syncs_total",
+		Help:      "Early reconcile passes run for keys near their limit or new to this instance (near_limit on).",
+	}),
 	llmCharged: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
@@ -65,7 +72,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.fleetDecisions, metrics.reconcilePasses, metrics.llmCharged, metrics.llmRequests, metrics.llmSettles, metrics.llmSettleFailures, metrics.llmResolved} {
+	for _, c := range []prometheus.Collector{metrics.fleetDecisions, metrics.reconcilePasses, metrics.earlySyncs, metrics.llmCharged, metrics.llmRequests, metrics.llmSettles, metrics.llmSettleFailures, metrics.llmResolved} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

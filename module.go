@@ -387,6 +387,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 		Solo:         connect == nil,
 		Logger:       logger.Named("reconciler"),
 		OnPass:       observePass,
+		OnEarlySync:  metrics.earlySyncs.Inc,
 	})
 	if err != nil {
 		return nil, err

@@ -37,6 +37,8 @@ type Options struct {
 	// OnPass, when set, is told the outcome of every reconcile pass that had
 	// keys to sync (nil error: the store was reached), for metrics.
 	OnPass func(err error)
+	// OnEarlySync, when set, is told of every early pass, for metrics.
+	OnEarlySync func()
 }
 
 // DefaultSyncInterval is used when Options.SyncInterval is zero.
@@ -59,6 +61,7 @@ type Engine struct {
 	idleTTL   time.Duration
 	log       *zap.Logger
 	onPass    func(error)
+	onEarly   func()
 	solo      bool
 	nearLimit atomic.Bool
 

@@ -142,6 +142,9 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 	if early {
 		plans, steps = e.claimQueued(now)
 		e.earlySyncs.Add(1)
+		if e.onEarly != nil {
+			e.onEarly()
+		}
 	} else {
 		plans, steps = e.claimActive(now)
 	}
