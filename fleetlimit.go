@@ -214,20 +214,18 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 
 	z := &h.zones[denied]
 	retry := ceilSeconds(verdicts[denied].RetryAfter)
-	switch {
-	case h.DryRun:
-		z.dryRunDenied.Inc()
-	case verdicts[denied].Fleet:
-		z.deniedFleet.Inc()
-	default:
-		z.deniedLocal.Inc()
-	}
 	if h.DryRun {
+		z.dryRunDenied.Inc()
 		h.logger.Info("dry run: request would be rate limited",
 			zap.String("zone", z.name),
 			zap.Bool("fleet", verdicts[denied].Fleet),
 			zap.Int64("retry_after", retry))
 		return next.ServeHTTP(w, r)
+	}
+	if verdicts[denied].Fleet {
+		z.deniedFleet.Inc()
+	} else {
+		z.deniedLocal.Inc()
 	}
 	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
 	repl.Set("http.fleetlimit.zone", z.name)

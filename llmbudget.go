@@ -289,9 +289,11 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	dims := budget.Dims{Model: req.Model, Principal: apiCredential(r, format)}
+	dims := budget.Dims{Model: req.Model}
 	if h.Principal != "" {
 		dims.Principal = repl.ReplaceAll(h.Principal, "")
+	} else {
+		dims.Principal = apiCredential(r, format)
 	}
 	if h.Team != "" {
 		dims.Team = repl.ReplaceAll(h.Team, "")
@@ -410,10 +412,9 @@ func (h *LLMBudget) restoreBody(r *http.Request, body []byte) {
 	r.Header.Del("Accept-Encoding")
 }
 
-// finish settles a reservation once, from what the response showed. It runs
-// deferred, so it also runs when the client goes away, the upstream fails or
-// a later handler panics; and on a context of its own, so it also works after
-// a config reload cleaned up the config that admitted the request.
+// finish decides, once, what the response used and hands the settle to the
+// background. It runs deferred, so it also runs when the client goes away,
+// the upstream fails or a later handler panics.
 func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price) {
 	mw.drain()
 	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)

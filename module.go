@@ -72,11 +72,11 @@ type App struct {
 	// What this config sets on the shared engine, applied in Start (after
 	// every app of the config has provisioned) and undone in Stop if the
 	// config never took over (a load that failed while starting).
-	interval  time.Duration
-	maxKeys   map[*ratelimit.Zone]int64
-	zones     map[string]zoneDef // for refusing one zone defined two ways
-	undo      engineSettings
-	appliedAt bool
+	interval time.Duration
+	maxKeys  map[*ratelimit.Zone]int64
+	zones    map[string]zoneDef // for refusing one zone defined two ways
+	undo     engineSettings
+	applied  bool
 }
 
 // zoneDef is what identifies a zone's limit in a config.
@@ -174,7 +174,7 @@ func (a *App) Start() error {
 	}
 	e.limiter.SetSyncInterval(a.interval)
 	e.limiter.SetNearLimit(a.NearLimit != "off")
-	e.settingsOwner, a.appliedAt = a, true
+	e.settingsOwner, a.applied = a, true
 	return nil
 }
 
@@ -184,7 +184,7 @@ func (a *App) Start() error {
 // undone.
 func (a *App) Stop() error {
 	e := a.engine
-	if e == nil || !a.appliedAt {
+	if e == nil || !a.applied {
 		return nil
 	}
 	e.settingsMu.Lock()

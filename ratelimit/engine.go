@@ -79,10 +79,9 @@ type Engine struct {
 	passMu sync.Mutex // one reconcile pass (or eviction) at a time
 
 	// Keys queued for an early sync; kick wakes the reconciler for them.
-	queueMu    sync.Mutex
-	queue      []queued
-	kick       chan struct{}
-	earlySyncs atomic.Int64
+	queueMu sync.Mutex
+	queue   []queued
+	kick    chan struct{}
 }
 
 type queued struct {
@@ -107,6 +106,7 @@ func NewEngine(o Options) (*Engine, error) {
 		idleTTL: o.IdleTTL,
 		log:     o.Logger,
 		onPass:  o.OnPass,
+		onEarly: o.OnEarlySync,
 		solo:    o.Solo,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -143,10 +143,6 @@ func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.
 func (e *Engine) staleAfter() int64 {
 	return max(4*e.interval.Load(), int64(2*time.Second))
 }
-
-// EarlySyncs counts the early passes run for keys near their limit or new to
-// this instance.
-func (e *Engine) EarlySyncs() int64 { return e.earlySyncs.Load() }
 
 // Zone returns the zone called name with the window and precision of l,
 // creating it on first use. A zone name with another window or precision is

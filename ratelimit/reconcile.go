@@ -141,7 +141,6 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 	var steps []Step
 	if early {
 		plans, steps = e.claimQueued(now)
-		e.earlySyncs.Add(1)
 		if e.onEarly != nil {
 			e.onEarly()
 		}
