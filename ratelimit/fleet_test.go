@@ -228,3 +228,20 @@ func TestStalledStoreNeverCountsTwice(t *testing.T) {
 		t.Fatalf("the instance counts %d of its own 6 admits", count(ring))
 	}
 }
+
+// Every early pass is reported to OnEarlySync (the early-syncs metric).
+func TestEarlyPassesAreReported(t *testing.T) {
+	var early int
+	e := newEngine(t, Options{Store: NewMemoryStore(), Prefix: "early", SyncInterval: 100 * time.Millisecond,
+		OnEarlySync: func() { early++ }})
+	l := mustLimit(t, 100, time.Hour, 0)
+	z := e.Zone("z", l)
+	now := time.Now().UnixNano()
+	allow(e, z, l, "k", now) // first contact queues a read
+	if err := e.pass(context.Background(), now, true); err != nil {
+		t.Fatal(err)
+	}
+	if early != 1 {
+		t.Fatalf("OnEarlySync called %d times for one early pass, want 1", early)
+	}
+}
