@@ -224,6 +224,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		format             openai_chat|openai_responses|anthropic|gemini|ollama
 //		inject_stream_usage on|off
 //		fail_open
+//		shadow
 //		store_timeout <duration>
 //		max_retry_after <duration>
 //		unknown_paths pass|deny
@@ -233,8 +234,16 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := make(map[string]bool)
 	for d.NextBlock(0) {
-		switch field := d.Val(); field {
+		field := d.Val()
+		if field != "budget" && field != "price" {
+			if seen[field] {
+				return d.Errf("llmbudget: %s is set twice", field)
+			}
+			seen[field] = true
+		}
+		switch field {
 		case "principal":
 			if !d.AllArgs(&h.Principal) {
 				return d.Errf("llmbudget: principal takes one value")
@@ -294,6 +303,11 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.FailOpen = true
+		case "shadow":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.Shadow = true
 		case "unknown_paths":
 			if !d.AllArgs(&h.UnknownPaths) || (h.UnknownPaths != "pass" && h.UnknownPaths != "deny") {
 				return d.Errf("llmbudget: unknown_paths takes pass or deny")
@@ -316,7 +330,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			on := v == "on"
 			h.InjectStreamUsage = &on
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, fail_open, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line, on a copy so that the

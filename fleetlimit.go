@@ -34,6 +34,7 @@ type FleetLimit struct {
 	policy string        // RateLimit-Policy header, the same for every response
 	engine *engine
 	logger *zap.Logger
+	events emitter
 }
 
 // ZoneConfig is one zone's policy.
@@ -149,6 +150,9 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 	if err := h.resolveZones(); err != nil {
 		return err
 	}
+	if h.events, err = newEmitter(ctx); err != nil {
+		return fmt.Errorf("fleetlimit: %w", err)
+	}
 	// max_keys and conflicting definitions are the config's business: the
 	// caps apply when the config starts.
 	for _, z := range h.zones {
@@ -214,6 +218,15 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 
 	z := &h.zones[denied]
 	retry := ceilSeconds(verdicts[denied].RetryAfter)
+	if h.events.wants(eventFleetlimitExceeded) {
+		h.events.emit(eventFleetlimitExceeded, map[string]any{
+			"zone":        z.name,
+			"key_hash":    checks[denied].Key.String(),
+			"fleet":       verdicts[denied].Fleet,
+			"retry_after": retry,
+			"dry_run":     h.DryRun,
+		})
+	}
 	if h.DryRun {
 		z.dryRunDenied.Inc()
 		h.logger.Info("dry run: request would be rate limited",
@@ -226,6 +239,10 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		z.deniedFleet.Inc()
 	} else {
 		z.deniedLocal.Inc()
+	}
+	if ce := h.logger.Check(zap.DebugLevel, "request rate limited"); ce != nil {
+		ce.Write(zap.String("zone", z.name), zap.String("key_hash", checks[denied].Key.String()),
+			zap.Bool("fleet", verdicts[denied].Fleet), zap.Int64("retry_after", retry))
 	}
 	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
 	repl.Set("http.fleetlimit.zone", z.name)

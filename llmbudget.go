@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
@@ -89,6 +90,14 @@ type LLMBudget struct {
 	// anthropic, gemini, ollama) for gateways that rewrite paths. Default:
 	// from the path.
 	Format string `json:"format,omitempty"`
+	// Shadow evaluates, counts and logs every decision but enforces none: a
+	// request a budget would deny is forwarded and still charged (past the
+	// limit), a request llmbudget would refuse (unknown path, bad or
+	// ambiguous body, unpriced model, store down) is forwarded unbudgeted.
+	// Decisions show as requests_total{decision="shadow_denied"} and
+	// "shadow_rejected", Info logs and llmbudget_denied events with shadow
+	// true. For rolling out a new budget safely. Default false.
+	Shadow bool `json:"shadow,omitempty"`
 	// InjectStreamUsage rewrites an OpenAI chat stream request that lacks
 	// stream_options.include_usage to ask for it, so the stream reports its
 	// usage. Default true.
@@ -103,6 +112,13 @@ type LLMBudget struct {
 	policy        string
 	engine        *engine
 	logger        *zap.Logger
+	events        emitter
+
+	// requests_total by budget (the index in budgets) and decision.
+	decisions      [][numDecisions]prometheus.Counter
+	firstUSD       int // the budget an unpriced model is denied by
+	rejected       prometheus.Counter
+	shadowRejected prometheus.Counter
 }
 
 // BudgetConfig is one budget.
@@ -152,6 +168,10 @@ func (h *LLMBudget) Provision(ctx caddy.Context) error {
 	h.engine = eng
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("llmbudget: metrics: %w", err)
+	}
+	h.bindCounters()
+	if h.events, err = newEmitter(ctx); err != nil {
+		return fmt.Errorf("llmbudget: %w", err)
 	}
 	return nil
 }
@@ -264,28 +284,33 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		if h.UnknownPaths == "pass" {
 			return next.ServeHTTP(w, r)
 		}
-		metrics.llmRequests.WithLabelValues("rejected").Inc()
-		return h.reject(w, format, http.StatusNotFound, "invalid_request_error", "unbudgeted_path",
+		return h.refuse(w, r, next, format, http.StatusNotFound, "invalid_request_error", "unbudgeted_path",
 			fmt.Sprintf("llmbudget does not know how to budget POST %s, so it does not forward it (set unknown_paths pass to forward such requests unbudgeted)", usage.NormalizePath(r.URL.Path)))
 	}
 
 	body, err := h.readBody(r)
 	if err != nil {
 		if errors.Is(err, errBodyTooLarge) {
-			metrics.llmRequests.WithLabelValues("rejected").Inc()
-			return h.reject(w, format, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+			if h.Shadow {
+				// Forward what was read, then the rest as it comes.
+				r.Body = struct {
+					io.Reader
+					io.Closer
+				}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+			}
+			return h.refuse(w, r, next, format, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
 				fmt.Sprintf("request body exceeds %d bytes", h.MaxRequestBody))
 		}
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("llmbudget: reading the request body: %w", err))
 	}
 	req, err := usage.ParseRequest(format, r.URL.Path, body)
 	if err != nil {
-		metrics.llmRequests.WithLabelValues("rejected").Inc()
 		code := "invalid_request"
 		if errors.Is(err, usage.ErrAmbiguous) {
 			code = "ambiguous_request"
 		}
-		return h.reject(w, format, http.StatusBadRequest, "invalid_request_error", code, err.Error())
+		h.restoreBody(r, body)
+		return h.refuse(w, r, next, format, http.StatusBadRequest, "invalid_request_error", code, err.Error())
 	}
 
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
@@ -304,10 +329,15 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	estimate := budget.Usage{InputTokens: req.PromptTokens, OutputTokens: outputCap * req.N}
 	spend := budget.Spend{Tokens: estimate.Tokens()}
-	price, priced := h.prices.Lookup(req.Model)
+	model, price, priced := h.prices.Find(req.Model)
 	if h.hasUSD {
 		if !priced {
-			metrics.llmRequests.WithLabelValues("denied").Inc()
+			h.decisions[h.firstUSD][denied].Inc()
+			if h.Shadow {
+				h.logger.Info("shadow: request would be refused: its model has no price", zap.String("model", req.Model))
+				h.restoreBody(r, body)
+				return next.ServeHTTP(w, r)
+			}
 			w.Header().Set("X-Should-Retry", "false") // waiting never prices it
 			return h.reject(w, format, http.StatusPaymentRequired, "budget_exceeded", "model_not_priced",
 				fmt.Sprintf("model %q has no price in the price book, so a dollar budget cannot admit it", req.Model))
@@ -317,27 +347,37 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 
 	reserveCtx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
 	res, denial, err := h.engine.budgets.Reserve(reserveCtx, h.budgets, dims, spend)
+	if denial != nil && h.Shadow {
+		h.shadowDenied(r, denial, dims)
+		// Record what it uses all the same: the numbers a real limit would
+		// have seen.
+		res, err = h.engine.budgets.ReserveOverLimit(reserveCtx, h.budgets, dims, spend)
+		denial = nil
+	}
 	cancel()
 	if err != nil {
-		h.engine.budgetStoreFailed(h.logger, h.FailOpen, err)
+		if !errors.Is(err, budget.ErrStoreDown) {
+			metrics.storeErrors.WithLabelValues("reserve").Inc()
+		}
+		h.engine.budgetStoreFailed(h.logger, h.FailOpen || h.Shadow, err)
 	} else {
 		h.engine.budgetStoreOK(h.logger)
 	}
 	switch {
-	case err != nil && h.FailOpen:
-		metrics.llmRequests.WithLabelValues("fail_open").Inc()
+	case err != nil && (h.FailOpen || h.Shadow):
+		h.countAll(failOpen)
 		h.restoreBody(r, body)
 		return next.ServeHTTP(w, r)
 	case err != nil:
-		metrics.llmRequests.WithLabelValues("store_error").Inc()
+		h.countAll(storeError)
 		w.Header().Set("Retry-After", "1")
 		return h.reject(w, format, http.StatusServiceUnavailable, "service_unavailable", "budget_store_unavailable",
 			"the budget store is unavailable; try again shortly")
 	case denial != nil:
-		metrics.llmRequests.WithLabelValues("denied").Inc()
-		return h.deny(w, format, repl, denial, dims)
+		h.decisions[h.budgetIndex(denial.Budget)][denied].Inc()
+		return h.deny(w, r, format, repl, denial, dims)
 	}
-	metrics.llmRequests.WithLabelValues("admitted").Inc()
+	h.countAll(admitted)
 	h.setRateLimitHeaders(w.Header(), res.Holds, time.Now())
 	injected := false
 	if (format == usage.OpenAIChat || format == usage.OpenAICompletions) && req.Stream && !req.IncludeUsage && h.injectStreamUsage() {
@@ -353,8 +393,81 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	// The client did not ask for the usage chunk (or said no): it still
 	// settles the budget, but the client does not see it.
 	mw.stripUsage = injected
-	defer h.finish(r, res, mw, req.PromptTokens, outputCap*req.N, price)
+	defer h.finish(r, res, mw, req.PromptTokens, outputCap*req.N, price, model)
 	return next.ServeHTTP(mw, r)
+}
+
+// bindCounters looks up the handler's requests_total series once, off the
+// request path.
+func (h *LLMBudget) bindCounters() {
+	h.decisions = make([][numDecisions]prometheus.Counter, len(h.budgets))
+	h.firstUSD = 0
+	for i, b := range h.budgets {
+		for d := range numDecisions {
+			h.decisions[i][d] = metrics.llmRequests.WithLabelValues(b.Name, decisionNames[d])
+		}
+		if b.Unit == budget.USD && h.budgets[h.firstUSD].Unit != budget.USD {
+			h.firstUSD = i
+		}
+	}
+	h.rejected = metrics.llmRequests.WithLabelValues("", "rejected")
+	h.shadowRejected = metrics.llmRequests.WithLabelValues("", "shadow_rejected")
+}
+
+// refuse answers a request llmbudget cannot budget (not forwarded). In shadow
+// mode it is counted and logged, and forwarded: nothing is refused.
+func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, format usage.Format, status int, errType, code, message string) error {
+	if h.Shadow {
+		h.shadowRejected.Inc()
+		h.logger.Info("shadow: request would be refused", zap.Int("status", status), zap.String("code", code), zap.String("reason", message))
+		return next.ServeHTTP(w, r)
+	}
+	h.rejected.Inc()
+	return h.reject(w, format, status, errType, code, message)
+}
+
+// shadowDenied counts, logs and announces a denial that shadow mode does not
+// enforce.
+func (h *LLMBudget) shadowDenied(r *http.Request, d *budget.Denial, dims budget.Dims) {
+	h.decisions[h.budgetIndex(d.Budget)][shadowDenied].Inc()
+	h.logger.Info("shadow: request would be denied by budget",
+		zap.String("budget", d.Budget.Name),
+		zap.String("scope", d.Budget.Scope.String()),
+		zap.Int64("requested", d.Amount),
+		zap.Int64("used", d.Used),
+		zap.Int64("limit", d.Budget.Limit))
+	h.emitDenied(r, d, dims, true)
+}
+
+// decision is what llmbudget did with a request, a label of requests_total.
+type decision int
+
+const (
+	admitted decision = iota
+	denied
+	shadowDenied
+	storeError
+	failOpen
+	numDecisions
+)
+
+var decisionNames = [numDecisions]string{"admitted", "denied", "shadow_denied", "store_error", "fail_open"}
+
+// countAll counts a decision that concerns every budget of the handler.
+func (h *LLMBudget) countAll(d decision) {
+	for i := range h.decisions {
+		h.decisions[i][d].Inc()
+	}
+}
+
+// budgetIndex is the index of b among the handler's budgets.
+func (h *LLMBudget) budgetIndex(b *budget.Budget) int {
+	for i := range h.budgets {
+		if h.budgets[i].Name == b.Name {
+			return i
+		}
+	}
+	return 0
 }
 
 // apiCredential is the credential the API being called authenticates with,
@@ -415,24 +528,28 @@ func (h *LLMBudget) restoreBody(r *http.Request, body []byte) {
 // finish decides, once, what the response used and hands the settle to the
 // background. It runs deferred, so it also runs when the client goes away,
 // the upstream fails or a later handler panics.
-func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price) {
+func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price, model string) {
 	mw.drain()
 	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
 	spend := budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)}
+	reserved := promptEstimate + outputCap
 	// The response reaches the client first: the settle runs after this
 	// handler has returned, off the response path.
-	h.engine.settleLater(func() { h.settle(res, out, spend) })
+	h.engine.settleLater(func() { h.settle(res, out, spend, reserved, model) })
 }
 
 // settle applies the outcome of a response to its reservation, on a context
 // of its own (the request's is done, and a reload may have cleaned up the
-// config that admitted it).
-func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Spend) {
+// config that admitted it). model is the price book's name for the model
+// ("" when unpriced).
+func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Spend, reservedTokens int64, model string) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
 	var err error
+	op := "settle"
 	switch out.source {
 	case "released":
+		op = "release"
 		err = h.engine.budgets.Release(ctx, res)
 	case "reserved", "abandoned":
 		// No readable usage, or a client that left after the upstream had the
@@ -443,11 +560,14 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 	if err != nil {
 		// The settle's outcome is unknown (it may apply late); it is resolved
 		// in the background and counted there, never as charged here.
+		metrics.storeErrors.WithLabelValues(op).Inc()
 		metrics.llmSettleFailures.Inc()
-		h.logger.Error("settling a budget reservation failed; it is retried in the background, and the counters keep the reservation meanwhile",
-			zap.String("reservation", res.ID), zap.Error(err))
+		metrics.llmSettleOutcomes.WithLabelValues("unknown").Inc()
+		h.logger.Warn("settling a budget reservation failed; it is retried in the background, and the counters keep the reservation meanwhile",
+			zap.String("reservation", res.ID), zap.Strings("budgets", holdNames(res.Holds)), zap.Error(err))
 		return
 	}
+	metrics.llmSettleOutcomes.WithLabelValues("ok").Inc()
 	metrics.llmSettles.WithLabelValues(out.source).Inc()
 	if out.source == "released" {
 		return
@@ -459,10 +579,38 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 		}
 		metrics.llmCharged.WithLabelValues(hold.Budget.Name, hold.Budget.Unit.String()).Add(float64(amount))
 	}
+	if out.source == "reported" || out.source == "estimated" {
+		observeUsage(model, out.usage, spend)
+		if out.source == "reported" && reservedTokens > 0 {
+			metrics.llmUsageRatio.Observe(float64(out.usage.Tokens()) / float64(reservedTokens))
+		}
+	}
+}
+
+// observeUsage counts the tokens and cost of a settled request.
+func observeUsage(model string, u budget.Usage, spend budget.Spend) {
+	label := model
+	if label == "" {
+		label = "other"
+	}
+	metrics.llmTokens.WithLabelValues(label, "input").Add(float64(u.InputTokens))
+	metrics.llmTokens.WithLabelValues(label, "cached_input").Add(float64(u.CachedInputTokens))
+	metrics.llmTokens.WithLabelValues(label, "output").Add(float64(u.OutputTokens))
+	if model != "" {
+		metrics.llmCost.WithLabelValues(model).Add(float64(spend.CostMicros) / budget.MicrosPerUSD)
+	}
+}
+
+func holdNames(holds []budget.Hold) []string {
+	names := make([]string, len(holds))
+	for i, h := range holds {
+		names[i] = h.Budget.Name
+	}
+	return names
 }
 
 // deny answers 429 for a token budget and 402 for a dollar budget.
-func (h *LLMBudget) deny(w http.ResponseWriter, format usage.Format, repl *caddy.Replacer, d *budget.Denial, dims budget.Dims) error {
+func (h *LLMBudget) deny(w http.ResponseWriter, r *http.Request, format usage.Format, repl *caddy.Replacer, d *budget.Denial, dims budget.Dims) error {
 	now := time.Now()
 	retry := ceilSeconds(d.WindowEnd.Sub(now))
 	status, code := http.StatusTooManyRequests, "token_budget_exceeded"
@@ -473,6 +621,7 @@ func (h *LLMBudget) deny(w http.ResponseWriter, format usage.Format, repl *caddy
 	hdr := w.Header()
 	h.setRateLimitHeaders(hdr, d.Holds, now)
 	repl.Set("http.llmbudget.budget", d.Budget.Name)
+	h.emitDenied(r, d, dims, false)
 	h.logger.Debug("request denied by budget",
 		zap.String("budget", d.Budget.Name),
 		zap.String("scope", d.Budget.Scope.String()),
@@ -499,6 +648,24 @@ func (h *LLMBudget) deny(w http.ResponseWriter, format usage.Format, repl *caddy
 	return h.reject(w, format, status, "budget_exceeded", code, fmt.Sprintf(
 		"budget %q (%s, per %s) is exhausted for this window: %d of %d %s used, this request needs up to %d; it resets in %ds",
 		d.Budget.Name, d.Budget.Scope, time.Duration(d.Budget.Window), d.Used, d.Budget.Limit, unit, d.Amount, retry))
+}
+
+// emitDenied emits llmbudget_denied for d.
+func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Dims, shadow bool) {
+	if !h.events.wants(eventLLMBudgetDenied) {
+		return
+	}
+	h.events.emit(eventLLMBudgetDenied, map[string]any{
+		"budget":     d.Budget.Name,
+		"scope":      d.Budget.Scope.String(),
+		"scope_hash": keyhash.Of(dims.Value(d.Budget.Scope)).String(),
+		"unit":       d.Budget.Unit.String(),
+		"requested":  d.Amount,
+		"used":       d.Used,
+		"limit":      d.Budget.Limit,
+		"shadow":     shadow,
+		"path":       r.URL.Path,
+	})
 }
 
 // setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per

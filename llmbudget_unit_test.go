@@ -32,6 +32,7 @@ func directHandler(t testing.TB) *LLMBudget {
 		t.Fatal(err)
 	}
 	h.engine, h.logger = eng, zap.NewNop()
+	h.bindCounters()
 	return h
 }
 

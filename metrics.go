@@ -2,21 +2,31 @@ package fleetguard
 
 import (
 	"errors"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // metrics are created once per process and registered into every config's
-// registry, so their values survive a reload. No label carries a user key.
+// registry, so their values survive a reload. No label carries a user key; a
+// model label only takes a model named in a price book (else "other").
 var metrics = struct {
 	fleetDecisions    *prometheus.CounterVec
 	reconcilePasses   *prometheus.CounterVec
+	reconcileDuration prometheus.Histogram
 	earlySyncs        prometheus.Counter
+	storeErrors       *prometheus.CounterVec
+	engineState       prometheus.Collector
 	llmCharged        *prometheus.CounterVec
 	llmRequests       *prometheus.CounterVec
+	llmTokens         *prometheus.CounterVec
+	llmCost           *prometheus.CounterVec
 	llmSettles        *prometheus.CounterVec
+	llmSettleOutcomes *prometheus.CounterVec
 	llmSettleFailures prometheus.Counter
 	llmResolved       *prometheus.CounterVec
+	llmUsageRatio     prometheus.Histogram
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
@@ -30,12 +40,25 @@ var metrics = struct {
 		Name:      "reconcile_passes_total",
 		Help:      "Reconcile passes that synced keys with the store, by result (ok, error). Errors mean limits are per instance until the store returns.",
 	}, []string{"result"}),
+	reconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "fleetguard",
+		Subsystem: "fleetlimit",
+		Name:      "reconcile_duration_seconds",
+		Help:      "How long the store took to sync a reconcile pass (one pipelined round trip for all its keys), failed passes included.",
+		Buckets:   []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+	}),
 	earlySyncs: prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "fleetlimit",
 		Name:      "early_syncs_total",
 		Help:      "Early reconcile passes run for keys near their limit or new to this instance (near_limit on).",
 	}),
+	storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Name:      "store_errors_total",
+		Help:      "Store operations that failed, by operation: sync (a reconcile pass), reserve, settle, release (a budget reservation), resolve (a background release or settle that gave up: drift).",
+	}, []string{"op"}),
+	engineState: engineCollector{},
 	llmCharged: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
@@ -46,19 +69,37 @@ var metrics = struct {
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
 		Name:      "requests_total",
-		Help:      "LLM requests seen by llmbudget, by decision (admitted, denied, rejected, store_error, fail_open).",
-	}, []string{"decision"}),
+		Help:      "LLM requests by budget and decision: admitted (counted for every budget of the handler), denied (for the budget that refused), shadow_denied (would have been denied; forwarded by shadow), store_error and fail_open (for every budget of the handler), rejected (a bad or unbudgetable request, refused before any budget: budget is empty).",
+	}, []string{"budget", "decision"}),
+	llmTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "tokens_total",
+		Help:      "Tokens of settled requests whose usage was reported or estimated, by model (as named in the price book, else other) and kind (input, cached_input, output; cached_input is part of input).",
+	}, []string{"model", "kind"}),
+	llmCost: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "cost_usd_total",
+		Help:      "Cost in USD of settled requests whose usage was reported or estimated, by model as named in the price book (unpriced models cost nothing here).",
+	}, []string{"model"}),
 	llmSettles: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
 		Name:      "settles_total",
-		Help:      "Reservations settled, by usage_source: reported (upstream usage), estimated, reserved (no usage: the reservation is kept) or released.",
+		Help:      "Reservations settled, by usage_source: reported (upstream usage), estimated, reserved (no usage: the reservation is kept), abandoned (the client left after forwarding: kept) or released.",
 	}, []string{"usage_source"}),
+	llmSettleOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "settle_outcomes_total",
+		Help:      "What became of settles and releases: ok (applied), unknown (the store's reply was lost; resolved in the background, see resolved_total), failed (the background gave up: the counters keep the reservation).",
+	}, []string{"outcome"}),
 	llmSettleFailures: prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
 		Name:      "settle_failures_total",
-		Help:      "Settles that failed after retries: the counters keep the reservation (drift).",
+		Help:      "Settles that failed after retries and were handed to the background (settle_outcomes_total{outcome=\"unknown\"}).",
 	}),
 	llmResolved: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
@@ -66,13 +107,22 @@ var metrics = struct {
 		Name:      "resolved_total",
 		Help:      "Reserves and settles whose outcome was unknown (the store's reply was lost), resolved in the background by reservation id, by kind and outcome: reserve released (it had run), cancelled (it had not; it charges nothing) or failed; settle applied, applied_before (the failed attempt had applied) or failed (drift remains).",
 	}, []string{"kind", "outcome"}),
+	llmUsageRatio: prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "usage_ratio",
+		Help:      "Reported tokens over reserved tokens per settled request: how close the estimates are (1 = exact; low = max_tokens far above what responses use).",
+		Buckets:   []float64{.01, .02, .05, .1, .2, .3, .5, .7, .9, 1, 1.1, 1.5, 2},
+	}),
 }
 
 func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.fleetDecisions, metrics.reconcilePasses, metrics.earlySyncs, metrics.llmCharged, metrics.llmRequests, metrics.llmSettles, metrics.llmSettleFailures, metrics.llmResolved} {
+	m := &metrics
+	for _, c := range []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.engineState,
+		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -84,10 +134,73 @@ func registerMetrics(reg *prometheus.Registry) error {
 }
 
 // observePass counts a reconcile pass.
-func observePass(err error) {
+func observePass(took time.Duration, err error) {
 	result := "ok"
 	if err != nil {
 		result = "error"
+		metrics.storeErrors.WithLabelValues("sync").Inc()
 	}
 	metrics.reconcilePasses.WithLabelValues(result).Inc()
+	metrics.reconcileDuration.Observe(took.Seconds())
+}
+
+// observeResolve counts a background resolution.
+func observeResolve(kind, outcome string) {
+	metrics.llmResolved.WithLabelValues(kind, outcome).Inc()
+	if outcome == "failed" {
+		metrics.storeErrors.WithLabelValues("resolve").Inc()
+		if kind == "settle" {
+			metrics.llmSettleOutcomes.WithLabelValues("failed").Inc()
+		}
+	}
+}
+
+var (
+	trackedKeysDesc = prometheus.NewDesc("fleetguard_fleetlimit_tracked_keys",
+		"Keys a zone tracks on this instance (bounded by max_keys; overflow buckets not included).", []string{"zone"}, nil)
+	storeHealthyDesc = prometheus.NewDesc("fleetguard_store_healthy",
+		"1 while the store answers, 0 while it does not, by store and component: fleetlimit (the reconciler; 0 means limits are per instance) and llmbudget (the reservation breaker; 0 means budgeted requests get 503 or fail_open).",
+		[]string{"store", "component"}, nil)
+)
+
+// engineCollector reports the state of every running engine when scraped:
+// the engines outlive configs, so gauges are read, not kept.
+type engineCollector struct{}
+
+func (engineCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- trackedKeysDesc
+	ch <- storeHealthyDesc
+}
+
+func (engineCollector) Collect(ch chan<- prometheus.Metric) {
+	keys := make(map[string]int64)
+	engines.Range(func(_, value any) bool {
+		e := value.(*engine)
+		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(e.limiter.Healthy()), e.label, "fleetlimit")
+		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(!e.budgets.Down()), e.label, "llmbudget")
+		for _, z := range e.limiter.Zones() {
+			keys[z.Name()] += z.Keys()
+		}
+		return true
+	})
+	for zone, n := range keys {
+		ch <- prometheus.MustNewConstMetric(trackedKeysDesc, prometheus.GaugeValue, float64(n), zone)
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// storeLabel is a store's pool identity without its connection secrets
+// (the password hash, TLS): what a metric label may show.
+func storeLabel(poolKey string) string {
+	parts := strings.Split(poolKey, "|")
+	if n := len(parts); n > 2 && (strings.HasPrefix(parts[n-1], "plain") || strings.HasPrefix(parts[n-1], "tls")) {
+		parts = parts[:n-1]
+	}
+	return strings.Join(parts, "|")
 }

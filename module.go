@@ -133,7 +133,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	val, _, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newEngine(connect, a.Prefix, interval, logger)
+		e, err := newEngine(connect, a.Prefix, interval, logger)
+		if e != nil {
+			e.label = storeLabel(key)
+		}
+		return e, err
 	})
 	if err != nil {
 		return fmt.Errorf("fleetguard: starting the engine: %w", err)
@@ -303,6 +307,7 @@ type engine struct {
 	limiter *ratelimit.Engine
 	budgets *budget.Engine
 	client  redis.UniversalClient // nil for the embedded memory store
+	label   string                // the store as metrics name it (no secrets)
 
 	// budgetStoreDown makes a budget store outage one log line, not one per
 	// request.
@@ -379,7 +384,16 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 		budgetStore = budget.NewRedisStore(e.client)
 	}
 	e.budgets = budget.NewEngine(budgetStore, prefix)
-	e.budgets.OnResolve = func(kind, outcome string) { metrics.llmResolved.WithLabelValues(kind, outcome).Inc() }
+	budgetLog := logger.Named("budgets")
+	e.budgets.OnResolve = func(r *budget.Reservation, kind, outcome string) {
+		observeResolve(kind, outcome)
+		if outcome == "failed" {
+			// Drift: the counters keep what the reservation held (a settle)
+			// or a charge for a request that was refused (a reserve).
+			budgetLog.Error("budget counters drifted: the store did not answer a "+kind+" in time, and it was given up",
+				zap.String("reservation", r.ID), zap.Strings("budgets", holdNames(r.Holds)))
+		}
+	}
 	lim, err := ratelimit.NewEngine(ratelimit.Options{
 		Store:        store,
 		Prefix:       prefix,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -52,7 +53,8 @@ type Engine struct {
 	// run), cancelled (it had not; a late arrival charges nothing) or failed.
 	// For a settle that failed (kind "settle"): applied (now), applied_before
 	// (the failed attempt had applied after all) or failed (drift remains).
-	OnResolve func(kind, outcome string)
+	// r is the reservation resolved.
+	OnResolve func(r *Reservation, kind, outcome string)
 	// background tracks resolves and probes, so Close can wait for them.
 	background sync.WaitGroup
 	closed     chan struct{}
@@ -88,7 +90,8 @@ type Dims struct {
 	Model     string
 }
 
-func (d *Dims) value(s Scope) string {
+// Value is the value of d a budget of scope s is kept by ("" for global).
+func (d *Dims) Value(s Scope) string {
 	switch s {
 	case PerKey:
 		return d.Principal
@@ -133,6 +136,18 @@ type Denial struct {
 // runs later, it charges nothing in the end. While the store is known to be
 // down, Reserve fails at once with ErrStoreDown.
 func (e *Engine) Reserve(ctx context.Context, budgets []Budget, dims Dims, estimate Spend) (*Reservation, *Denial, error) {
+	return e.reserve(ctx, budgets, dims, estimate, true)
+}
+
+// ReserveOverLimit is Reserve without the limits: it always admits, so a
+// budget in shadow mode still records what a request it would have denied
+// uses. The reservation settles like any other.
+func (e *Engine) ReserveOverLimit(ctx context.Context, budgets []Budget, dims Dims, estimate Spend) (*Reservation, error) {
+	r, _, err := e.reserve(ctx, budgets, dims, estimate, false)
+	return r, err
+}
+
+func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estimate Spend, enforce bool) (*Reservation, *Denial, error) {
 	if e.down.Load() {
 		return nil, nil, ErrStoreDown
 	}
@@ -142,7 +157,11 @@ func (e *Engine) Reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	for i := range budgets {
 		b := &budgets[i]
 		r.Holds[i] = Hold{Budget: b, Key: e.counterKey(b, &dims, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
-		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: b.Limit, TTL: 2 * b.Window}
+		limit := b.Limit
+		if !enforce {
+			limit = math.MaxInt64
+		}
+		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: limit, TTL: 2 * b.Window}
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if err != nil {
@@ -196,7 +215,7 @@ func (e *Engine) resolve(r *Reservation, adjs []Adjustment, kind, applied, notAp
 			}
 		}
 		if e.OnResolve != nil {
-			e.OnResolve(kind, outcome)
+			e.OnResolve(r, kind, outcome)
 		}
 	}()
 }
@@ -300,7 +319,7 @@ func (e *Engine) recordKey(r *Reservation) string {
 func (e *Engine) counterKey(b *Budget, dims *Dims, now time.Time) string {
 	scopeValue := "global"
 	if b.Scope != Global {
-		scopeValue = b.Scope.String() + "-" + keyhash.Of(dims.value(b.Scope)).String()
+		scopeValue = b.Scope.String() + "-" + keyhash.Of(dims.Value(b.Scope)).String()
 	}
 	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeValue + ":" + strconv.FormatInt(b.WindowIndex(now), 10)
 }

@@ -35,7 +35,7 @@ func TestStallDuringReservesChargesNothingRefused(t *testing.T) {
 	c := srv.Client(t)
 	var resolved sync.Map
 	e := NewEngine(NewRedisStore(c), "stall")
-	e.OnResolve = func(_, o string) {
+	e.OnResolve = func(_ *Reservation, _, o string) {
 		n, _ := resolved.LoadOrStore(o, new(atomic.Int64))
 		n.(*atomic.Int64).Add(1)
 	}

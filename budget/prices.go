@@ -36,6 +36,7 @@ type PriceBook struct {
 
 type prefixPrice struct {
 	prefix string
+	name   string // prefix + "*", as configured
 	price  Price
 }
 
@@ -55,7 +56,7 @@ func NewPriceBook(prices map[string]Price) (*PriceBook, error) {
 			p.CachedInput = p.Input
 		}
 		if prefix, ok := strings.CutSuffix(model, "*"); ok {
-			pb.prefixes = append(pb.prefixes, prefixPrice{prefix, p})
+			pb.prefixes = append(pb.prefixes, prefixPrice{prefix, model, p})
 		} else {
 			pb.exact[model] = p
 		}
@@ -66,18 +67,26 @@ func NewPriceBook(prices map[string]Price) (*PriceBook, error) {
 
 // Lookup finds the price of model.
 func (pb *PriceBook) Lookup(model string) (Price, bool) {
+	_, p, ok := pb.Find(model)
+	return p, ok
+}
+
+// Find is Lookup that also returns the price book's name for the entry that
+// priced model: the model itself, or a prefix entry such as "gpt-4o*". It is
+// a bounded set, fit for a metric label.
+func (pb *PriceBook) Find(model string) (name string, p Price, ok bool) {
 	if pb == nil {
-		return Price{}, false
+		return "", Price{}, false
 	}
 	if p, ok := pb.exact[model]; ok {
-		return p, true
+		return model, p, true
 	}
 	for _, pp := range pb.prefixes {
 		if strings.HasPrefix(model, pp.prefix) {
-			return pp.price, true
+			return pp.name, pp.price, true
 		}
 	}
-	return Price{}, false
+	return "", Price{}, false
 }
 
 // CostMicros is the cost of usage in micro-dollars, rounded up: a budget never

@@ -34,9 +34,10 @@ type Options struct {
 	// read. Default false: early sync, headroom share and first contact are on.
 	FixedInterval bool
 	Logger        *zap.Logger
-	// OnPass, when set, is told the outcome of every reconcile pass that had
-	// keys to sync (nil error: the store was reached), for metrics.
-	OnPass func(err error)
+	// OnPass, when set, is told how long the store took to sync every
+	// reconcile pass that had keys, and its error (nil: the store was
+	// reached), for metrics.
+	OnPass func(took time.Duration, err error)
 	// OnEarlySync, when set, is told of every early pass, for metrics.
 	OnEarlySync func()
 }
@@ -60,7 +61,7 @@ type Engine struct {
 	prefix    string
 	idleTTL   time.Duration
 	log       *zap.Logger
-	onPass    func(error)
+	onPass    func(time.Duration, error)
 	onEarly   func()
 	solo      bool
 	nearLimit atomic.Bool

@@ -151,7 +151,11 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 		return nil
 	}
 	replies := make([]Reply, len(steps))
+	start := time.Now()
 	err := e.store.Sync(ctx, steps, replies)
+	if e.onPass != nil {
+		e.onPass(time.Since(start), err)
+	}
 	interval := e.interval.Load()
 	for i := range plans {
 		if replies[i].Err == nil {
@@ -291,9 +295,6 @@ func abs(v int64) int64 {
 }
 
 func (e *Engine) storeFailed(err error) {
-	if e.onPass != nil {
-		e.onPass(err)
-	}
 	if e.healthy.Swap(false) {
 		e.log.Warn("fleet counter store unreachable; limiting per instance until it returns",
 			zap.Error(err))
@@ -301,9 +302,6 @@ func (e *Engine) storeFailed(err error) {
 }
 
 func (e *Engine) storeOK() {
-	if e.onPass != nil {
-		e.onPass(nil)
-	}
 	if !e.healthy.Swap(true) {
 		e.log.Info("fleet counter store reachable again; fleet-wide limits restored")
 	}

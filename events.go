@@ -1,0 +1,44 @@
+package fleetguard
+
+import (
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+)
+
+// Events the handlers emit through Caddy's events app, so an `events`
+// handler can react to a denial. Their data names the zone or budget and a
+// hash of the key, never the key.
+const (
+	// eventFleetlimitExceeded: a request a zone denied (or would have, with
+	// dry_run). Data: zone, key_hash, fleet (the window, not the local burst
+	// cap, denied), retry_after (seconds), dry_run.
+	eventFleetlimitExceeded = "fleetlimit_exceeded"
+	// eventLLMBudgetDenied: a request a budget denied (or would have, with
+	// shadow). Data: budget, scope, scope_hash, unit, requested, used, limit,
+	// shadow.
+	eventLLMBudgetDenied = "llmbudget_denied"
+)
+
+// emitter emits a handler's events on its config's events app.
+type emitter struct {
+	ctx    caddy.Context
+	events *caddyevents.App
+}
+
+func newEmitter(ctx caddy.Context) (emitter, error) {
+	app, err := ctx.App("events")
+	if err != nil {
+		return emitter{}, fmt.Errorf("loading the events app: %w", err)
+	}
+	return emitter{ctx: ctx, events: app.(*caddyevents.App)}, nil
+}
+
+// wants reports whether anything observes name, so callers build no event
+// data that nothing reads.
+func (e emitter) wants(name string) bool { return e.events != nil && e.events.ShouldEmit(name) }
+
+func (e emitter) emit(name string, data map[string]any) {
+	e.events.Emit(e.ctx, name, data)
+}
