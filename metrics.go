@@ -112,7 +112,7 @@ var metrics = struct {
 		Subsystem: "llmbudget",
 		Name:      "usage_ratio",
 		Help:      "Reported tokens over reserved tokens per settled request: how close the estimates are (1 = exact; low = max_tokens far above what responses use).",
-		Buckets:   []float64{.01, .02, .05, .1, .2, .3, .5, .7, .9, 1, 1.1, 1.5, 2},
+		Buckets:   []float64{.01, .02, .05, .1, .2, .3, .5, .7, .9, 1, 1.1, 1.5, 2, 5},
 	}),
 }
 

@@ -1,0 +1,353 @@
+package fleetguard
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// observedCaddyfile runs both handlers on one Redis with Caddy's metrics on
+// and a debug log in logPath: fleetlimit on /limited (3 per minute per
+// X-API-Key), llmbudget with a token budget per key and a dollar budget on
+// the priced model "obsmodel*", and a second llmbudget under /other for an
+// unpriced model.
+func observedCaddyfile(port int, redisURL, upstream, logPath string) string {
+	return fmt.Sprintf(`{
+	admin {ADMIN}
+	metrics
+	log {
+		output file %s
+		level DEBUG
+	}
+	fleetguard {
+		redis %s
+		prefix obs
+		sync_interval 50ms
+		near_limit off # exact counts for the test: no first-contact share
+	}
+}
+:%d {
+	handle /limited {
+		fleetlimit {
+			zone obs_zone {
+				key {http.request.header.X-API-Key}
+				events 3
+				window 1m
+			}
+		}
+		respond "ok"
+	}
+	handle_path /other/* {
+		llmbudget {
+			budget obs_other {
+				limit 1000000
+				window 1h
+			}
+		}
+		reverse_proxy %s
+	}
+	handle {
+		llmbudget {
+			store_timeout 2s # a loaded test machine is no store outage
+			budget obs_tokens {
+				scope key
+				limit 250
+				window 1h
+			}
+			budget obs_usd {
+				unit usd
+				limit 100
+				window 1h
+			}
+			price obsmodel* 2.50 10.00 1.25
+		}
+		reverse_proxy %s
+	}
+}`, logPath, redisURL, port, strings.TrimPrefix(upstream, "http://"), strings.TrimPrefix(upstream, "http://"))
+}
+
+// metricValue reads one series (name{labels in alphabetical order}) from a
+// Prometheus text exposition; ok is false when it is absent.
+func metricValue(exposition, series string) (float64, bool) {
+	for _, line := range strings.Split(exposition, "\n") {
+		if rest, found := strings.CutPrefix(line, series+" "); found {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+func scrape(t *testing.T, tc *testCaddy) string {
+	t.Helper()
+	resp, body := get(t, "http://"+tc.admin+"/metrics")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d", resp.StatusCode)
+	}
+	return body
+}
+
+// A new user's view of the metrics: after traffic through both handlers,
+// /metrics shows every series the README lists, with values that match the
+// traffic, no user key anywhere, and they keep counting across a reload.
+func TestMetricsTellTheStory(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	cfg := observedCaddyfile(port, srv.URL(), up.URL, logPath)
+	tc := startCaddy(t, cfg)
+	before := scrape(t, tc)
+	otherInput, _ := metricValue(before, `fleetguard_llmbudget_tokens_total{kind="input",model="other"}`)
+
+	traffic := func() (admittedLLM int) {
+		for range 5 {
+			get(t, url+"/limited", "X-API-Key: obs-secret-key")
+		}
+		for range 4 {
+			waitSettles()
+			resp, body := chat(t, url, `{"model":"obsmodel-1","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`, "Authorization: Bearer obs-secret-bearer")
+			switch resp.StatusCode {
+			case http.StatusOK:
+				admittedLLM++
+			case http.StatusTooManyRequests:
+			default:
+				t.Fatalf("chat: %d %s", resp.StatusCode, body)
+			}
+		}
+		if resp, body := chat(t, url+"/other", `{"model":"llama-local","max_tokens":20,"messages":[]}`); resp.StatusCode != http.StatusOK {
+			t.Fatalf("unpriced chat: %d %s", resp.StatusCode, body)
+		}
+		waitSettles()
+		return admittedLLM
+	}
+	admitted := traffic()
+	if admitted == 0 || admitted == 4 {
+		t.Fatalf("%d of 4 chats admitted: the test wants both admissions and denials (250 tokens, 100 per request)", admitted)
+	}
+
+	want := func(m, series string, check func(v float64) bool, what string) float64 {
+		t.Helper()
+		v, ok := metricValue(m, series)
+		if !ok || !check(v) {
+			t.Fatalf("%s = %v (present %v), want %s\n%s", series, v, ok, what, grepLines(m, "fleetguard"))
+		}
+		return v
+	}
+	eq := func(n float64) func(float64) bool { return func(v float64) bool { return v == n } }
+	pos := func(v float64) bool { return v > 0 }
+
+	var m string
+	deadline := time.Now().Add(5 * time.Second)
+	for { // the reconciler's pass metrics come on its own schedule
+		m = scrape(t, tc)
+		if v, _ := metricValue(m, `fleetguard_fleetlimit_reconcile_duration_seconds_count`); v > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reconcile pass observed:\n%s", grepLines(m, "fleetguard"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	allowed := want(m, `fleetguard_fleetlimit_requests_total{decision="allowed",zone="obs_zone"}`, eq(3), "3 (events 3)")
+	deniedFleet, _ := metricValue(m, `fleetguard_fleetlimit_requests_total{decision="denied_fleet",zone="obs_zone"}`)
+	deniedLocal, _ := metricValue(m, `fleetguard_fleetlimit_requests_total{decision="denied_local",zone="obs_zone"}`)
+	if deniedFleet+deniedLocal != 2 {
+		t.Fatalf("denied %v + %v, want 2", deniedFleet, deniedLocal)
+	}
+	want(m, `fleetguard_fleetlimit_tracked_keys{zone="obs_zone"}`, eq(1), "1")
+	want(m, `fleetguard_store_healthy{component="fleetlimit",store="redis|`+srv.Addr()+`||0|obs"}`, eq(1), "1")
+	want(m, `fleetguard_store_healthy{component="llmbudget",store="redis|`+srv.Addr()+`||0|obs"}`, eq(1), "1")
+	want(m, `fleetguard_llmbudget_requests_total{budget="obs_tokens",decision="admitted"}`, eq(float64(admitted)), "the admitted chats")
+	want(m, `fleetguard_llmbudget_requests_total{budget="obs_usd",decision="admitted"}`, eq(float64(admitted)), "the admitted chats")
+	want(m, `fleetguard_llmbudget_requests_total{budget="obs_tokens",decision="denied"}`, eq(float64(4-admitted)), "the denied chats")
+	want(m, `fleetguard_llmbudget_tokens_total{kind="input",model="obsmodel*"}`, eq(float64(30*admitted)), "30 per admitted chat (fakellm)")
+	want(m, `fleetguard_llmbudget_tokens_total{kind="output",model="obsmodel*"}`, eq(float64(70*admitted)), "70 per admitted chat")
+	want(m, `fleetguard_llmbudget_cost_usd_total{model="obsmodel*"}`, func(v float64) bool {
+		return v > float64(admitted)*(30*2.5+70*10)/1e6*0.999 && v < float64(admitted)*(30*2.5+70*10)/1e6*1.001
+	}, "the price book's cost of the reported usage")
+	want(m, `fleetguard_llmbudget_tokens_total{kind="input",model="other"}`, func(v float64) bool { return v == otherInput+30 }, "30 more for the unpriced model")
+	want(m, `fleetguard_llmbudget_usage_ratio_count`, pos, "> 0")
+	want(m, `fleetguard_llmbudget_settle_outcomes_total{outcome="ok"}`, pos, "> 0")
+	want(m, `fleetguard_llmbudget_settles_total{usage_source="reported"}`, pos, "> 0")
+	want(m, `fleetguard_fleetlimit_early_syncs_total`, func(float64) bool { return true }, "present")
+	for _, secret := range []string{"obs-secret-key", "obs-secret-bearer"} {
+		if strings.Contains(m, secret) {
+			t.Fatalf("/metrics carries the user key %q", secret)
+		}
+	}
+
+	// The same config again (a reload): the series keep counting.
+	if code, body := tc.load("text/caddyfile", cfg); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	get(t, url+"/limited", "X-API-Key: obs-secret-key") // still denied: the window survives
+	traffic()
+	m = scrape(t, tc)
+	want(m, `fleetguard_fleetlimit_requests_total{decision="allowed",zone="obs_zone"}`, eq(allowed), "unchanged: the key's window survived the reload")
+	want(m, `fleetguard_llmbudget_requests_total{budget="obs_tokens",decision="denied"}`, func(v float64) bool { return v >= float64(4-admitted)+4 }, "growing across the reload")
+
+	// Events reach Caddy's events app (its debug log shows each), with the
+	// zone or budget and a hash of the key, never the key.
+	log, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{`"name":"fleetlimit_exceeded"`, `"name":"llmbudget_denied"`, `"zone":"obs_zone"`, `"budget":"obs_tokens"`,
+		`"key_hash":"` + keyhash.Of("obs-secret-key").String() + `"`} {
+		if !strings.Contains(string(log), name) {
+			t.Fatalf("the log has no %s:\n%s", name, grepLines(string(log), "event"))
+		}
+	}
+	// Caddy's own request logs (http.log.*) show headers unless the config
+	// filters them (README, examples/llm.Caddyfile); fleetguard's and the
+	// events' lines never do.
+	var ours []string
+	for _, line := range strings.Split(string(log), "\n") {
+		if !strings.Contains(line, `"logger":"http.log.`) {
+			ours = append(ours, line)
+		}
+	}
+	for _, secret := range []string{"obs-secret-key", "obs-secret-bearer"} {
+		if strings.Contains(strings.Join(ours, "\n"), secret) {
+			t.Fatalf("the log carries the user key %q:\n%s", secret, grepLines(string(log), secret))
+		}
+	}
+}
+
+// The store going away shows on /metrics: store_healthy drops to 0 and
+// sync errors count, then it comes back.
+func TestMetricsShowAStoreOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	tc := startCaddy(t, fleetCaddyfile(port, "fleetguard {\n redis "+srv.URL()+"\n prefix outage\n sync_interval 50ms\n }", ""))
+	healthy := `fleetguard_store_healthy{component="fleetlimit",store="redis|` + srv.Addr() + `||0|outage"}`
+	waitFor := func(what string, ok func(m string) bool) string {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			get(t, url, "X-API-Key: outage-key") // keep a key active, so passes run
+			m := scrape(t, tc)
+			if ok(m) {
+				return m
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never showed:\n%s", what, grepLines(m, "fleetguard_store"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	m := waitFor("healthy", func(m string) bool { v, _ := metricValue(m, healthy); return v == 1 })
+	errorsBefore, _ := metricValue(m, `fleetguard_store_errors_total{op="sync"}`)
+	srv.Stop()
+	waitFor("an outage", func(m string) bool {
+		v, _ := metricValue(m, healthy)
+		e, _ := metricValue(m, `fleetguard_store_errors_total{op="sync"}`)
+		return v == 0 && e > errorsBefore
+	})
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the recovery", func(m string) bool { v, _ := metricValue(m, healthy); return v == 1 })
+}
+
+// shadow: nothing is refused, what would have been is counted, logged and
+// announced, and the usage is still charged (past the limit).
+func TestShadowForwardsCountsAndCharges(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+	fleetguard {
+		redis %s
+		prefix shadow
+	}
+}
+:%d {
+	llmbudget {
+		shadow
+		budget shadow_tokens {
+			scope key
+			limit 150
+			window 1h
+		}
+	}
+	reverse_proxy %s
+}`, srv.URL(), port, strings.TrimPrefix(up.URL, "http://")))
+	before := scrapeDefault(t)
+	for i := range 4 {
+		waitSettles()
+		if resp, body := chat(t, url, chatBody, "Authorization: Bearer shadow-user"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d in shadow mode: %d %s", i+1, resp.StatusCode, body)
+		}
+	}
+	// What llmbudget would refuse is forwarded too.
+	if resp, body := do(t, http.MethodPost, url+"/v1/unknown/thing", `{}`, "Content-Type: application/json"); strings.Contains(body, "unbudgeted_path") {
+		t.Fatalf("shadow refused an unknown path: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := chat(t, url, `{"model":"gpt-4o","model":"other","messages":[]}`); strings.Contains(body, "ambiguous_request") {
+		t.Fatalf("shadow refused an ambiguous body: %d %s", resp.StatusCode, body)
+	}
+	if got := up.Hits(); got != 6 {
+		t.Fatalf("upstream saw %d requests, want all 6", got)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rc.Close() })
+	// 4 requests of 100 tokens each (fakellm), whether the limit (150)
+	// would have admitted them or not.
+	if got := budgetCounter(t, rc, "shadow", "shadow_tokens"); got != 400 {
+		t.Fatalf("shadow budget counter %d, want 400: shadow still records usage", got)
+	}
+	after := scrapeDefault(t)
+	delta := func(series string) float64 {
+		a, _ := metricValue(after, series)
+		b, _ := metricValue(before, series)
+		return a - b
+	}
+	if d := delta(`fleetguard_llmbudget_requests_total{budget="shadow_tokens",decision="shadow_denied"}`); d < 2 {
+		t.Fatalf("shadow_denied grew by %v, want at least 2 (150 tokens fit one 100-token request)", d)
+	}
+	if d := delta(`fleetguard_llmbudget_requests_total{budget="",decision="shadow_rejected"}`); d != 2 {
+		t.Fatalf("shadow_rejected grew by %v, want 2 (unknown path, ambiguous body)", d)
+	}
+	if d := delta(`fleetguard_llmbudget_requests_total{budget="shadow_tokens",decision="denied"}`); d != 0 {
+		t.Fatalf("denied grew by %v in shadow mode", d)
+	}
+}
+
+// scrapeDefault reads the process's fleetguard metrics without an admin
+// endpoint (they are process-wide).
+func scrapeDefault(t *testing.T) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, f := range families {
+		if _, err := expfmt.MetricFamilyToText(&b, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.String()
+}
