@@ -1,10 +1,13 @@
 package fleetguard
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -350,4 +353,109 @@ func scrapeDefault(t *testing.T) string {
 		}
 	}
 	return b.String()
+}
+
+// Every series examples/grafana-dashboard.json queries exists, with the
+// labels the query groups and filters by.
+func TestGrafanaDashboardQueriesExistingMetrics(t *testing.T) {
+	raw, err := os.ReadFile("examples/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+		Templating struct {
+			List []struct{ Definition string }
+		}
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	labels := describedMetrics(t)
+	var exprs []string
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	for _, v := range dash.Templating.List {
+		exprs = append(exprs, v.Definition)
+	}
+	metricName := regexp.MustCompile(`fleetguard_[a-z_]+`)
+	grouping := regexp.MustCompile(`by \(([a-z_, ]+)\)`)
+	matcher := regexp.MustCompile(`([a-z_]+)=~?"`)
+	labelValues := regexp.MustCompile(`label_values\((fleetguard_[a-z_]+), ([a-z_]+)\)`)
+	queried := 0
+	for _, e := range exprs {
+		names := metricName.FindAllString(e, -1)
+		for _, n := range names {
+			queried++
+			base := n
+			for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+				if _, ok := labels[base]; !ok {
+					base = strings.TrimSuffix(base, suffix)
+				}
+			}
+			have, ok := labels[base]
+			if !ok {
+				t.Errorf("%q queries %s, which fleetguard does not export", e, n)
+				continue
+			}
+			var used []string
+			for _, m := range grouping.FindAllStringSubmatch(e, -1) {
+				for _, l := range strings.Split(m[1], ",") {
+					used = append(used, strings.TrimSpace(l))
+				}
+			}
+			for _, m := range matcher.FindAllStringSubmatch(e, -1) {
+				used = append(used, m[1])
+			}
+			for _, m := range labelValues.FindAllStringSubmatch(e, -1) {
+				used = append(used, m[2])
+			}
+			for _, l := range used {
+				if l != "le" && !slices.Contains(have, l) && len(names) == 1 {
+					t.Errorf("%q uses label %q, which %s does not have (it has %v)", e, l, base, have)
+				}
+			}
+		}
+	}
+	if queried < 15 {
+		t.Fatalf("the dashboard queries %d series; it should show every area", queried)
+	}
+}
+
+// describedMetrics maps every fleetguard metric name to its labels.
+func describedMetrics(t *testing.T) map[string][]string {
+	t.Helper()
+	ch := make(chan *prometheus.Desc, 64)
+	go func() {
+		m := &metrics
+		for _, c := range []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.engineState,
+			m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio} {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	// Desc has no accessors; its String is stable: fqName: "…", …,
+	// variableLabels: {a,b}.
+	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
+	vl := regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
+	out := make(map[string][]string)
+	for d := range ch {
+		s := d.String()
+		name := fq.FindStringSubmatch(s)
+		if name == nil {
+			t.Fatalf("cannot read %s", s)
+		}
+		var labels []string
+		if m := vl.FindStringSubmatch(s); m != nil && m[1] != "" {
+			labels = strings.Split(m[1], ",")
+		}
+		out[name[1]] = labels
+	}
+	return out
 }
