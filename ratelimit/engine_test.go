@@ -373,3 +373,18 @@ func TestEvenlyAt95PercentIsNeverDenied(t *testing.T) {
 		}
 	}
 }
+
+// A pass is bounded by one interval, so a dead store is known down before the
+// next pass is due; a floor spares short intervals, a ceiling long ones.
+func TestPassTimeoutIsOneInterval(t *testing.T) {
+	for _, tc := range []struct{ interval, want time.Duration }{
+		{50 * time.Millisecond, 200 * time.Millisecond},
+		{250 * time.Millisecond, 250 * time.Millisecond},
+		{700 * time.Millisecond, 700 * time.Millisecond},
+		{5 * time.Second, time.Second},
+	} {
+		if got := passTimeout(tc.interval); got != tc.want {
+			t.Errorf("passTimeout(%s) = %s, want %s", tc.interval, got, tc.want)
+		}
+	}
+}

@@ -106,10 +106,18 @@ func (e *Engine) earlySpacing() time.Duration {
 const earlySyncsPerInterval = 20
 
 func (e *Engine) timedPass(early bool) {
-	// A pass that cannot finish in two intervals is late for the next one.
-	ctx, cancel := context.WithTimeout(context.Background(), min(max(2*time.Duration(e.interval.Load()), 200*time.Millisecond), time.Second))
+	// A pass bounded by one interval: a dead or black-holed store is known
+	// down by the time the next pass is due (a floor keeps short intervals
+	// from calling a briefly busy store dead).
+	ctx, cancel := context.WithTimeout(context.Background(), passTimeout(time.Duration(e.interval.Load())))
 	defer cancel()
 	_ = e.pass(ctx, time.Now().UnixNano(), early)
+}
+
+// passTimeout bounds one reconcile pass: one interval, at least 200ms, at
+// most 1s.
+func passTimeout(interval time.Duration) time.Duration {
+	return min(max(interval, 200*time.Millisecond), time.Second)
 }
 
 // Healthy reports whether the last reconcile pass reached the store.
