@@ -77,6 +77,11 @@ type Engine struct {
 	started atomic.Bool
 	stopped atomic.Bool
 
+	// lastSync is when a pass last reached the store (Unix ns, 0: never);
+	// syncErrors counts the passes (and the start probe) that did not.
+	lastSync   atomic.Int64
+	syncErrors atomic.Uint64
+
 	passMu sync.Mutex // one reconcile pass (or eviction) at a time
 
 	// Keys queued for an early sync; kick wakes the reconciler for them.

@@ -123,6 +123,20 @@ func passTimeout(interval time.Duration) time.Duration {
 // Healthy reports whether the last reconcile pass reached the store.
 func (e *Engine) Healthy() bool { return e.healthy.Load() }
 
+// LastSync is when a reconcile pass last reached the store; the zero Time
+// before the first. A pass with no key to sync does not contact the store,
+// so an instance with no active key does not move it.
+func (e *Engine) LastSync() time.Time {
+	if ns := e.lastSync.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// SyncErrors counts, since the engine was built, the reconcile passes that
+// failed to reach the store, and a failed probe at Start.
+func (e *Engine) SyncErrors() uint64 { return e.syncErrors.Load() }
+
 func (e *Engine) evict(now int64) {
 	e.passMu.Lock()
 	defer e.passMu.Unlock()
@@ -303,6 +317,7 @@ func abs(v int64) int64 {
 }
 
 func (e *Engine) storeFailed(err error) {
+	e.syncErrors.Add(1)
 	if e.healthy.Swap(false) {
 		e.log.Warn("fleet counter store unreachable; limiting per instance until it returns",
 			zap.Error(err))
@@ -310,6 +325,7 @@ func (e *Engine) storeFailed(err error) {
 }
 
 func (e *Engine) storeOK() {
+	e.lastSync.Store(time.Now().UnixNano())
 	if !e.healthy.Swap(true) {
 		e.log.Info("fleet counter store reachable again; fleet-wide limits restored")
 	}
