@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
@@ -157,6 +158,52 @@ func TestStoreConformance(t *testing.T) {
 			}
 			if got, _ := s.Get(ctx, []string{"c9:bg:{b}:x"}); got[0] != 0 {
 				t.Fatalf("counter = %d after reserve and two releases, want 0", got[0])
+			}
+		}},
+		{"reset zeroes only the counters named", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e := NewEngine(s, "c10")
+			b := tokenBudget("daily", PerKey, 100)
+			alice, bob := Dims{Principal: "alice"}, Dims{Principal: "bob"}
+			mustReserve(t, e, []Budget{b}, alice, 100)
+			mustReserve(t, e, []Budget{b}, bob, 30)
+			if _, d, err := e.Reserve(ctx, []Budget{b}, alice, Spend{Tokens: 1}); err != nil || d == nil {
+				t.Fatalf("alice is at her limit: denial %+v, error %v", d, err)
+			}
+			st, err := e.Reset(ctx, &b, ScopeID(&b, alice))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if now := time.Now(); now.Before(st.Start) || !now.Before(st.End) || st.End.Sub(st.Start) != b.Window {
+				t.Fatalf("reset window [%v, %v) does not hold now", st.Start, st.End)
+			}
+			if got, err := e.Standing(ctx, &b, ScopeID(&b, alice)); err != nil || got.Used != 0 || got.Start != st.Start {
+				t.Fatalf("alice after reset: %+v %v, want 0 used in the same window", got, err)
+			}
+			assertUsed(t, e, []Budget{b}, bob, 30)
+			mustReserve(t, e, []Budget{b}, alice, 100) // the whole limit fits again
+			// A missing counter resets to 0 too, and an empty call is fine.
+			if err := s.Reset(ctx, []string{"c10:bg:{b}:nothing", "c10:bg:{b}:none"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Reset(ctx, nil); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"standing reads what was charged", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e := NewEngine(s, "c11")
+			b := tokenBudget("daily", PerTeam, 1000)
+			r := mustReserve(t, e, []Budget{b}, Dims{Team: "red"}, 300)
+			if err := e.Settle(ctx, r, Spend{Tokens: 120}); err != nil {
+				t.Fatal(err)
+			}
+			id, err := HashedScopeID(PerTeam, keyhash.Of("red").String())
+			if err != nil || id != ScopeID(&b, Dims{Team: "red"}) {
+				t.Fatalf("the hashed scope id %q (%v) must name the same counter as ScopeID %q", id, err, ScopeID(&b, Dims{Team: "red"}))
+			}
+			if st, err := e.Standing(ctx, &b, id); err != nil || st.Used != 120 {
+				t.Fatalf("standing %+v %v, want 120 used", st, err)
 			}
 		}},
 		{"usd budgets count micro-dollars", func(t *testing.T, s Store) {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,8 @@ type Engine struct {
 	// probe when the store answers.
 	down    atomic.Bool
 	probing atomic.Bool
+	// storeErrors counts the store calls that failed (see StoreErrors).
+	storeErrors atomic.Uint64
 	// OnResolve, when set, is told how each background resolution ended. For
 	// a reserve whose outcome was unknown (kind "reserve"): released (it had
 	// run), cancelled (it had not; a late arrival charges nothing) or failed.
@@ -69,6 +72,20 @@ func NewEngine(store Store, prefix string) *Engine {
 // Down reports whether the breaker is open: the store failed and has not
 // answered since.
 func (e *Engine) Down() bool { return e.down.Load() }
+
+// StoreErrors counts, since the engine was built, the store calls that
+// failed: reserves, each settle attempt and background release attempt,
+// reads and resets. The breaker's probes are not counted, and neither are
+// the reserves the open breaker answers without asking the store.
+func (e *Engine) StoreErrors() uint64 { return e.storeErrors.Load() }
+
+// failed counts a failed store call and returns its error.
+func (e *Engine) failed(err error) error {
+	if err != nil {
+		e.storeErrors.Add(1)
+	}
+	return err
+}
 
 // Close stops the probe and waits, at most timeout, for the background
 // releases still running.
@@ -164,7 +181,7 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: limit, TTL: 2 * b.Window}
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
-	if err != nil {
+	if e.failed(err) != nil {
 		e.trip()
 		e.resolve(r, releaseOf(r), "reserve", "released", "cancelled")
 		return nil, nil, err
@@ -203,7 +220,7 @@ func (e *Engine) resolve(r *Reservation, adjs []Adjustment, kind, applied, notAp
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			ok, err := e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs)
 			cancel()
-			if err == nil {
+			if e.failed(err) == nil {
 				outcome = notApplied
 				if ok {
 					outcome = applied
@@ -283,7 +300,7 @@ func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error
 			case <-time.After(settleBackoff << (attempt - 1)):
 			}
 		}
-		if _, err = e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs); err == nil {
+		if _, err = e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs); e.failed(err) == nil {
 			return nil
 		}
 	}
@@ -304,7 +321,44 @@ func (e *Engine) Used(ctx context.Context, budgets []Budget, dims Dims) ([]int64
 	for i := range budgets {
 		keys[i] = e.counterKey(&budgets[i], &dims, now)
 	}
-	return e.store.Get(ctx, keys)
+	used, err := e.store.Get(ctx, keys)
+	return used, e.failed(err)
+}
+
+// Standing is one budget's counter for one scope value in one window.
+type Standing struct {
+	// Used is in the budget's unit: tokens, or micro-dollars for USD.
+	Used int64
+	// Start and End bound the fixed window: [Start, End).
+	Start, End time.Time
+}
+
+// Standing reads b's counter for the scope value named by scopeID (see
+// ScopeID) in the current window.
+func (e *Engine) Standing(ctx context.Context, b *Budget, scopeID string) (Standing, error) {
+	now := e.now()
+	st := Standing{End: b.WindowEnd(now)}
+	st.Start = st.End.Add(-b.Window)
+	used, err := e.store.Get(ctx, []string{e.scopedKey(b, scopeID, now)})
+	if e.failed(err) != nil {
+		return Standing{}, err
+	}
+	st.Used = used[0]
+	return st, nil
+}
+
+// Reset zeroes b's counter for the scope value named by scopeID in the
+// current window and returns that window. A reservation still in flight
+// settles against the zeroed counter: its release, or a settle below its
+// estimate, floors at 0; a settle above it adds the difference.
+func (e *Engine) Reset(ctx context.Context, b *Budget, scopeID string) (Standing, error) {
+	now := e.now()
+	st := Standing{End: b.WindowEnd(now)}
+	st.Start = st.End.Add(-b.Window)
+	if err := e.failed(e.store.Reset(ctx, []string{e.scopedKey(b, scopeID, now)})); err != nil {
+		return Standing{}, err
+	}
+	return st, nil
 }
 
 // recordKey names the reservation's record: <prefix>:bg:{b}:res:<id>, in the
@@ -313,15 +367,38 @@ func (e *Engine) recordKey(r *Reservation) string {
 	return e.prefix + ":bg:{b}:res:" + r.ID
 }
 
-// counterKey is <prefix>:bg:{b}:<budget>:<hash of scope value>:<window index>.
+// counterKey is <prefix>:bg:{b}:<budget>:<scope id>:<window index>.
 // Every budget key shares the {b} hash tag so one script can touch several on
 // Redis Cluster.
 func (e *Engine) counterKey(b *Budget, dims *Dims, now time.Time) string {
-	scopeValue := "global"
-	if b.Scope != Global {
-		scopeValue = b.Scope.String() + "-" + keyhash.Of(dims.Value(b.Scope)).String()
+	return e.scopedKey(b, ScopeID(b, *dims), now)
+}
+
+func (e *Engine) scopedKey(b *Budget, scopeID string, now time.Time) string {
+	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeID + ":" + strconv.FormatInt(b.WindowIndex(now), 10)
+}
+
+// ScopeID names, in store keys and logs, the scope value of b that dims fall
+// in: "global", or the scope and the hash of the raw value, such as
+// "key-<32 hex digits>" (see internal/keyhash). The raw value, which may be
+// an API key, never appears.
+func ScopeID(b *Budget, dims Dims) string {
+	if b.Scope == Global {
+		return "global"
 	}
-	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeValue + ":" + strconv.FormatInt(b.WindowIndex(now), 10)
+	return b.Scope.String() + "-" + keyhash.Of(dims.Value(b.Scope)).String()
+}
+
+// HashedScopeID is ScopeID for a scope value known only by its hash: digest
+// is the 32 lowercase hex digits of keyhash.Of(value).String().
+func HashedScopeID(s Scope, digest string) (string, error) {
+	if s == Global {
+		return "", errors.New("a global budget has no scope value")
+	}
+	if len(digest) != 32 || strings.Trim(digest, "0123456789abcdef") != "" {
+		return "", fmt.Errorf("scope hash %q: want 32 lowercase hex digits", digest)
+	}
+	return s.String() + "-" + digest, nil
 }
 
 func newReservationID() string {

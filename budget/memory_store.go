@@ -111,6 +111,16 @@ func (m *MemoryStore) Get(_ context.Context, keys []string) ([]int64, error) {
 	return out, nil
 }
 
+// Reset implements Store.
+func (m *MemoryStore) Reset(_ context.Context, keys []string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range keys {
+		delete(m.counters, k)
+	}
+	return nil
+}
+
 // collect drops expired counters and markers, at most once a second, so the
 // maps stay bounded by what is live. Callers hold m.mu.
 func (m *MemoryStore) collect(now time.Time) {

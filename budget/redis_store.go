@@ -147,3 +147,15 @@ func (r *RedisStore) Get(ctx context.Context, keys []string) ([]int64, error) {
 	}
 	return out, nil
 }
+
+// Reset implements Store. The keys of one call share a hash tag, so the one
+// DEL also runs on Redis Cluster.
+func (r *RedisStore) Reset(ctx context.Context, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if err := r.client.Del(ctx, keys...).Err(); err != nil {
+		return fmt.Errorf("budget reset: %w", err)
+	}
+	return nil
+}

@@ -49,6 +49,9 @@ type Store interface {
 	Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (applied bool, err error)
 	// Get reads counters; a missing one reads 0.
 	Get(ctx context.Context, keys []string) ([]int64, error)
+	// Reset zeroes counters (a missing one stays 0), in one step. The records
+	// of reservations are left as they are.
+	Reset(ctx context.Context, keys []string) error
 	// Ping checks that the store answers.
 	Ping(ctx context.Context) error
 }
