@@ -5,18 +5,29 @@ import (
 	"errors"
 	"net/http"
 	"sort"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 )
 
 func init() {
 	caddy.RegisterModule(AdminAPI{})
 }
 
-// AdminAPI is `admin.api.fleetguard`: GET /fleetguard/status on Caddy's admin
-// endpoint shows every store this process uses, whether the fleet view is
-// current, and how many keys each zone tracks. It shows no user keys.
-type AdminAPI struct{}
+// AdminAPI is `admin.api.fleetguard`, on Caddy's admin endpoint:
+//
+//   - GET /fleetguard/status shows every store this process uses, whether
+//     the fleet view is current, the errors met since the store's engine
+//     started, how many keys each zone tracks and which budgets are defined.
+//     It shows no user keys.
+//   - GET /fleetguard/budgets/<name>?<scope>=<value> shows a budget's
+//     current window for one scope value, and POST
+//     /fleetguard/budgets/<name>/reset?<scope>=<value> zeroes it (see
+//     admin_budgets.go).
+type AdminAPI struct {
+	logger *zap.Logger
+}
 
 // CaddyModule returns the Caddy module information.
 func (AdminAPI) CaddyModule() caddy.ModuleInfo {
@@ -26,11 +37,23 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-var _ caddy.AdminRouter = AdminAPI{}
+var (
+	_ caddy.AdminRouter = (*AdminAPI)(nil)
+	_ caddy.Provisioner = (*AdminAPI)(nil)
+)
+
+// Provision takes the config's logger, for the log of resets.
+func (a *AdminAPI) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger(a)
+	return nil
+}
 
 // Routes implements caddy.AdminRouter.
-func (AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{Pattern: "/fleetguard/status", Handler: caddy.AdminHandlerFunc(handleStatus)}}
+func (a *AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/fleetguard/status", Handler: caddy.AdminHandlerFunc(handleStatus)},
+		{Pattern: budgetsPath, Handler: caddy.AdminHandlerFunc(a.handleBudget)},
+	}
 }
 
 type storeStatus struct {
@@ -38,9 +61,25 @@ type storeStatus struct {
 	Store string `json:"store"`
 	// Healthy is false while the reconciler cannot reach the store: fleet
 	// limits are then per instance.
-	Healthy      bool         `json:"healthy"`
-	SyncInterval string       `json:"sync_interval"`
-	Zones        []zoneStatus `json:"zones"`
+	Healthy      bool   `json:"healthy"`
+	SyncInterval string `json:"sync_interval"`
+	// LastSyncAgeMS is how long ago a reconcile pass last reached the store,
+	// in milliseconds; null before the first. The reconciler contacts the
+	// store only while some key is active, so it grows on an idle instance.
+	LastSyncAgeMS *int64 `json:"last_sync_age_ms"`
+	// ReconcileErrors counts the reconcile passes that failed to reach the
+	// store since the engine started.
+	ReconcileErrors uint64 `json:"reconcile_errors"`
+	// BudgetStoreErrors counts the budget store calls that failed since the
+	// engine started (reserves, settle and release attempts, admin reads and
+	// resets).
+	BudgetStoreErrors uint64 `json:"budget_store_errors"`
+	// BudgetStoreDown is true while budgeted requests are answered without
+	// asking the store (503, or admitted with fail_open).
+	BudgetStoreDown bool         `json:"budget_store_down"`
+	Zones           []zoneStatus `json:"zones"`
+	// Budgets names the budgets the running llmbudget handlers define here.
+	Budgets []string `json:"budgets"`
 }
 
 type zoneStatus struct {
@@ -51,18 +90,28 @@ type zoneStatus struct {
 
 func handleStatus(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("method not allowed; use GET")}
 	}
 	out := struct {
 		Stores []storeStatus `json:"stores"`
 	}{Stores: []storeStatus{}}
+	now := time.Now()
 	engines.Range(func(key, value any) bool {
 		e := value.(*engine)
 		st := storeStatus{
-			Store:        key.(string),
-			Healthy:      e.limiter.Healthy(),
-			SyncInterval: e.limiter.SyncInterval().String(),
-			Zones:        []zoneStatus{},
+			Store:             key.(string),
+			Healthy:           e.limiter.Healthy(),
+			SyncInterval:      e.limiter.SyncInterval().String(),
+			ReconcileErrors:   e.limiter.SyncErrors(),
+			BudgetStoreErrors: e.budgets.StoreErrors(),
+			BudgetStoreDown:   e.budgets.Down(),
+			Zones:             []zoneStatus{},
+			Budgets:           e.budgetDefs.names(),
+		}
+		if last := e.limiter.LastSync(); !last.IsZero() {
+			age := now.Sub(last).Milliseconds()
+			st.LastSyncAgeMS = &age
 		}
 		for _, z := range e.limiter.Zones() {
 			st.Zones = append(st.Zones, zoneStatus{Name: z.Name(), Keys: z.Keys()})

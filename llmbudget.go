@@ -113,6 +113,7 @@ type LLMBudget struct {
 	engine        *engine
 	logger        *zap.Logger
 	events        emitter
+	registered    bool // its budgets are in the engine's registry (budget_registry.go)
 
 	// requests_total by budget (the index in budgets) and decision.
 	decisions      [][numDecisions]prometheus.Counter
@@ -152,6 +153,7 @@ func (LLMBudget) CaddyModule() caddy.ModuleInfo {
 
 var (
 	_ caddy.Provisioner           = (*LLMBudget)(nil)
+	_ caddy.CleanerUpper          = (*LLMBudget)(nil)
 	_ caddyhttp.MiddlewareHandler = (*LLMBudget)(nil)
 )
 
@@ -173,6 +175,15 @@ func (h *LLMBudget) Provision(ctx caddy.Context) error {
 	if h.events, err = newEmitter(ctx); err != nil {
 		return fmt.Errorf("llmbudget: %w", err)
 	}
+	if err := h.registerBudgets(ctx); err != nil {
+		return fmt.Errorf("llmbudget: %w", err)
+	}
+	return nil
+}
+
+// Cleanup takes the handler's budgets out of the admin API's registry.
+func (h *LLMBudget) Cleanup() error {
+	h.unregisterBudgets()
 	return nil
 }
 

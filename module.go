@@ -313,6 +313,9 @@ type engine struct {
 	// request.
 	budgetStoreDown atomic.Bool
 
+	// budgetDefs are the budgets of the running configs, for the admin API.
+	budgetDefs budgetRegistry
+
 	// settingsOwner is the config whose engine-wide settings are in force.
 	settingsMu    sync.Mutex
 	settingsOwner *App

@@ -1,0 +1,167 @@
+package fleetguard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/fleetguard/fleetguard/budget"
+)
+
+// budgetsPath starts the admin API's budget endpoints:
+//
+//	GET  /fleetguard/budgets/<name>?<scope>=<value>        the current window
+//	POST /fleetguard/budgets/<name>/reset?<scope>=<value>  zero it
+//
+// <scope> is the budget's scope: key, team or model (none for a global
+// budget). The value is the raw one, exactly as the handler resolves it (for
+// the default principal, the whole Authorization header: "Bearer sk-…"), and
+// is hashed as on the request path; or, so the raw value need not be sent,
+// <scope>_hash=<32 hex digits> gives its hash (the principal_hash of the
+// handler's logs). Caddy logs every admin request's URI, query included:
+// key_hash keeps an API key out of that log.
+const budgetsPath = "/fleetguard/budgets/"
+
+// adminStoreTimeout bounds the store call of one admin request.
+const adminStoreTimeout = 2 * time.Second
+
+// budgetWindow is the answer of the budget endpoints. Limit, Used and
+// Remaining are in the budget's unit: an integer for tokens, a decimal number
+// of dollars for usd (the store counts micro-dollars).
+type budgetWindow struct {
+	Budget string      `json:"budget"`
+	Scope  string      `json:"scope"`
+	Unit   string      `json:"unit"`
+	Limit  json.Number `json:"limit"`
+	Used   json.Number `json:"used"`
+	// Remaining is Limit − Used, floored at 0 (a settle above its estimate
+	// can take Used past the limit).
+	Remaining   json.Number `json:"remaining"`
+	WindowStart time.Time   `json:"window_start"`
+	WindowEnd   time.Time   `json:"window_end"`
+}
+
+func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
+	name, reset := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, budgetsPath), "/reset")
+	method := http.MethodGet
+	if reset {
+		method = http.MethodPost
+	}
+	if r.Method != method {
+		w.Header().Set("Allow", method)
+		return apiErrorf(http.StatusMethodNotAllowed, "method %s not allowed on %s; use %s", r.Method, r.URL.Path, method)
+	}
+	if name == "" || strings.Contains(name, "/") {
+		return apiErrorf(http.StatusNotFound, "no such endpoint %s: use GET %s<budget> or POST %s<budget>/reset", r.URL.Path, budgetsPath, budgetsPath)
+	}
+	eng, b, err := lookupBudget(name)
+	switch {
+	case errors.Is(err, errUnknownBudget):
+		return apiErrorf(http.StatusNotFound, "%v", err)
+	case err != nil:
+		return apiErrorf(http.StatusConflict, "%v", err)
+	}
+	scopeID, err := scopeIDFromQuery(&b, r.URL.Query())
+	if err != nil {
+		return apiErrorf(http.StatusBadRequest, "%v", err)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminStoreTimeout)
+	defer cancel()
+	var st budget.Standing
+	if reset {
+		st, err = eng.budgets.Reset(ctx, &b, scopeID)
+	} else {
+		st, err = eng.budgets.Standing(ctx, &b, scopeID)
+	}
+	if err != nil {
+		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
+	}
+	if reset {
+		a.logger.Info("budget window reset",
+			zap.String("budget", b.Name),
+			zap.String("scope", b.Scope.String()),
+			zap.String("scope_hash", strings.TrimPrefix(scopeID, b.Scope.String()+"-")),
+			zap.Time("window_start", st.Start),
+			zap.Time("window_end", st.End),
+			zap.String("remote_addr", r.RemoteAddr))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(budgetWindow{
+		Budget:      b.Name,
+		Scope:       b.Scope.String(),
+		Unit:        b.Unit.String(),
+		Limit:       amountJSON(b.Unit, b.Limit),
+		Used:        amountJSON(b.Unit, st.Used),
+		Remaining:   amountJSON(b.Unit, max(b.Limit-st.Used, 0)),
+		WindowStart: st.Start.UTC(),
+		WindowEnd:   st.End.UTC(),
+	})
+}
+
+// scopeIDFromQuery reads the budget's scope value from the query: the
+// parameter named as the scope (raw, hashed here as on the request path) or
+// <scope>_hash (the hash). Any other parameter is refused, so that team= on
+// a key budget is not silently ignored. Errors never echo a value.
+func scopeIDFromQuery(b *budget.Budget, q url.Values) (string, error) {
+	param := b.Scope.String()
+	for name := range q {
+		if b.Scope == budget.Global {
+			return "", fmt.Errorf("budget %q is global: it takes no query parameter (got %s)", b.Name, name)
+		}
+		if name != param && name != param+"_hash" {
+			return "", fmt.Errorf("budget %q is kept per %s: it takes %s= or %s_hash=, not %s", b.Name, param, param, param, name)
+		}
+	}
+	if b.Scope == budget.Global {
+		return budget.ScopeID(b, budget.Dims{}), nil
+	}
+	raw, hasRaw := q[param]
+	hashed, hasHash := q[param+"_hash"]
+	switch {
+	case hasRaw && hasHash:
+		return "", fmt.Errorf("give %s= or %s_hash=, not both", param, param)
+	case len(raw) > 1 || len(hashed) > 1:
+		return "", fmt.Errorf("give %s once", param)
+	case hasHash:
+		return budget.HashedScopeID(b.Scope, hashed[0])
+	case !hasRaw:
+		return "", fmt.Errorf("budget %q is kept per %s: the %s query parameter is required (the value as the handler resolves it, or its hash as %s_hash)", b.Name, param, param, param)
+	}
+	var dims budget.Dims
+	switch b.Scope {
+	case budget.PerKey:
+		dims.Principal = raw[0]
+	case budget.PerTeam:
+		dims.Team = raw[0]
+	case budget.PerModel:
+		dims.Model = raw[0]
+	}
+	return budget.ScopeID(b, dims), nil
+}
+
+// amountJSON writes an amount in the budget's unit: tokens as an integer,
+// micro-dollars as an exact decimal number of dollars.
+func amountJSON(u budget.Unit, v int64) json.Number {
+	if u != budget.USD {
+		return json.Number(strconv.FormatInt(v, 10))
+	}
+	sign := ""
+	if v < 0 {
+		sign, v = "-", -v
+	}
+	s := fmt.Sprintf("%s%d.%06d", sign, v/budget.MicrosPerUSD, v%budget.MicrosPerUSD)
+	return json.Number(strings.TrimSuffix(strings.TrimRight(s, "0"), "."))
+}
+
+func apiErrorf(status int, format string, args ...any) error {
+	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf(format, args...)}
+}
