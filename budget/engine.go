@@ -396,7 +396,8 @@ func HashedScopeID(s Scope, digest string) (string, error) {
 		return "", errors.New("a global budget has no scope value")
 	}
 	if len(digest) != 32 || strings.Trim(digest, "0123456789abcdef") != "" {
-		return "", fmt.Errorf("scope hash %q: want 32 lowercase hex digits", digest)
+		// Not echoed: it may be a raw key given by mistake.
+		return "", errors.New("a scope hash is 32 lowercase hex digits (keyhash.Of(value).String())")
 	}
 	return s.String() + "-" + digest, nil
 }

@@ -1,0 +1,291 @@
+package fleetguard
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// adminBudgets are the budgets of the admin tests: per key 1000 tokens (the
+// upstream reports 100 per request, a reservation needs about 210), a dollar
+// budget per team and a global one. The store timeout is generous: a first
+// reserve that dials Redis on a loaded machine is not what these test.
+const adminBudgets = `store_timeout 2s
+		budget per_key {
+			scope key
+			unit tokens
+			limit 1000
+			window 1h
+		}
+		budget team_usd {
+			scope team
+			unit usd
+			limit 1.5
+			window 1h
+		}
+		budget all {
+			limit 100000000
+			window 24h
+		}`
+
+// logTo is a global `log` option writing every level, as JSON, to a file.
+func logTo(path string) string {
+	return fmt.Sprintf("log {\n output file %s\n format json\n level DEBUG\n }", path)
+}
+
+// budgetWindowAt asks a budget endpoint and decodes its answer, keeping
+// numbers as written.
+func budgetWindowAt(t *testing.T, method, url string) budgetWindow {
+	t.Helper()
+	resp, body := do(t, method, url, "")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", method, url, resp.StatusCode, body)
+	}
+	var bw budgetWindow
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.UseNumber()
+	if err := dec.Decode(&bw); err != nil {
+		t.Fatalf("%s: %v", body, err)
+	}
+	return bw
+}
+
+// engineWithPrefix is the pool's engine whose store identity has prefix.
+func engineWithPrefix(t *testing.T, prefix string) *engine {
+	t.Helper()
+	var found *engine
+	engines.Range(func(k, v any) bool {
+		if strings.Contains(k.(string), "|"+prefix) {
+			found = v.(*engine)
+		}
+		return found == nil
+	})
+	if found == nil {
+		t.Fatalf("no engine with prefix %q in the pool", prefix)
+	}
+	return found
+}
+
+// storeCounter reads a budget's counter for dims from the store, past the
+// admin API, once the settles so far have run.
+func storeCounter(t *testing.T, prefix string, b budget.Budget, dims budget.Dims) int64 {
+	t.Helper()
+	waitSettles()
+	used, err := engineWithPrefix(t, prefix).budgets.Used(context.Background(), []budget.Budget{b}, dims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return used[0]
+}
+
+// The budget endpoints on the memory store and on Redis: used is the
+// counter, remaining the rest of the limit, a reset zeroes the window and
+// admits what was denied, and the raw key reaches no log of fleetguard.
+func TestAdminBudgetWindowAndReset(t *testing.T) {
+	stores := []struct {
+		name  string
+		store func(t *testing.T) (global string, counter func(prefix, budgetName string) int64)
+	}{
+		{"memory", func(*testing.T) (string, func(string, string) int64) { return "", nil }},
+		{"redis", func(t *testing.T) (string, func(string, string) int64) {
+			srv := redistest.Start(t)
+			rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			t.Cleanup(func() { rc.Close() })
+			return "fleetguard {\n redis " + srv.URL() + "\n prefix adminbudget\n }",
+				func(prefix, name string) int64 { return budgetCounter(t, rc, prefix, name) }
+		}},
+	}
+	for _, sc := range stores {
+		t.Run(sc.name, func(t *testing.T) {
+			global, redisCounter := sc.store(t)
+			prefix := "fleetguard"
+			if redisCounter != nil {
+				prefix = "adminbudget"
+			}
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			up := newFakeLLM(t)
+			port := freePort(t)
+			llm := fmt.Sprintf("http://127.0.0.1:%d", port)
+			tc := startCaddy(t, llmCaddyfile(port, up.URL, global+"\n"+logTo(logFile), adminBudgets))
+			admin := "http://" + tc.admin + budgetsPath
+
+			// alice is only ever named to the admin API by her key's hash;
+			// bob by his raw key.
+			const aliceKey, bobKey = "Bearer sk-admin-alice-3141", "Bearer sk-admin-bob-2718"
+			aliceHash := keyhash.Of(aliceKey).String()
+			perKey := engineWithPrefix(t, prefix).budgetDefsFor(t, "per_key")
+			for i := 1; i <= 8; i++ {
+				waitSettles()
+				for _, key := range []string{aliceKey, bobKey} {
+					if resp, body := chat(t, llm, chatBody, "Authorization: "+key, "X-Team: red"); resp.StatusCode != http.StatusOK {
+						t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+					}
+				}
+			}
+			waitSettles()
+			for _, key := range []string{aliceKey, bobKey} {
+				if resp, body := chat(t, llm, chatBody, "Authorization: "+key); resp.StatusCode != http.StatusTooManyRequests {
+					t.Fatalf("9th request: %d %s, want 429", resp.StatusCode, body)
+				}
+			}
+
+			bob := budgetWindowAt(t, http.MethodGet, admin+"per_key?key="+url.QueryEscape(bobKey))
+			counter := storeCounter(t, prefix, perKey, budget.Dims{Principal: bobKey})
+			if counter != 800 || bob.Used != "800" || bob.Limit != "1000" || bob.Remaining != "200" ||
+				bob.Budget != "per_key" || bob.Scope != "key" || bob.Unit != "tokens" {
+				t.Fatalf("bob's window %+v; the store counts %d, want 800 used of 1000", bob, counter)
+			}
+			if now := time.Now(); bob.WindowEnd.Sub(bob.WindowStart) != time.Hour || now.Before(bob.WindowStart) || !now.Before(bob.WindowEnd) {
+				t.Fatalf("window [%v, %v) is not the current hour", bob.WindowStart, bob.WindowEnd)
+			}
+			alice := budgetWindowAt(t, http.MethodGet, admin+"per_key?key_hash="+aliceHash)
+			if alice.Used != "800" || alice.Remaining != "200" {
+				t.Fatalf("alice by hash: %+v, want 800 used", alice)
+			}
+			if redisCounter != nil {
+				// Both principals' counters, read from Redis itself.
+				if got := redisCounter(prefix, "per_key"); got != 1600 {
+					t.Fatalf("Redis holds %d for per_key, want 1600", got)
+				}
+			}
+			// Dollars as a decimal number: 16 requests at 775 micro-dollars.
+			team := budgetWindowAt(t, http.MethodGet, admin+"team_usd?team=red")
+			if team.Used != "0.0124" || team.Limit != "1.5" || team.Remaining != "1.4876" || team.Unit != "usd" {
+				t.Fatalf("team window %+v, want 0.0124 of 1.5 USD", team)
+			}
+			if all := budgetWindowAt(t, http.MethodGet, admin+"all"); all.Used != "1600" || all.Scope != "global" {
+				t.Fatalf("global window %+v, want 1600 used", all)
+			}
+
+			// Reset alice's window: bob's stays, and alice is admitted again.
+			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key_hash="+aliceHash); reset.Used != "0" || reset.Remaining != "1000" || reset.WindowStart != alice.WindowStart {
+				t.Fatalf("reset answer %+v", reset)
+			}
+			if got := storeCounter(t, prefix, perKey, budget.Dims{Principal: aliceKey}); got != 0 {
+				t.Fatalf("alice's counter after the reset: %d", got)
+			}
+			if bob := budgetWindowAt(t, http.MethodGet, admin+"per_key?key="+url.QueryEscape(bobKey)); bob.Used != "800" {
+				t.Fatalf("bob's window after alice's reset: %+v", bob)
+			}
+			if resp, body := chat(t, llm, chatBody, "Authorization: "+aliceKey); resp.StatusCode != http.StatusOK {
+				t.Fatalf("alice after the reset: %d %s, want 200", resp.StatusCode, body)
+			}
+			waitSettles()
+			if alice := budgetWindowAt(t, http.MethodGet, admin+"per_key?key_hash="+aliceHash); alice.Used != "100" {
+				t.Fatalf("alice after one request past the reset: %+v, want 100", alice)
+			}
+			// Bob, reset by his raw key.
+			budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key="+url.QueryEscape(bobKey))
+			if resp, body := chat(t, llm, chatBody, "Authorization: "+bobKey); resp.StatusCode != http.StatusOK {
+				t.Fatalf("bob after the reset: %d %s, want 200", resp.StatusCode, body)
+			}
+
+			// What the admin API refuses, and why.
+			refusals := []struct {
+				method, path string
+				status       int
+				reason       string
+			}{
+				{http.MethodGet, "nope?key=x", http.StatusNotFound, `defines budget \"nope\"`},
+				{http.MethodPost, "nope/reset?key=x", http.StatusNotFound, `defines budget \"nope\"`},
+				{http.MethodGet, "", http.StatusNotFound, "use GET"},
+				{http.MethodGet, "per_key", http.StatusBadRequest, "the key query parameter is required"},
+				{http.MethodPost, "per_key/reset", http.StatusBadRequest, "the key query parameter is required"},
+				{http.MethodGet, "team_usd?key=x", http.StatusBadRequest, "not key"},
+				{http.MethodGet, "all?team=red", http.StatusBadRequest, "is global"},
+				{http.MethodGet, "per_key?key=a&key=b", http.StatusBadRequest, "once"},
+				{http.MethodGet, "per_key?key=a&key_hash=" + aliceHash, http.StatusBadRequest, "not both"},
+				{http.MethodGet, "per_key?key_hash=" + url.QueryEscape(bobKey), http.StatusBadRequest, "32 lowercase hex"},
+				{http.MethodPost, "per_key?key=x", http.StatusMethodNotAllowed, "use GET"},
+				{http.MethodDelete, "per_key?key=x", http.StatusMethodNotAllowed, "use GET"},
+				{http.MethodGet, "per_key/reset?key=x", http.StatusMethodNotAllowed, "use POST"},
+			}
+			for _, rf := range refusals {
+				resp, body := do(t, rf.method, admin+rf.path, "")
+				if resp.StatusCode != rf.status || !strings.Contains(body, rf.reason) {
+					t.Errorf("%s %s: %d %s, want %d naming %q", rf.method, rf.path, resp.StatusCode, body, rf.status, rf.reason)
+				}
+				if strings.Contains(body, "sk-admin") {
+					t.Errorf("%s %s: the answer %s echoes a key", rf.method, rf.path, body)
+				}
+			}
+
+			// The log: each reset is one line naming the budget and the
+			// scope hash. Alice's key, never sent to the admin API, is in no
+			// line; bob's, sent in a query, only in Caddy's own admin request
+			// log (which logs every URI), never in a line of fleetguard.
+			if err := caddy.Stop(); err != nil { // the log file is complete
+				t.Fatal(err)
+			}
+			resets := 0
+			for _, line := range logLines(t, logFile) {
+				var entry struct {
+					Logger, Msg, Budget, Scope string
+					ScopeHash                  string `json:"scope_hash"`
+				}
+				_ = json.Unmarshal([]byte(line), &entry)
+				if strings.Contains(line, "sk-admin-alice") {
+					t.Errorf("alice's raw key is in the log: %s", line)
+				}
+				if strings.Contains(line, "sk-admin-bob") && !(entry.Logger == "admin.api" && entry.Msg == "received request") {
+					t.Errorf("bob's raw key is in a log line other than Caddy's request log: %s", line)
+				}
+				if entry.Msg == "budget window reset" {
+					resets++
+					if entry.Logger != "admin.api.fleetguard" || entry.Budget != "per_key" || entry.Scope != "key" ||
+						(entry.ScopeHash != aliceHash && entry.ScopeHash != keyhash.Of(bobKey).String()) {
+						t.Errorf("reset log line %s", line)
+					}
+				}
+			}
+			if resets != 2 {
+				t.Fatalf("%d reset log lines, want 2", resets)
+			}
+		})
+	}
+}
+
+// budgetDefsFor is the running definition of a budget, as the admin API
+// finds it.
+func (e *engine) budgetDefsFor(t *testing.T, name string) budget.Budget {
+	t.Helper()
+	eng, b, err := lookupBudget(name)
+	if err != nil || eng != e {
+		t.Fatalf("budget %q: %v (engine %p, want %p)", name, err, eng, e)
+	}
+	return b
+}
+
+func logLines(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if len(lines) == 0 {
+		t.Fatalf("%s is empty", path)
+	}
+	return lines
+}
