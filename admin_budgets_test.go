@@ -220,6 +220,9 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 				if resp.StatusCode != rf.status || !strings.Contains(body, rf.reason) {
 					t.Errorf("%s %s: %d %s, want %d naming %q", rf.method, rf.path, resp.StatusCode, body, rf.status, rf.reason)
 				}
+				if allow := resp.Header.Get("Allow"); rf.status == http.StatusMethodNotAllowed && (allow == "" || !strings.Contains(rf.reason, allow)) {
+					t.Errorf("%s %s: Allow %q, want the method named in %q", rf.method, rf.path, allow, rf.reason)
+				}
 				if strings.Contains(body, "sk-admin") {
 					t.Errorf("%s %s: the answer %s echoes a key", rf.method, rf.path, body)
 				}
