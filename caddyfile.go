@@ -39,11 +39,12 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 // UnmarshalCaddyfile sets up the app from Caddyfile tokens:
 //
 //	fleetguard {
-//		redis         <url>
-//		redis_cluster <url>?addr=<host:port>&addr=…
-//		prefix        <prefix>
-//		sync_interval <duration>
-//		near_limit    on|off
+//		redis          <url>
+//		redis_cluster  <url>?addr=<host:port>&addr=…
+//		redis_sentinel <url>?addr=<host:port>&master_name=<name>
+//		prefix         <prefix>
+//		sync_interval  <duration>
+//		near_limit     on|off
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the option name
@@ -58,12 +59,16 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		seen[d.Val()] = true
 		switch d.Val() {
 		case "redis":
-			if !d.AllArgs(&a.Redis) {
-				return d.ArgErr()
+			if err := storeURLArg(d, &a.Redis); err != nil {
+				return err
 			}
 		case "redis_cluster":
-			if !d.AllArgs(&a.RedisCluster) {
-				return d.ArgErr()
+			if err := storeURLArg(d, &a.RedisCluster); err != nil {
+				return err
+			}
+		case "redis_sentinel":
+			if err := storeURLArg(d, &a.RedisSentinel); err != nil {
+				return err
 			}
 		case "prefix":
 			if !d.AllArgs(&a.Prefix) {
@@ -83,8 +88,18 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("fleetguard: near_limit %q: want on or off", a.NearLimit)
 			}
 		default:
-			return d.Errf("fleetguard: unknown option %q (want redis, redis_cluster, prefix, sync_interval or near_limit)", d.Val())
+			return d.Errf("fleetguard: unknown option %q (want redis, redis_cluster, redis_sentinel, prefix, sync_interval or near_limit)", d.Val())
 		}
+	}
+	return nil
+}
+
+// storeURLArg reads the one URL of a store option. Its error names the
+// option and, unlike d.ArgErr, quotes no token: the URL may hold a password.
+func storeURLArg(d *caddyfile.Dispenser, dst *string) error {
+	name := d.Val()
+	if !d.AllArgs(dst) {
+		return d.Errf("fleetguard: %s takes one URL", name)
 	}
 	return nil
 }

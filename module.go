@@ -47,12 +47,27 @@ var engines = caddy.NewUsagePool()
 // config shares. Without it (no global option) handlers use the embedded
 // memory store, which limits a single instance.
 type App struct {
-	// Redis is a redis:// or rediss:// URL. Empty (and no RedisCluster): the
-	// embedded memory store.
+	// Redis is a redis:// or rediss:// URL. Empty (and no RedisCluster or
+	// RedisSentinel): the embedded memory store. Set at most one of Redis,
+	// RedisCluster and RedisSentinel.
 	Redis string `json:"redis,omitempty"`
 	// RedisCluster is a Redis Cluster in go-redis's URL form:
 	// redis://[user:pass@]host:port?addr=host2:port2&addr=host3:port3.
 	RedisCluster string `json:"redis_cluster,omitempty"`
+	// RedisSentinel is a Redis master found through Redis Sentinel, in
+	// go-redis's failover URL form (redis.ParseFailoverURL):
+	//
+	//	redis://[sentinel_user:sentinel_pass@]sentinel1:26379[/db]?addr=sentinel2:26379&master_name=mymaster[&username=user&password=pass][&db=n]
+	//
+	// The URL's host and every addr are sentinels; master_name (required) is
+	// the name they monitor. The user info authenticates to the sentinels, the
+	// username and password parameters to the master. rediss:// turns TLS on
+	// for every connection, each verified against the host it dials (the
+	// master at the address the sentinels announce). After a failover the
+	// client follows the sentinels to the new master. replica_only,
+	// route_by_latency and route_randomly are refused: every command writes.
+	// Empty: not used.
+	RedisSentinel string `json:"redis_sentinel,omitempty"`
 	// Prefix starts every store key; fleets sharing a Redis keep apart by it.
 	// Default "fleetguard".
 	Prefix string `json:"prefix,omitempty"`
@@ -221,9 +236,14 @@ const (
 // shared under (never containing a password) and how to connect; connect is
 // nil for the embedded memory store.
 func (a *App) store() (string, func() redis.UniversalClient, error) {
+	if set := a.storeFields(); len(set) > 1 {
+		both := "both"
+		if len(set) > 2 {
+			both = "all"
+		}
+		return "", nil, fmt.Errorf("fleetguard: %s are %s set; set one of redis, redis_cluster and redis_sentinel", joinNames(set), both)
+	}
 	switch {
-	case a.Redis != "" && a.RedisCluster != "":
-		return "", nil, errors.New("fleetguard: redis and redis_cluster: set one, not both")
 	case a.Redis != "":
 		if err := checkRedisURL("redis", a.Redis); err != nil {
 			return "", nil, err
@@ -252,8 +272,81 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 		sort.Strings(addrs)
 		key := fmt.Sprintf("cluster|%s|%s|%s|%s", strings.Join(addrs, ","), opts.Username, a.Prefix, connectionSecrets(opts.Password, opts.TLSConfig != nil))
 		return key, func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
+	case a.RedisSentinel != "":
+		opts, err := parseSentinelURL(a.RedisSentinel)
+		if err != nil {
+			return "", nil, err
+		}
+		// The same settings as the other forms; they apply to the sentinel
+		// queries too, which need no retry of their own: a master lookup
+		// that fails asks every sentinel at once.
+		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
+		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
+		opts.ContextTimeoutEnabled = true
+		addrs := append([]string(nil), opts.SentinelAddrs...)
+		sort.Strings(addrs)
+		sentinelAuth := opts.SentinelUsername
+		if opts.SentinelPassword != "" {
+			sentinelAuth += ":" + secretHash(opts.SentinelPassword)
+		}
+		key := fmt.Sprintf("sentinel|%s@%s|%s|%d|%s|%s|%s", opts.MasterName, strings.Join(addrs, ","), opts.Username, opts.DB, a.Prefix,
+			connectionSecrets(opts.Password, opts.TLSConfig != nil), sentinelAuth)
+		return key, func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
 	}
 	return "memory|" + a.Prefix, nil, nil
+}
+
+// storeFields names the store options that are set.
+func (a *App) storeFields() []string {
+	var set []string
+	for _, f := range []struct{ name, value string }{
+		{"redis", a.Redis}, {"redis_cluster", a.RedisCluster}, {"redis_sentinel", a.RedisSentinel},
+	} {
+		if f.value != "" {
+			set = append(set, f.name)
+		}
+	}
+	return set
+}
+
+// joinNames lists names as "a and b" or "a, b and c".
+func joinNames(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+}
+
+// parseSentinelURL reads redis_sentinel strictly: a parameter other than
+// addr given twice is refused (go-redis would take the last), and so are the
+// routing options that send commands to replicas, which fleetguard's writes
+// cannot use (NewFailoverClient panics on two of them).
+func parseSentinelURL(raw string) (*redis.FailoverOptions, error) {
+	if err := checkRedisURL("redis_sentinel", raw); err != nil {
+		return nil, err
+	}
+	u, _ := url.Parse(raw) // checkRedisURL parsed it
+	for name, values := range u.Query() {
+		if name != "addr" && len(values) > 1 {
+			return nil, fmt.Errorf("fleetguard: redis_sentinel: the URL parameter %s is given %d times", name, len(values))
+		}
+	}
+	opts, err := redis.ParseFailoverURL(raw)
+	if err != nil {
+		return nil, fmt.Errorf("fleetguard: redis_sentinel: %w", err)
+	}
+	switch {
+	case opts.MasterName == "":
+		return nil, errors.New("fleetguard: redis_sentinel: the URL parameter master_name is required (the name the sentinels monitor, as in ?master_name=mymaster)")
+	case opts.ReplicaOnly || opts.RouteByLatency || opts.RouteRandomly:
+		return nil, errors.New("fleetguard: redis_sentinel: replica_only, route_by_latency and route_randomly are not supported: every fleetguard command writes, so it goes to the master")
+	}
+	if opts.TLSConfig != nil {
+		// go-redis names the first sentinel's host as the server for every
+		// connection; verify each against the host it dials instead.
+		opts.TLSConfig.ServerName = ""
+	}
+	return opts, nil
 }
 
 // connectionSecrets is the part of a store's identity that changes the
@@ -265,9 +358,14 @@ func connectionSecrets(password string, tls bool) string {
 		id = "tls"
 	}
 	if password != "" {
-		id += ":" + keyhash.Of(password).String()[:16]
+		id += ":" + secretHash(password)
 	}
 	return id
+}
+
+// secretHash stands for a password in a store's identity.
+func secretHash(password string) string {
+	return keyhash.Of(password).String()[:16]
 }
 
 // checkRedisURL gives a clear error, naming the field and never echoing a
@@ -280,13 +378,22 @@ func checkRedisURL(field, raw string) error {
 	return nil
 }
 
+// redactURL shows a store URL in an error without its secrets: the user
+// info's password, and the query, which may hold one (a Sentinel URL's
+// password parameter).
 func redactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.User == nil {
 		if i := strings.LastIndex(raw, "@"); i >= 0 {
-			return "…@" + raw[i+1:]
+			raw = "…@" + raw[i+1:]
+		}
+		if i := strings.Index(raw, "?"); i >= 0 {
+			raw = raw[:i] + "?…"
 		}
 		return raw
+	}
+	if u.RawQuery != "" || u.ForceQuery {
+		u.RawQuery, u.ForceQuery = "…", false
 	}
 	return u.Redacted()
 }

@@ -33,6 +33,10 @@ func storeCases() []storeCase {
 			c := redistest.StartCluster(t)
 			return func(t *testing.T) Store { return NewRedisStore(c.Client(t)) }
 		}},
+		{"redis-sentinel", func(t *testing.T) func(*testing.T) Store {
+			s := redistest.StartSentinel(t, 1)
+			return func(t *testing.T) Store { return NewRedisStore(s.Client(t)) }
+		}},
 	}
 }
 

@@ -32,6 +32,10 @@ func storeCases() []storeCase {
 			c := redistest.StartCluster(t)
 			return func(t testing.TB) SlotStore { return NewRedisStore(c.Client(t)) }
 		}},
+		{"redis-sentinel", func(t *testing.T) func(testing.TB) SlotStore {
+			s := redistest.StartSentinel(t, 1)
+			return func(t testing.TB) SlotStore { return NewRedisStore(s.Client(t)) }
+		}},
 	}
 }
 

@@ -27,6 +27,7 @@ const InstallHint = "apt-get update && apt-get install -y redis-server"
 type Server struct {
 	bin   string
 	port  int
+	conf  string   // a config file, for a sentinel; empty for a plain server
 	extra []string // further redis-server arguments
 
 	mu  sync.Mutex
@@ -65,15 +66,23 @@ func Launch(args ...string) (*Server, error) {
 }
 
 func launchNode(port int, extra ...string) (*Server, error) {
-	bin, err := exec.LookPath("redis-server")
+	bin, err := redisServer()
 	if err != nil {
-		return nil, fmt.Errorf("redis-server is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
+		return nil, err
 	}
 	s := &Server{bin: bin, port: port, extra: extra}
 	if err := s.start(); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+func redisServer() (string, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", fmt.Errorf("redis-server is not on PATH; install it with: %s (or run `make test`, which does)", InstallHint)
+	}
+	return bin, nil
 }
 
 // Addr is the server's host:port.
@@ -95,6 +104,13 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
+// running reports whether the server was started and not stopped.
+func (s *Server) running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
+}
+
 // Restart starts the server again on the same port after Stop, with an empty
 // dataset (persistence is off), as after a real crash of a cache node.
 func (s *Server) Restart() error {
@@ -110,13 +126,18 @@ func (s *Server) start() error {
 	if s.cmd != nil {
 		return fmt.Errorf("redis-server on port %d is already running", s.port)
 	}
-	args := append([]string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf) // redis-server reads a config file only as its first argument
+	}
+	args = append(args,
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--protected-mode", "no",
-	}, s.extra...)
+	)
+	args = append(args, s.extra...)
 	cmd := exec.Command(s.bin, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -135,7 +156,8 @@ func (s *Server) start() error {
 			line := sc.Text()
 			if !signalled {
 				log = append(log, line)
-				if strings.Contains(line, "Ready to accept connections") {
+				// A sentinel has no "Ready" line; it says its ID once it listens.
+				if strings.Contains(line, "Ready to accept connections") || strings.Contains(line, "Sentinel ID is") {
 					signalled = true
 					close(ready)
 				}
