@@ -66,7 +66,7 @@ func LaunchSentinel(dir string, n int) (*Sentinel, error) {
 	// master's, and the replica's copy of it): into dir, not the test's
 	// working directory.
 	var err error
-	if s.Master, err = Launch("--dir", dir); err != nil {
+	if s.Master, err = Launch("--dir", dir, "--repl-diskless-sync-delay", "0"); err != nil {
 		return fail(err)
 	}
 	if s.Replica, err = Launch("--dir", dir, "--replicaof", "127.0.0.1", strconv.Itoa(s.Master.port)); err != nil {
