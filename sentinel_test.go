@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
@@ -507,6 +508,14 @@ func TestLLMBudgetAcrossSentinelFailover(t *testing.T) {
 			window 1h
 		}`))
 
+	resolved := func() map[string]float64 {
+		m := map[string]float64{}
+		for _, ko := range [][2]string{{"settle", "applied"}, {"settle", "applied_before"}, {"settle", "failed"}, {"reserve", "released"}, {"reserve", "cancelled"}, {"reserve", "failed"}} {
+			m[ko[0]+" "+ko[1]] = testutil.ToFloat64(metrics.llmResolved.WithLabelValues(ko[0], ko[1]))
+		}
+		return m
+	}
+	resolvedBefore := resolved()
 	var team atomic.Value
 	team.Store("before")
 	tr := startTraffic(4, 10*time.Millisecond, func(c *http.Client) answer {
@@ -587,9 +596,16 @@ func TestLLMBudgetAcrossSentinelFailover(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	before, charged := teamCounter("before"), int64(counted["before"].admitted)*100
-	t.Logf("failover in %s; after the kill: %d admitted, %d answered 503 (%d before the promotion, slowest in %s); before the kill: %d admitted, %d answered 503, %d charged, %d on the promoted replica (%+d: %s)",
+	var resolutions []string
+	for k, v := range resolved() {
+		if n := v - resolvedBefore[k]; n > 0 {
+			resolutions = append(resolutions, fmt.Sprintf("%s %v", k, n))
+		}
+	}
+	sort.Strings(resolutions)
+	t.Logf("failover in %s; after the kill: %d admitted, %d answered 503 (%d before the promotion, slowest in %s); before the kill: %d admitted, %d answered 503, %d charged, %d on the promoted replica (%+d: %s); background resolutions: %v",
 		promotedAt.Sub(killed).Round(time.Millisecond), counted["after"].admitted, counted["after"].unavailable, answeredInOutage,
-		slowest503.Round(time.Millisecond), counted["before"].admitted, counted["before"].unavailable, charged, before, before-charged, replicationNote(before-charged))
+		slowest503.Round(time.Millisecond), counted["before"].admitted, counted["before"].unavailable, charged, before, before-charged, replicationNote(before-charged), resolutions)
 	// Each request admitted before the kill counts 100 on the new master, or
 	// 0 if its reserve never reached the replica, or 205 if its reserve did
 	// and its settle did not; a 503 whose reserve had run is released.
