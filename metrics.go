@@ -196,11 +196,12 @@ func boolGauge(b bool) float64 {
 }
 
 // storeLabel is a store's pool identity without its connection secrets
-// (the password hash, TLS): what a metric label may show.
+// (TLS, password hashes, which come last): what a metric label may show.
 func storeLabel(poolKey string) string {
+	public := map[string]int{"memory": 2, "redis": 5, "cluster": 4, "sentinel": 5}
 	parts := strings.Split(poolKey, "|")
-	if n := len(parts); n > 2 && (strings.HasPrefix(parts[n-1], "plain") || strings.HasPrefix(parts[n-1], "tls")) {
-		parts = parts[:n-1]
+	if n, ok := public[parts[0]]; ok && len(parts) > n {
+		parts = parts[:n]
 	}
 	return strings.Join(parts, "|")
 }

@@ -459,3 +459,37 @@ func describedMetrics(t *testing.T) map[string][]string {
 	}
 	return out
 }
+
+// Metric labels name the store without its secrets, whatever its form.
+func TestStoreLabelDropsSecrets(t *testing.T) {
+	for _, tc := range []struct{ key, want string }{
+		{"memory|fleetguard", "memory|fleetguard"},
+		{"redis|127.0.0.1:6379|u|0|fg|tls:0123456789abcdef", "redis|127.0.0.1:6379|u|0|fg"},
+		{"cluster|a:1,b:2|u|fg|plain:0123456789abcdef", "cluster|a:1,b:2|u|fg"},
+		{"sentinel|mymaster@s1:26379,s2:26379|u|0|fg|plain:0123456789abcdef|su:fedcba9876543210", "sentinel|mymaster@s1:26379,s2:26379|u|0|fg"},
+	} {
+		if got := storeLabel(tc.key); got != tc.want {
+			t.Errorf("storeLabel(%q) = %q, want %q", tc.key, got, tc.want)
+		}
+	}
+	// The identities the app builds, with passwords and TLS.
+	for _, a := range []App{
+		{Prefix: "fg", Redis: "rediss://u:pw-one@127.0.0.1:6379/0"},
+		{Prefix: "fg", RedisCluster: "redis://u:pw-one@127.0.0.1:7000?addr=127.0.0.1:7001"},
+		{Prefix: "fg", RedisSentinel: "redis://su:pw-two@127.0.0.1:26379?addr=127.0.0.1:26380&master_name=mymaster&password=pw-one"},
+	} {
+		key, _, err := a.store()
+		if err != nil {
+			t.Fatal(err)
+		}
+		label := storeLabel(key)
+		for _, secret := range []string{keyhash.Of("pw-one").String()[:16], keyhash.Of("pw-two").String()[:16], "tls", "plain"} {
+			if strings.Contains(label, secret) {
+				t.Errorf("the label %q of %q shows %q", label, key, secret)
+			}
+		}
+		if !strings.HasSuffix(label, "|fg") {
+			t.Errorf("the label %q of %q does not end with the prefix", label, key)
+		}
+	}
+}
