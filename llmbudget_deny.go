@@ -1,0 +1,111 @@
+package fleetguard
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+)
+
+// refuse answers a request llmbudget cannot budget (not forwarded). In shadow
+// mode it is counted and logged, and forwarded: nothing is refused.
+func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, format usage.Format, status int, errType, code, message string) error {
+	if h.Shadow {
+		h.shadowRejected.Inc()
+		h.logger.Info("shadow: request would be refused", zap.Int("status", status), zap.String("code", code), zap.String("reason", message))
+		return next.ServeHTTP(w, r)
+	}
+	h.rejected.Inc()
+	return h.reject(w, format, status, errType, code, message)
+}
+
+// shadowDenied counts, logs and announces a denial that shadow mode does not
+// enforce.
+func (h *LLMBudget) shadowDenied(r *http.Request, d *budget.Denial, dims budget.Dims) {
+	h.decisions[h.budgetIndex(d.Budget)][shadowDenied].Inc()
+	h.logger.Info("shadow: request would be denied by budget",
+		zap.String("budget", d.Budget.Name),
+		zap.String("scope", d.Budget.Scope.String()),
+		zap.Int64("requested", d.Amount),
+		zap.Int64("used", d.Used),
+		zap.Int64("limit", d.Budget.Limit))
+	h.emitDenied(r, d, dims, true)
+}
+
+// deny answers 429 for a token budget and 402 for a dollar budget.
+func (h *LLMBudget) deny(w http.ResponseWriter, r *http.Request, format usage.Format, repl *caddy.Replacer, d *budget.Denial, dims budget.Dims) error {
+	now := time.Now()
+	retry := ceilSeconds(d.WindowEnd.Sub(now))
+	status, code := http.StatusTooManyRequests, "token_budget_exceeded"
+	unit := "tokens"
+	if d.Budget.Unit == budget.USD {
+		status, code, unit = http.StatusPaymentRequired, "usd_budget_exceeded", "micro-USD"
+	}
+	hdr := w.Header()
+	h.setRateLimitHeaders(hdr, d.Holds, now)
+	repl.Set("http.llmbudget.budget", d.Budget.Name)
+	h.emitDenied(r, d, dims, false)
+	h.logger.Debug("request denied by budget",
+		zap.String("budget", d.Budget.Name),
+		zap.String("scope", d.Budget.Scope.String()),
+		zap.String("principal_hash", keyhash.Of(dims.Principal).String()),
+		zap.String("model", dims.Model),
+		zap.Int64("requested", d.Amount),
+		zap.Int64("used", d.Used),
+		zap.Int64("limit", d.Budget.Limit))
+	if d.Amount > d.Budget.Limit {
+		// No window will ever admit it: say what to lower, and tell SDKs not
+		// to retry (they would sleep Retry-After and fail again).
+		hdr.Set("X-Should-Retry", "false")
+		return h.reject(w, format, status, "budget_exceeded", "request_exceeds_budget", fmt.Sprintf(
+			"this request alone needs up to %d %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%d %s per %s): lower max_tokens or shorten the prompt",
+			d.Amount, unit, d.Budget.Name, d.Budget.Limit, unit, time.Duration(d.Budget.Window)))
+	}
+	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
+	repl.Set("http.llmbudget.retry_after", retry)
+	if time.Duration(retry)*time.Second > h.maxRetryAfter {
+		// SDKs retry a 429 after sleeping Retry-After: with a long window one
+		// call would block for hours. They honour x-should-retry.
+		hdr.Set("X-Should-Retry", "false")
+	}
+	return h.reject(w, format, status, "budget_exceeded", code, fmt.Sprintf(
+		"budget %q (%s, per %s) is exhausted for this window: %d of %d %s used, this request needs up to %d; it resets in %ds",
+		d.Budget.Name, d.Budget.Scope, time.Duration(d.Budget.Window), d.Used, d.Budget.Limit, unit, d.Amount, retry))
+}
+
+// emitDenied emits llmbudget_denied for d.
+func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Dims, shadow bool) {
+	if !h.events.wants(eventLLMBudgetDenied) {
+		return
+	}
+	h.events.emit(eventLLMBudgetDenied, map[string]any{
+		"budget":     d.Budget.Name,
+		"scope":      d.Budget.Scope.String(),
+		"scope_hash": keyhash.Of(dims.Value(d.Budget.Scope)).String(),
+		"unit":       d.Budget.Unit.String(),
+		"requested":  d.Amount,
+		"used":       d.Used,
+		"limit":      d.Budget.Limit,
+		"shadow":     shadow,
+		"path":       r.URL.Path,
+	})
+}
+
+// setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per
+// budget.
+func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
+	buf := make([]byte, 0, 48*len(holds))
+	for _, hold := range holds {
+		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.Limit-hold.Used, hold.WindowEnd.Sub(now))
+	}
+	addItems(hdr, "Ratelimit-Policy", h.policy)
+	addItems(hdr, "Ratelimit", string(buf))
+}

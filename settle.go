@@ -1,0 +1,94 @@
+package fleetguard
+
+import (
+	"context"
+	"net/http"
+
+	"go.uber.org/zap"
+
+	"github.com/fleetguard/fleetguard/budget"
+)
+
+// finish decides, once, what the response used and hands the settle to the
+// background. It runs deferred, so it also runs when the client goes away,
+// the upstream fails or a later handler panics.
+func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price, model string) {
+	mw.drain()
+	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
+	spend := budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)}
+	reserved := promptEstimate + outputCap
+	// The response reaches the client first: the settle runs after this
+	// handler has returned, off the response path.
+	h.engine.settleLater(func() { h.settle(res, out, spend, reserved, model) })
+}
+
+// settle applies the outcome of a response to its reservation, on a context
+// of its own (the request's is done, and a reload may have cleaned up the
+// config that admitted it). model is the price book's name for the model
+// ("" when unpriced).
+func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Spend, reservedTokens int64, model string) {
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	var err error
+	op := "settle"
+	switch out.source {
+	case "released":
+		op = "release"
+		err = h.engine.budgets.Release(ctx, res)
+	case "reserved", "abandoned":
+		// No readable usage, or a client that left after the upstream had the
+		// request: the upstream bills it, so the reservation stands. Never free.
+	default:
+		err = h.engine.budgets.Settle(ctx, res, spend)
+	}
+	if err != nil {
+		// The settle's outcome is unknown (it may apply late); it is resolved
+		// in the background and counted there, never as charged here.
+		metrics.storeErrors.WithLabelValues(op).Inc()
+		metrics.llmSettleFailures.Inc()
+		metrics.llmSettleOutcomes.WithLabelValues("unknown").Inc()
+		h.logger.Warn("settling a budget reservation failed; it is retried in the background, and the counters keep the reservation meanwhile",
+			zap.String("reservation", res.ID), zap.Strings("budgets", holdNames(res.Holds)), zap.Error(err))
+		return
+	}
+	metrics.llmSettleOutcomes.WithLabelValues("ok").Inc()
+	metrics.llmSettles.WithLabelValues(out.source).Inc()
+	if out.source == "released" {
+		return
+	}
+	for _, hold := range res.Holds {
+		amount := hold.Amount
+		if out.source != "reserved" && out.source != "abandoned" {
+			amount = hold.Budget.Amount(spend)
+		}
+		metrics.llmCharged.WithLabelValues(hold.Budget.Name, hold.Budget.Unit.String()).Add(float64(amount))
+	}
+	if out.source == "reported" || out.source == "estimated" {
+		observeUsage(model, out.usage, spend)
+		if out.source == "reported" && reservedTokens > 0 {
+			metrics.llmUsageRatio.Observe(float64(out.usage.Tokens()) / float64(reservedTokens))
+		}
+	}
+}
+
+// observeUsage counts the tokens and cost of a settled request.
+func observeUsage(model string, u budget.Usage, spend budget.Spend) {
+	label := model
+	if label == "" {
+		label = "other"
+	}
+	metrics.llmTokens.WithLabelValues(label, "input").Add(float64(u.InputTokens))
+	metrics.llmTokens.WithLabelValues(label, "cached_input").Add(float64(u.CachedInputTokens))
+	metrics.llmTokens.WithLabelValues(label, "output").Add(float64(u.OutputTokens))
+	if model != "" {
+		metrics.llmCost.WithLabelValues(model).Add(float64(spend.CostMicros) / budget.MicrosPerUSD)
+	}
+}
+
+func holdNames(holds []budget.Hold) []string {
+	names := make([]string, len(holds))
+	for i, h := range holds {
+		names[i] = h.Budget.Name
+	}
+	return names
+}
