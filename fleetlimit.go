@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
@@ -67,7 +66,7 @@ type ZoneConfig struct {
 
 type zoneRuntime struct {
 	name         string
-	key          string
+	key          keyResolver
 	limit        ratelimit.Limit
 	zone         *ratelimit.Zone
 	allowed      prometheus.Counter
@@ -176,7 +175,7 @@ func (h *FleetLimit) resolveZones() error {
 		zone := h.engine.limiter.Zone(name, &limit)
 		h.zones = append(h.zones, zoneRuntime{
 			name:         name,
-			key:          z.Key,
+			key:          compileKey(z.Key),
 			limit:        limit,
 			zone:         zone,
 			allowed:      metrics.fleetDecisions.WithLabelValues(name, "allowed"),
@@ -197,13 +196,12 @@ func (h *FleetLimit) resolveZones() error {
 // ServeHTTP gates the request on every zone, then calls next. It never waits
 // on the store.
 func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	n := len(h.zones)
 	var checks [ratelimit.MaxChecks]ratelimit.Check
 	var verdicts [ratelimit.MaxChecks]ratelimit.Verdict
 	for i := range h.zones {
 		z := &h.zones[i]
-		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: keyhash.Of(repl.ReplaceAll(z.key, ""))}
+		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: z.key.hash(r)}
 	}
 	denied := h.engine.limiter.Allow(time.Now().UnixNano(), checks[:n], verdicts[:n])
 	hdr := w.Header()
@@ -245,6 +243,7 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 			zap.Bool("fleet", verdicts[denied].Fleet), zap.Int64("retry_after", retry))
 	}
 	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	repl.Set("http.fleetlimit.zone", z.name)
 	repl.Set("http.fleetlimit.retry_after", retry)
 	return caddyhttp.Error(http.StatusTooManyRequests,

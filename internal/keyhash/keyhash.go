@@ -22,6 +22,13 @@ func Of(s string) Hash {
 	return Hash{Hi: h.Hi, Lo: h.Lo}
 }
 
+// OfBytes returns the digest of b, the same as Of(string(b)), without the
+// conversion. It does not allocate.
+func OfBytes(b []byte) Hash {
+	h := xxh3.Hash128(b)
+	return Hash{Hi: h.Hi, Lo: h.Lo}
+}
+
 // String renders the digest as 32 lowercase hex digits.
 func (h Hash) String() string {
 	var b [16]byte

@@ -17,10 +17,29 @@ func TestStableAcrossProcesses(t *testing.T) {
 	}
 }
 
+func TestOfBytesIsOfString(t *testing.T) {
+	// A key assembled into bytes and one read as a string must name the
+	// same counter. Lengths cross XXH3's size classes (0, 1-3, 4-8, 9-16,
+	// 17-128, 129-240, longer).
+	for _, n := range []int{0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1000} {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte('a' + i%26)
+		}
+		if OfBytes(b) != Of(string(b)) {
+			t.Fatalf("length %d: OfBytes and Of differ", n)
+		}
+	}
+}
+
 func TestOfDoesNotAllocate(t *testing.T) {
 	s := "Bearer sk-live-abcdefghijklmnopqrstuvwxyz"
 	if n := testing.AllocsPerRun(100, func() { _ = Of(s) }); n != 0 {
 		t.Fatalf("Of allocates %v times per call, want 0", n)
+	}
+	b := []byte(s)
+	if n := testing.AllocsPerRun(100, func() { _ = OfBytes(b) }); n != 0 {
+		t.Fatalf("OfBytes allocates %v times per call, want 0", n)
 	}
 }
 
