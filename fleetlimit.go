@@ -66,6 +66,7 @@ type ZoneConfig struct {
 
 type zoneRuntime struct {
 	name         string
+	quotedName   string // for the RateLimit item
 	key          keyResolver
 	limit        ratelimit.Limit
 	zone         *ratelimit.Zone
@@ -175,6 +176,7 @@ func (h *FleetLimit) resolveZones() error {
 		zone := h.engine.limiter.Zone(name, &limit)
 		h.zones = append(h.zones, zoneRuntime{
 			name:         name,
+			quotedName:   strconv.Quote(name),
 			key:          compileKey(z.Key),
 			limit:        limit,
 			zone:         zone,
@@ -197,16 +199,24 @@ func (h *FleetLimit) resolveZones() error {
 // on the store.
 func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	n := len(h.zones)
-	var checks [ratelimit.MaxChecks]ratelimit.Check
-	var verdicts [ratelimit.MaxChecks]ratelimit.Verdict
+	var checks []ratelimit.Check
+	var verdicts []ratelimit.Verdict
+	if n <= 2 { // the usual zone or two, without clearing arrays for MaxChecks
+		var c [2]ratelimit.Check
+		var v [2]ratelimit.Verdict
+		checks, verdicts = c[:n], v[:n]
+	} else {
+		var c [ratelimit.MaxChecks]ratelimit.Check
+		var v [ratelimit.MaxChecks]ratelimit.Verdict
+		checks, verdicts = c[:n], v[:n]
+	}
 	for i := range h.zones {
 		z := &h.zones[i]
 		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: z.key.hash(r)}
 	}
-	denied := h.engine.limiter.Allow(time.Now().UnixNano(), checks[:n], verdicts[:n])
+	denied := h.engine.limiter.Allow(time.Now().UnixNano(), checks, verdicts)
 	hdr := w.Header()
-	addItems(hdr, "Ratelimit-Policy", h.policy)
-	addItems(hdr, "Ratelimit", h.rateLimitHeader(verdicts[:n]))
+	setRateLimitHeaders(hdr, h.policy, h.rateLimitHeader(verdicts))
 	if denied < 0 {
 		for i := range h.zones {
 			h.zones[i].allowed.Inc()
@@ -260,7 +270,7 @@ func (h *FleetLimit) rateLimitHeader(verdicts []ratelimit.Verdict) string {
 		if !v.Allowed {
 			reset = v.RetryAfter
 		}
-		buf = appendRateLimitItem(buf, h.zones[i].name, v.Remaining, reset)
+		buf = appendQuotedRateLimitItem(buf, h.zones[i].quotedName, v.Remaining, reset)
 	}
 	return string(buf)
 }

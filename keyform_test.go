@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"crypto/tls"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -251,3 +252,59 @@ func BenchmarkKeyForms(b *testing.B) {
 	}
 }
 
+// TestKeyShorthandsThroughCaddy runs Caddyfile keys written with the
+// shorthands through a real Caddy: each expands to a form read without the
+// replacer, and requests are counted under the key they carry.
+func TestKeyShorthandsThroughCaddy(t *testing.T) {
+	port := freePort(t)
+	caddyfile := fmt.Sprintf(`{
+	admin {ADMIN}
+}
+:%d {
+	fleetlimit {
+		zone by_query {
+			key {query.tenant}
+			events 1
+			window 1m
+		}
+		zone by_cookie {
+			key {cookie.session}
+			events 1
+			window 1m
+		}
+	}
+	respond "ok"
+}`, port)
+	cfg, _, err := adaptCaddyfile(strings.ReplaceAll(caddyfile, "{ADMIN}", "localhost:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"key":"{http.request.uri.query.tenant}"`, `"key":"{http.request.cookie.session}"`} {
+		if !strings.Contains(string(cfg), want) {
+			t.Fatalf("adapted config lacks %s:\n%s", want, cfg)
+		}
+	}
+	for _, template := range []string{"{http.request.uri.query.tenant}", "{http.request.cookie.session}", "{http.request.header.X-API-Key}", "{http.request.remote.host}", "{http.vars.client_ip}"} {
+		if compileKey(template).form == keyByReplacer {
+			t.Fatalf("%s goes through the replacer", template)
+		}
+	}
+	startCaddy(t, caddyfile)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	for i, c := range []struct {
+		query, cookie string
+		want          int
+	}{
+		{"tenant=a", "session=1", http.StatusOK},
+		{"tenant=a", "session=2", http.StatusTooManyRequests}, // tenant a spent
+		{"tenant=b", "SESSION=1", http.StatusTooManyRequests}, // session 1 spent: cookie names match ignoring case; a denial spends nothing
+		{"tenant=%62", "session=3", http.StatusOK},            // %62 decodes to b, not yet spent
+		{"tenant=b", "session=4", http.StatusTooManyRequests}, // now it is
+		{"tenant=c", "session=5", http.StatusOK},
+	} {
+		resp, _ := get(t, url+"?"+c.query, "Cookie: "+c.cookie)
+		if resp.StatusCode != c.want {
+			t.Fatalf("request %d (%s, %s): %d, want %d", i, c.query, c.cookie, resp.StatusCode, c.want)
+		}
+	}
+}

@@ -21,10 +21,29 @@ func policyItem(name string, quota int64, window time.Duration) string {
 // handler of the route put there (fleetlimit and llmbudget on one route give
 // one list with both).
 func addItems(hdr map[string][]string, name, items string) {
-	if prev := hdr[name]; len(prev) > 0 && prev[0] != "" {
-		items = prev[0] + ", " + items
+	hdr[name] = []string{afterItems(hdr[name], items)}
+}
+
+// setRateLimitHeaders is addItems for both headers with one allocation for
+// their two values. The policy is the same on every response, yet it is not
+// shared between responses: Caddy's header handler rewrites values in place
+// (hdr[field][i] = …), which would race on a shared slice. Each slice has
+// capacity 1, so a handler appending to one copies it instead of writing
+// over the other.
+func setRateLimitHeaders(hdr map[string][]string, policy, rateLimit string) {
+	vals := new([2]string)
+	vals[0] = afterItems(hdr["Ratelimit-Policy"], policy)
+	vals[1] = afterItems(hdr["Ratelimit"], rateLimit)
+	hdr["Ratelimit-Policy"] = vals[0:1:1]
+	hdr["Ratelimit"] = vals[1:2:2]
+}
+
+// afterItems is items after the list another handler left in prev.
+func afterItems(prev []string, items string) string {
+	if len(prev) > 0 && prev[0] != "" {
+		return prev[0] + ", " + items
 	}
-	hdr[name] = []string{items}
+	return items
 }
 
 // joinItems joins header list items.
@@ -36,7 +55,20 @@ func appendRateLimitItem(buf []byte, name string, remaining int64, reset time.Du
 	if len(buf) > 0 {
 		buf = append(buf, ", "...)
 	}
-	buf = strconv.AppendQuote(buf, name)
+	return appendRateLimitCounts(strconv.AppendQuote(buf, name), remaining, reset)
+}
+
+// appendQuotedRateLimitItem is appendRateLimitItem with the name already
+// quoted (quoting is most of an item's cost: a handler quotes its names once).
+func appendQuotedRateLimitItem(buf []byte, quotedName string, remaining int64, reset time.Duration) []byte {
+	if len(buf) > 0 {
+		buf = append(buf, ", "...)
+	}
+	return appendRateLimitCounts(append(buf, quotedName...), remaining, reset)
+}
+
+// appendRateLimitCounts appends an item's parameters, ;r=<remaining>;t=<reset s>.
+func appendRateLimitCounts(buf []byte, remaining int64, reset time.Duration) []byte {
 	buf = append(buf, ";r="...)
 	buf = strconv.AppendInt(buf, max(remaining, 0), 10)
 	buf = append(buf, ";t="...)
