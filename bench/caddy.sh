@@ -1,0 +1,306 @@
+#!/usr/bin/env bash
+# What a rate limiter costs a real Caddy, end to end on loopback. Four Caddy
+# processes, one at a time, serve `respond "ok"`:
+#
+#   plain               no limiter
+#   fleetlimit memory   cmd/caddy of this checkout, the embedded store
+#   fleetlimit redis    the same on a local redis-server
+#   caddy-ratelimit     a Caddy built with github.com/mholt/caddy-ratelimit
+#
+# each with one zone keyed on X-API-Key and a limit no run reaches (so the
+# cost is measured, not 429s). wrk -t1 -c32 drives them in alternating
+# rounds (A B C D, B C D A, …); the script prints each variant's median req/s and
+# its median per-round ratio to plain. Then a run where every request carries
+# a new key (a wrk Lua counter) gives each limiter's new-key throughput and
+# its memory per key: the Caddy process's VmRSS after minus before, over the
+# number of keys (Go's heap headroom included, as an operator would see it).
+#
+# A second plain process runs as a variant too: its ratio to the first is the
+# run's noise floor. Caddy's CPU time per request is printed beside req/s: on
+# a machine shared with other work it moves less than req/s does.
+#
+# Settings (environment), with defaults: ROUNDS (11), SECONDS_PER_RUN (2),
+# CONNECTIONS (32), NEWKEY_SECONDS (8), COST_EVENTS per COST_WINDOW (20000
+# per 100ms), PIN (1: Caddy on CPU 0, wrk and redis-server on CPU 1; 0: no
+# pinning), CADDY_RATELIMIT_VERSION (v0.1.0), REDIS_PORT (6393), BASE_PORT
+# (9300), COMPARE_REV (none; a git revision whose fleetlimit variants run
+# beside this checkout's, e.g. COMPARE_REV=main).
+source "$(dirname "$0")/lib.sh"
+
+rounds=${ROUNDS:-11}
+seconds=${SECONDS_PER_RUN:-2}
+connections=${CONNECTIONS:-32}
+newkey_seconds=${NEWKEY_SECONDS:-8}
+pin=${PIN:-1}
+crl_version=${CADDY_RATELIMIT_VERSION:-v0.1.0}
+redis_port=${REDIS_PORT:-6393}
+port=${BASE_PORT:-9300}
+
+if ! command -v wrk >/dev/null 2>&1; then
+	if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+		echo "wrk missing: installing Debian's wrk" >&2
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+	else
+		echo "wrk is required: sudo apt-get install -y wrk" >&2
+		exit 1
+	fi
+fi
+
+caddy_cpus="" load_cpus=""
+if [ "$pin" = "1" ] && [ "$(nproc)" -ge 2 ]; then
+	caddy_cpus="taskset -c 0" load_cpus="taskset -c 1"
+fi
+
+# A second Caddy with caddy-ratelimit: a throwaway module with this
+# checkout's requirements (so Caddy and every shared dependency are at the
+# same versions), caddy-ratelimit added.
+caddy_version=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2)
+mkdir -p "$work/crl"
+cp go.mod go.sum "$work/crl/"
+cat >"$work/crl/main.go" <<'GO'
+// Command caddy is a Caddy build with the standard modules plus caddy-ratelimit.
+package main
+
+import (
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	_ "github.com/mholt/caddy-ratelimit"
+)
+
+func main() { caddycmd.Main() }
+GO
+(
+	cd "$work/crl"
+	go mod edit -module caddyratelimitbench
+	go get "github.com/mholt/caddy-ratelimit@$crl_version" >/dev/null 2>&1
+	go mod tidy >/dev/null 2>&1
+	got=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2)
+	if [ "$got" != "$caddy_version" ]; then
+		echo "caddy-ratelimit $crl_version moved Caddy to $got (this checkout: $caddy_version)" >&2
+		exit 1
+	fi
+	go build -o "$work/caddy-ratelimit" .
+)
+
+# COMPARE_REV: the fleetlimit variants again, built from that revision.
+# plain-again is a second plain process: its ratio to plain is the noise
+# floor of the run.
+variants=(plain plain-again fleetlimit-memory fleetlimit-redis caddy-ratelimit)
+if [ -n "${COMPARE_REV:-}" ]; then
+	mkdir -p "$work/rev"
+	git archive "$COMPARE_REV" | tar -x -C "$work/rev"
+	(cd "$work/rev" && go build -o "$work/caddy-rev" ./cmd/caddy)
+	variants+=("fleetlimit-memory@$COMPARE_REV" "fleetlimit-redis@$COMPARE_REV")
+fi
+
+$load_cpus redis-server --port "$redis_port" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+
+# caddyfile VARIANT PORT EVENTS WINDOW: the config of one variant.
+admin="admin off"
+caddyfile() {
+	local global="" handler=""
+	case $1 in
+	fleetlimit-redis*) global="fleetguard {
+		redis redis://127.0.0.1:$redis_port/0
+	}" ;;
+	esac
+	case $1 in
+	fleetlimit-*) handler="fleetlimit {
+		zone per_key {
+			key {http.request.header.X-API-Key}
+			events $3
+			window $4
+			max_keys 1000000
+		}
+	}" ;;
+	caddy-ratelimit) handler="rate_limit {
+		zone per_key {
+			key {http.request.header.X-API-Key}
+			events $3
+			window $4
+		}
+	}" ;;
+	esac
+	cat <<CFG
+{
+	$admin
+	auto_https off
+	$global
+}
+:$2 {
+	$handler
+	respond "ok"
+}
+CFG
+}
+
+binary() {
+	case $1 in
+	caddy-ratelimit) echo "$work/caddy-ratelimit" ;;
+	*@*) echo "$work/caddy-rev" ;;
+	*) echo "$work/caddy" ;;
+	esac
+}
+
+# start VARIANT PORT EVENTS WINDOW: starts that Caddy and waits until it
+# answers; sets started_pid.
+start() {
+	local file="$work/${1//[^a-z0-9-]/_}"
+	caddyfile "$@" >"$file.Caddyfile"
+	$caddy_cpus "$(binary "$1")" run --adapter caddyfile --config "$file.Caddyfile" >"$file.log" 2>&1 &
+	started_pid=$!
+	for _ in $(seq 100); do
+		if curl -fs -o /dev/null -H 'X-API-Key: warm' "http://127.0.0.1:$2/"; then
+			return
+		fi
+		sleep 0.1
+	done
+	echo "$1 did not start:" >&2
+	cat "$file.log" >&2
+	exit 1
+}
+
+stop() {
+	kill -CONT "$1"
+	kill "$1"
+	wait "$1" 2>/dev/null || true
+}
+
+# load PORT SECONDS [wrk args...]: wrk's output for one run.
+load() {
+	local port=$1 d=$2
+	shift 2
+	$load_cpus wrk -t1 -c"$connections" -d"${d}s" "$@" "http://127.0.0.1:$port/"
+}
+
+rps() { sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p'; }
+requests() { sed -n 's/^ *\([0-9]*\) requests in.*/\1/p'; }
+
+refused() {
+	if grep -q 'Non-2xx' <<<"$1"; then
+		echo "a run got answers other than 200, the limit was reached:" >&2
+		echo "$1" >&2
+		exit 1
+	fi
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+vmrss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+
+# cpu_ns PID: CPU time the process's threads have run, in ns.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }'; }
+
+# One key at a limit no run reaches: 20000 per 100 ms, 200k req/s.
+# caddy-ratelimit keeps a ring of one timestamp per allowed event per key
+# (24 bytes, with a pointer the GC scans), so the short window keeps its ring
+# at 480 kB where 200k per second would be 4.8 MB; fleetlimit keeps 20 counts
+# whatever the limit.
+cost_events=${COST_EVENTS:-20000} cost_window=${COST_WINDOW:-100ms}
+
+# Every variant is started and warmed up once, then stopped (SIGSTOP): a
+# round continues one at a time for its run and stops it again, so only the
+# measured Caddy runs and the variants alternate every few seconds.
+declare -A pid vport rates cpus
+i=0
+for v in "${variants[@]}"; do
+	vport[$v]=$((port + i))
+	i=$((i + 1))
+	start "$v" "${vport[$v]}" "$cost_events" "$cost_window"
+	pid[$v]=$started_pid
+	load "${vport[$v]}" 1 -H 'X-API-Key: bench' >/dev/null
+	kill -STOP "${pid[$v]}"
+done
+for round in $(seq "$rounds"); do
+	# Each round starts one variant further, so none always runs first.
+	n=${#variants[@]}
+	for k in $(seq 0 $((n - 1))); do
+		v=${variants[$(((round + k) % n))]}
+		kill -CONT "${pid[$v]}"
+		sleep 0.2
+		before=$(cpu_ns "${pid[$v]}")
+		out=$(load "${vport[$v]}" "$seconds" -H 'X-API-Key: bench')
+		after=$(cpu_ns "${pid[$v]}")
+		kill -STOP "${pid[$v]}"
+		refused "$out"
+		rates[$v]+="$(rps <<<"$out") "
+		cpus[$v]+="$(awk -v c=$((after - before)) -v n="$(requests <<<"$out")" 'BEGIN { printf "%.3f", c / n / 1000 }') "
+	done
+	echo "round $round: $(for v in "${variants[@]}"; do printf '%s=%s ' "$v" "$(awk '{ print $NF }' <<<"${rates[$v]}")"; done)" >&2
+done
+for v in "${variants[@]}"; do stop "${pid[$v]}"; done
+
+# ratios A B: the per-round ratios a[i]/b[i] of two lists.
+ratios() {
+	paste <(tr ' ' '\n' <<<"$1" | sed '/^$/d') <(tr ' ' '\n' <<<"$2" | sed '/^$/d') |
+		awk '{ printf "%.3f ", $1 / $2 }'
+}
+
+echo
+echo "## End to end: wrk -t1 -c$connections, $rounds rounds x ${seconds}s alternating, one key, $cost_events events per $cost_window"
+echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); Caddy $caddy_version, $(go version | cut -d' ' -f3), redis-server $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'), caddy-ratelimit $crl_version"
+if [ -n "$caddy_cpus" ]; then echo "Caddy pinned to CPU 0, wrk and redis-server to CPU 1"; else echo "no pinning"; fi
+echo
+echo "ratio: the variant's req/s over plain's in the same round. CPU/req: Caddy's CPU time per request;"
+echo "its ratio is plain's over the variant's (what the req/s ratio is where Caddy's core is the limit)."
+echo
+printf '| %-28s | %12s | %12s | %10s | %13s | %s |\n' variant "median req/s" "median ratio" "CPU/req µs" "CPU/req ratio" "per round: req/s ratio; CPU/req ratio"
+printf '|%s|%s|%s|%s|%s|%s|\n' "---" "---:" "---:" "---:" "---:" "---"
+for v in "${variants[@]}"; do
+	r=$(ratios "${rates[$v]}" "${rates[plain]}")
+	c=$(ratios "${cpus[plain]}" "${cpus[$v]}")
+	printf '| %-28s | %12.0f | %12.3f | %10.2f | %13.3f | %s; %s |\n' "$v" \
+		"$(tr ' ' '\n' <<<"${rates[$v]}" | sed '/^$/d' | median)" \
+		"$(tr ' ' '\n' <<<"$r" | sed '/^$/d' | median)" \
+		"$(tr ' ' '\n' <<<"${cpus[$v]}" | sed '/^$/d' | median)" \
+		"$(tr ' ' '\n' <<<"$c" | sed '/^$/d' | median)" "${r% }" "${c% }"
+done
+
+# Every request a new key: wrk -t1, so one Lua counter names every key once.
+cat >"$work/newkey.lua" <<'LUA'
+local n = 0
+request = function()
+	n = n + 1
+	return wrk.format(nil, nil, { ["X-API-Key"] = "new-" .. n })
+end
+LUA
+newkey_events=100 newkey_window=1m
+admin_port=$((port + 100))
+admin="admin localhost:$admin_port"
+# heap_alloc: the live heap after a collection (the admin endpoint's heap
+# profile with gc=1 collects first and ends with runtime.MemStats).
+heap_alloc() {
+	curl -fs "http://localhost:$admin_port/debug/pprof/heap?gc=1&debug=1" | sed -n 's/^# HeapAlloc = \([0-9]*\).*/\1/p'
+}
+redis_memory() { redis-cli -p "$redis_port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
+echo
+echo "## New keys: every request a new X-API-Key, ${newkey_seconds}s, events $newkey_events per $newkey_window (fleetlimit max_keys 1000000, precision 20)"
+echo
+echo "RSS/key: VmRSS after minus before over the keys (garbage and Go's heap headroom included);"
+echo "heap/key: the live heap after a collection, after minus before, over the keys."
+echo
+printf '| %-28s | %8s | %8s | %12s | %12s | %8s | %9s | %15s |\n' variant "req/s" keys "RSS before" "RSS after" "RSS/key" "heap/key" "Redis bytes/key"
+printf '|%s|%s|%s|%s|%s|%s|%s|%s|\n' "---" "---:" "---:" "---:" "---:" "---:" "---:" "---:"
+for v in fleetlimit-memory fleetlimit-redis caddy-ratelimit; do
+	redis-cli -p "$redis_port" flushall >/dev/null
+	start "$v" "$port" "$newkey_events" "$newkey_window"
+	load "$port" 1 -H 'X-API-Key: warm' >/dev/null
+	sleep 0.5
+	heap_before=$(heap_alloc)
+	before=$(vmrss_kb "$started_pid")
+	redis_before=$(redis_memory)
+	out=$(load "$port" "$newkey_seconds" -s "$work/newkey.lua")
+	refused "$out"
+	after=$(vmrss_kb "$started_pid")
+	keys=$(requests <<<"$out")
+	heap_after=$(heap_alloc)
+	redis_per_key=-
+	if [ "$v" = fleetlimit-redis ]; then
+		sleep 1 # the reconciler's next pass writes the last keys
+		redis_per_key=$((($(redis_memory) - redis_before) / keys))
+	fi
+	printf '| %-28s | %8.0f | %8d | %9d kB | %9d kB | %8d | %9d | %15s |\n' "$v" "$(rps <<<"$out")" "$keys" "$before" "$after" \
+		$(((after - before) * 1024 / keys)) $(((heap_after - heap_before) / keys)) "$redis_per_key"
+	stop "$started_pid"
+done
