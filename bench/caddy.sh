@@ -24,7 +24,8 @@
 # per 100ms), PIN (1: Caddy on CPU 0, wrk and redis-server on CPU 1; 0: no
 # pinning), CADDY_RATELIMIT_VERSION (v0.1.0), REDIS_PORT (6393), BASE_PORT
 # (9300), COMPARE_REV (none; a git revision whose fleetlimit variants run
-# beside this checkout's, e.g. COMPARE_REV=main).
+# beside this checkout's, e.g. COMPARE_REV=main), COMPARE_BIN and
+# COMPARE_LABEL (a Caddy binary with fleetguard to run the same way).
 source "$(dirname "$0")/lib.sh"
 
 rounds=${ROUNDS:-11}
@@ -87,7 +88,11 @@ GO
 # plain-again is a second plain process: its ratio to plain is the noise
 # floor of the run.
 variants=(plain plain-again fleetlimit-memory fleetlimit-redis caddy-ratelimit)
-if [ -n "${COMPARE_REV:-}" ]; then
+if [ -n "${COMPARE_BIN:-}" ]; then
+	cp "$COMPARE_BIN" "$work/caddy-rev"
+	COMPARE_REV=${COMPARE_LABEL:-other}
+	variants+=("fleetlimit-memory@$COMPARE_REV" "fleetlimit-redis@$COMPARE_REV")
+elif [ -n "${COMPARE_REV:-}" ]; then
 	mkdir -p "$work/rev"
 	git archive "$COMPARE_REV" | tar -x -C "$work/rev"
 	(cd "$work/rev" && go build -o "$work/caddy-rev" ./cmd/caddy)
