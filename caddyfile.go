@@ -124,6 +124,7 @@ func parseFleetLimit(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //			max_keys  <n>
 //		}
 //		dry_run
+//		ratelimit_headers always|denied|off
 //	}
 func (h *FleetLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
@@ -155,9 +156,19 @@ func (h *FleetLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
+			if h.DryRun {
+				return d.Errf("fleetlimit: dry_run is set twice")
+			}
 			h.DryRun = true
+		case "ratelimit_headers":
+			if h.RateLimitHeaders != "" {
+				return d.Errf("fleetlimit: ratelimit_headers is set twice")
+			}
+			if !d.AllArgs(&h.RateLimitHeaders) || (h.RateLimitHeaders != "always" && h.RateLimitHeaders != "denied" && h.RateLimitHeaders != "off") {
+				return d.Errf("fleetlimit: ratelimit_headers takes always, denied or off")
+			}
 		default:
-			return d.Errf("fleetlimit: unknown subdirective %q (want zone or dry_run)", d.Val())
+			return d.Errf("fleetlimit: unknown subdirective %q (want zone, dry_run or ratelimit_headers)", d.Val())
 		}
 	}
 	if len(h.Zones) == 0 {

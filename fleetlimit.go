@@ -28,9 +28,17 @@ type FleetLimit struct {
 	Zones map[string]*ZoneConfig `json:"zones,omitempty"`
 	// DryRun logs and counts denials but lets every request through.
 	DryRun bool `json:"dry_run,omitempty"`
+	// RateLimitHeaders says which responses carry the RateLimit and
+	// RateLimit-Policy headers: "always" (admitted and denied), "denied"
+	// (only 429s, like caddy-ratelimit; saves the two header fields on every
+	// admitted response, measurable on a busy Caddy) or "off". Retry-After is
+	// on every denial regardless. Default "always".
+	RateLimitHeaders string `json:"ratelimit_headers,omitempty"`
 
 	zones  []zoneRuntime // ordered by ratelimit zone ID, the engine's lock order
 	policy string        // RateLimit-Policy header, the same for every response
+	// headersOnAdmit and headersOnDeny: RateLimitHeaders compiled.
+	headersOnAdmit, headersOnDeny bool
 	engine *engine
 	logger *zap.Logger
 	events emitter
@@ -103,6 +111,11 @@ func (h *FleetLimit) Validate() error {
 			return err
 		}
 	}
+	switch h.RateLimitHeaders {
+	case "", "always", "denied", "off":
+	default:
+		return fmt.Errorf("fleetlimit: ratelimit_headers %q: want always, denied or off", h.RateLimitHeaders)
+	}
 	return nil
 }
 
@@ -147,6 +160,8 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("fleetlimit: metrics: %w", err)
 	}
+	h.headersOnAdmit = h.RateLimitHeaders == "" || h.RateLimitHeaders == "always"
+	h.headersOnDeny = h.headersOnAdmit || h.RateLimitHeaders == "denied"
 	if err := h.resolveZones(); err != nil {
 		return err
 	}
@@ -215,8 +230,10 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: z.key.hash(r)}
 	}
 	denied := h.engine.limiter.Allow(time.Now().UnixNano(), checks, verdicts)
-	hdr := w.Header()
-	setRateLimitHeaders(hdr, h.policy, h.rateLimitHeader(verdicts))
+	// A dry-run denial is an admitted response.
+	if refused := denied >= 0 && !h.DryRun; refused && h.headersOnDeny || !refused && h.headersOnAdmit {
+		setRateLimitHeaders(w.Header(), h.policy, h.rateLimitHeader(verdicts))
+	}
 	if denied < 0 {
 		for i := range h.zones {
 			h.zones[i].allowed.Inc()
@@ -252,7 +269,7 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 		ce.Write(zap.String("zone", z.name), zap.String("key_hash", checks[denied].Key.String()),
 			zap.Bool("fleet", verdicts[denied].Fleet), zap.Int64("retry_after", retry))
 	}
-	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
+	w.Header().Set("Retry-After", strconv.FormatInt(retry, 10))
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	repl.Set("http.fleetlimit.zone", z.name)
 	repl.Set("http.fleetlimit.retry_after", retry)

@@ -417,3 +417,54 @@ func TestFleetLimitDecisionsByReason(t *testing.T) {
 		}
 	}
 }
+
+// ratelimit_headers picks the responses that carry RateLimit and
+// RateLimit-Policy; Retry-After is on every denial.
+func TestRateLimitHeadersOption(t *testing.T) {
+	for _, tc := range []struct {
+		mode            string
+		onAdmit, onDeny bool
+	}{
+		{"", true, true},
+		{"ratelimit_headers always", true, true},
+		{"ratelimit_headers denied", false, true},
+		{"ratelimit_headers off", false, false},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			port := freePort(t)
+			url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+			startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+}
+:%d {
+	fleetlimit {
+		zone one {
+			key {http.request.header.X-API-Key}
+			events 1
+			window 1m
+		}
+		%s
+	}
+	respond "ok"
+}`, port, tc.mode))
+			for i, want := range []struct {
+				status  int
+				headers bool
+			}{{http.StatusOK, tc.onAdmit}, {http.StatusTooManyRequests, tc.onDeny}} {
+				resp, _ := get(t, url, "X-API-Key: headers-"+strings.ReplaceAll(tc.mode, " ", "-"))
+				got := resp.Header.Get("RateLimit") != "" && resp.Header.Get("RateLimit-Policy") != ""
+				none := resp.Header.Get("RateLimit") == "" && resp.Header.Get("RateLimit-Policy") == ""
+				if resp.StatusCode != want.status || (want.headers && !got) || (!want.headers && !none) {
+					t.Fatalf("request %d: %d with RateLimit %q, RateLimit-Policy %q; want %d with headers %v",
+						i+1, resp.StatusCode, resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy"), want.status, want.headers)
+				}
+				if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
+					t.Fatal("a denial without Retry-After")
+				}
+			}
+		})
+	}
+	if _, _, err := adaptCaddyfile(":80 {\n fleetlimit {\n zone z {\n key k\n events 1\n window 1s\n }\n ratelimit_headers sometimes\n }\n }"); err == nil || !strings.Contains(err.Error(), "ratelimit_headers takes always, denied or off") {
+		t.Fatalf("a bad ratelimit_headers: %v", err)
+	}
+}
