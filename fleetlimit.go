@@ -39,9 +39,9 @@ type FleetLimit struct {
 	policy string        // RateLimit-Policy header, the same for every response
 	// headersOnAdmit and headersOnDeny: RateLimitHeaders compiled.
 	headersOnAdmit, headersOnDeny bool
-	engine *engine
-	logger *zap.Logger
-	events emitter
+	engine                        *engine
+	logger                        *zap.Logger
+	events                        emitter
 }
 
 // ZoneConfig is one zone's policy.
