@@ -87,7 +87,9 @@ GO
 # COMPARE_REV: the fleetlimit variants again, built from that revision.
 # plain-again is a second plain process: its ratio to plain is the noise
 # floor of the run.
-variants=(plain plain-again fleetlimit-memory fleetlimit-redis caddy-ratelimit)
+# fleetlimit-redis-denied sends the RateLimit headers on 429s only
+# (ratelimit_headers denied), as caddy-ratelimit does.
+variants=(plain plain-again fleetlimit-memory fleetlimit-redis fleetlimit-redis-denied caddy-ratelimit)
 if [ -n "${COMPARE_BIN:-}" ]; then
 	cp "$COMPARE_BIN" "$work/caddy-rev"
 	COMPARE_REV=${COMPARE_LABEL:-other}
@@ -110,6 +112,10 @@ caddyfile() {
 		redis redis://127.0.0.1:$redis_port/0
 	}" ;;
 	esac
+	local headers=""
+	case $1 in
+	*-denied*) headers="ratelimit_headers denied" ;;
+	esac
 	case $1 in
 	fleetlimit-*) handler="fleetlimit {
 		zone per_key {
@@ -118,6 +124,7 @@ caddyfile() {
 			window $4
 			max_keys 1000000
 		}
+		$headers
 	}" ;;
 	caddy-ratelimit) handler="rate_limit {
 		zone per_key {
