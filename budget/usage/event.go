@@ -2,61 +2,71 @@ package usage
 
 import (
 	"bytes"
-	"encoding/json"
 
 	"github.com/fleetguard/fleetguard/budget"
 )
 
-// event is the union of the top-level fields that carry usage or output text
-// in any supported format: a whole JSON response, one SSE data payload, or
-// one NDJSON line.
+// event is what one JSON payload (a whole response, one SSE data payload or
+// one NDJSON line) says about usage and output text, in any supported
+// format. Keys are read by exact case, as upstreams and SDKs read them; of a
+// key given twice, the last counts.
 type event struct {
-	Type string `json:"type"`
+	kind eventKind // "type"
 	// OpenAI chat (final chunk or JSON body), Responses and Anthropic JSON
 	// bodies, Anthropic message_delta.
-	Usage *Fields `json:"usage"`
+	usage usageFields
 	// Anthropic message_start carries usage inside message; Ollama chat
 	// carries the output text there.
-	Message *struct {
-		Usage   *Fields         `json:"usage"`
-		Content json.RawMessage `json:"content"`
-	} `json:"message"`
-	// Responses events carry the response object; Ollama's generate API has a
-	// string here.
-	Response json.RawMessage `json:"response"`
-	// Output text: chat chunks.
-	Choices []struct {
-		Delta *struct {
-			Content          *string `json:"content"`
-			ReasoningContent *string `json:"reasoning_content"`
-			Refusal          *string `json:"refusal"`
-			ToolCalls        []struct {
-				Function struct {
-					Arguments string `json:"arguments"`
-				} `json:"function"`
-			} `json:"tool_calls"`
-		} `json:"delta"`
-	} `json:"choices"`
-	// Output text: Responses (a string) and Anthropic (an object) deltas.
-	Delta json.RawMessage `json:"delta"`
+	message      bool
+	messageUsage usageFields
+	// Responses events carry the response object (its usage is read for
+	// the final events only); Ollama's generate API has a string here.
+	responseUsage usageFields
 	// Gemini.
-	UsageMetadata *struct {
-		PromptTokenCount        int64 `json:"promptTokenCount"`
-		CandidatesTokenCount    int64 `json:"candidatesTokenCount"`
-		ThoughtsTokenCount      int64 `json:"thoughtsTokenCount"`
-		CachedContentTokenCount int64 `json:"cachedContentTokenCount"`
-	} `json:"usageMetadata"`
-	Candidates []struct {
-		Content struct {
-			Parts []struct {
-				Text string `json:"text"`
-			} `json:"parts"`
-		} `json:"content"`
-	} `json:"candidates"`
+	gemini geminiUsage
 	// Ollama's native API.
-	Done            bool   `json:"done"`
-	PromptEvalCount *int64 `json:"prompt_eval_count"`
-	EvalCount       *int64 `json:"eval_count"`
+	promptEvalCount, evalCount optInt
+	// text is the output text each key carried, in bytes as decoded.
+	text [textKeys]int64
+}
+
+// eventKind is the "type" of an event, where it decides how usage is read.
+type eventKind uint8
+
+const (
+	kindOther eventKind = iota
+	kindMessageStart
+	kindMessageDelta
+	kindResponseFinal // response.completed, response.incomplete, response.failed
+)
+
+// The keys that carry output text.
+const (
+	textChoices    = iota // chat chunks: choices[].delta
+	textDelta             // Responses (a string) and Anthropic (an object) deltas
+	textCandidates        // Gemini: candidates[].content.parts[].text
+	textMessage           // Ollama chat: message.content
+	textResponse          // Ollama generate: response (a string)
+	textKeys
+)
+
+// optInt is an integer field that may be absent or null.
+type optInt struct {
+	v   int64
+	set bool
+}
+
+func (o optInt) nonNegative() int64 {
+	if o.set && o.v > 0 {
+		return o.v
+	}
+	return 0
+}
+
+// geminiUsage is Gemini's usageMetadata.
+type geminiUsage struct {
+	present                                     bool
+	prompt, candidates, thoughts, cachedContent int64
 }
 
 // tally accumulates what a response reported, event by event.
@@ -72,57 +82,49 @@ type tally struct {
 	outputTextBytes int64
 }
 
-// add folds one parsed event into the tally.
+// add folds one event into the tally.
 func (t *tally) add(f Format, ev *event) {
-	t.addText(ev)
+	for _, n := range ev.text {
+		t.outputTextBytes += n
+	}
 	switch {
-	case ev.Type == "message_start" && ev.Message != nil && ev.Message.Usage != nil:
-		if u, ok := ev.Message.Usage.Usage(Anthropic); ok {
+	case ev.kind == kindMessageStart && ev.message && ev.messageUsage.present:
+		if u, ok := ev.messageUsage.usage(Anthropic); ok {
 			t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
 			t.usage.OutputTokens = max(t.usage.OutputTokens, u.OutputTokens)
 			t.inputKnown = true
 		}
-	case ev.Type == "message_delta" && ev.Usage != nil:
+	case ev.kind == kindMessageDelta && ev.usage.present:
 		// Cumulative: the last value wins, never a sum. Newer API versions
 		// repeat the input counts here too.
-		fields := ev.Usage
-		if fields.OutputTokens != nil {
-			t.usage.OutputTokens = max(*fields.OutputTokens, 0)
+		fields := &ev.usage
+		if fields.outputTokens.set {
+			t.usage.OutputTokens = max(fields.outputTokens.v, 0)
 		}
-		if fields.InputTokens != nil || fields.CacheReadInputTokens != nil || fields.CacheCreationInputTokens != nil {
-			if u, ok := fields.Usage(Anthropic); ok && u.InputTokens > 0 {
+		if fields.inputTokens.set || fields.cacheRead.set || fields.cacheCreation.set {
+			if u, ok := fields.usage(Anthropic); ok && u.InputTokens > 0 {
 				t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
 				t.inputKnown = true
 			}
 		}
 		t.complete = true
-	case ev.Type == "response.completed" || ev.Type == "response.incomplete" || ev.Type == "response.failed":
-		var resp struct {
-			Usage *Fields `json:"usage"`
+	case ev.kind == kindResponseFinal:
+		if ev.responseUsage.present {
+			t.set(ev.responseUsage.usage(OpenAIResponses))
 		}
-		if json.Unmarshal(ev.Response, &resp) == nil && resp.Usage != nil {
-			t.set(resp.Usage.Usage(OpenAIResponses))
-		}
-	case ev.UsageMetadata != nil:
-		m := ev.UsageMetadata
+	case ev.gemini.present:
+		m := ev.gemini
 		t.set(budget.Usage{
-			InputTokens:       max(m.PromptTokenCount, 0),
-			CachedInputTokens: max(m.CachedContentTokenCount, 0),
-			OutputTokens:      max(m.CandidatesTokenCount, 0) + max(m.ThoughtsTokenCount, 0),
+			InputTokens:       max(m.prompt, 0),
+			CachedInputTokens: max(m.cachedContent, 0),
+			OutputTokens:      max(m.candidates, 0) + max(m.thoughts, 0),
 		}, true)
-	case ev.PromptEvalCount != nil || ev.EvalCount != nil:
+	case ev.promptEvalCount.set || ev.evalCount.set:
 		// Ollama reports the counts on its final object only.
-		var in, out int64
-		if ev.PromptEvalCount != nil {
-			in = max(*ev.PromptEvalCount, 0)
-		}
-		if ev.EvalCount != nil {
-			out = max(*ev.EvalCount, 0)
-		}
-		t.set(budget.Usage{InputTokens: in, OutputTokens: out}, true)
-	case ev.Usage != nil:
-		// A chat chunk with "usage": null decodes to nil and lands elsewhere.
-		t.set(ev.Usage.Usage(f))
+		t.set(budget.Usage{InputTokens: ev.promptEvalCount.nonNegative(), OutputTokens: ev.evalCount.nonNegative()}, true)
+	case ev.usage.present:
+		// A chat chunk with "usage": null has none.
+		t.set(ev.usage.usage(f))
 	}
 }
 
@@ -132,68 +134,495 @@ func (t *tally) set(u budget.Usage, ok bool) {
 	}
 }
 
-// addText counts the generated text an event carries.
-func (t *tally) addText(ev *event) {
-	for _, c := range ev.Choices {
-		d := c.Delta
-		if d == nil {
-			continue
-		}
-		for _, s := range []*string{d.Content, d.ReasoningContent, d.Refusal} {
-			if s != nil {
-				t.outputTextBytes += int64(len(*s))
-			}
-		}
-		for _, tc := range d.ToolCalls {
-			t.outputTextBytes += int64(len(tc.Function.Arguments))
-		}
+// readEvent reads one payload into ev. It is false when the payload is not
+// a JSON object or is one that encoding/json would refuse to decode into the
+// fields read (bad syntax anywhere, or a field read holding the wrong type):
+// such a payload counts nothing, as before this reader.
+func readEvent(data []byte, ev *event) bool {
+	*ev = event{}
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || data[0] != '{' {
+		return false
 	}
-	if len(ev.Delta) > 0 {
-		switch ev.Delta[0] {
-		case '"': // Responses: response.output_text.delta and friends
-			var s string
-			if json.Unmarshal(ev.Delta, &s) == nil {
-				t.outputTextBytes += int64(len(s))
-			}
-		case '{': // Anthropic content_block_delta
-			var d struct {
-				Text        string `json:"text"`
-				PartialJSON string `json:"partial_json"`
-				Thinking    string `json:"thinking"`
-			}
-			if json.Unmarshal(ev.Delta, &d) == nil {
-				t.outputTextBytes += int64(len(d.Text) + len(d.PartialJSON) + len(d.Thinking))
-			}
-		}
+	s := scanner{b: data, i: 1}
+	s.eventMembers(ev)
+	if s.failed {
+		return false
 	}
-	for _, c := range ev.Candidates {
-		for _, p := range c.Content.Parts {
-			t.outputTextBytes += int64(len(p.Text))
+	s.space()
+	return s.i == len(s.b)
+}
+
+// eventMembers reads the members of the payload's top object.
+func (s *scanner) eventMembers(ev *event) {
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			return
 		}
-	}
-	if ev.Message != nil && len(ev.Message.Content) > 0 && ev.Message.Content[0] == '"' {
-		var s string
-		if json.Unmarshal(ev.Message.Content, &s) == nil {
-			t.outputTextBytes += int64(len(s))
+		ok := true
+		switch string(key) {
+		case "type":
+			ev.kind, ok = s.eventKind()
+		case "usage":
+			ev.usage, ok = s.usageFields(1)
+		case "message":
+			ev.message, ev.messageUsage, ev.text[textMessage], ok = s.message()
+		case "response":
+			ev.responseUsage, ev.text[textResponse] = s.response()
+		case "choices":
+			ev.text[textChoices], ok = s.choices()
+		case "delta":
+			ev.text[textDelta] = s.topDelta()
+		case "usageMetadata":
+			ev.gemini, ok = s.geminiUsage()
+		case "candidates":
+			ev.text[textCandidates], ok = s.candidates()
+		case "done":
+			ok = s.optBool(1)
+		case "prompt_eval_count":
+			ev.promptEvalCount, ok = s.optInt(1)
+		case "eval_count":
+			ev.evalCount, ok = s.optInt(1)
+		default:
+			s.skip(1)
 		}
-	}
-	if len(ev.Response) > 0 && ev.Response[0] == '"' {
-		var s string
-		if json.Unmarshal(ev.Response, &s) == nil {
-			t.outputTextBytes += int64(len(s))
+		if !ok {
+			s.fail()
+			return
 		}
 	}
 }
 
-// parseEvent decodes one JSON payload; false when it is not a JSON object.
-func parseEvent(data []byte) (*event, bool) {
-	data = bytes.TrimSpace(data)
-	if len(data) == 0 || data[0] != '{' {
-		return nil, false
+// The typed readers below read the value at the position, which is nested
+// in d arrays and objects. They consume the whole value even when it has the
+// wrong type for them; ok is then false.
+
+// object starts an object or null: isObject says the '{' was consumed.
+func (s *scanner) object(d int) (isObject, ok bool) {
+	switch s.peek() {
+	case '{':
+		s.i++
+		return true, true
+	case 'n':
+		s.literal("null")
+		return false, true
 	}
-	var ev event
-	if json.Unmarshal(data, &ev) != nil {
-		return nil, false
+	s.skip(d)
+	return false, false
+}
+
+// array starts an array or null: isArray says the '[' was consumed.
+func (s *scanner) array(d int) (isArray, ok bool) {
+	switch s.peek() {
+	case '[':
+		s.i++
+		return true, true
+	case 'n':
+		s.literal("null")
+		return false, true
 	}
-	return &ev, true
+	s.skip(d)
+	return false, false
+}
+
+func (s *scanner) optInt(d int) (optInt, bool) {
+	switch c := s.peek(); {
+	case c == 'n':
+		s.literal("null")
+		return optInt{}, true
+	case c == '-' || '0' <= c && c <= '9':
+		v, isInt := s.number()
+		return optInt{v: v, set: isInt}, isInt
+	}
+	s.skip(d)
+	return optInt{}, false
+}
+
+// optText reads a string or null: its decoded length.
+func (s *scanner) optText(d int) (int64, bool) {
+	switch s.peek() {
+	case '"':
+		start, end, plain := s.str()
+		if s.failed {
+			return 0, false
+		}
+		return textLen(s.b[start:end], plain), true
+	case 'n':
+		s.literal("null")
+		return 0, true
+	}
+	s.skip(d)
+	return 0, false
+}
+
+func (s *scanner) optBool(d int) bool {
+	switch s.peek() {
+	case 't':
+		s.literal("true")
+	case 'f':
+		s.literal("false")
+	case 'n':
+		s.literal("null")
+	default:
+		s.skip(d)
+		return false
+	}
+	return true
+}
+
+func (s *scanner) eventKind() (eventKind, bool) {
+	switch s.peek() {
+	case '"':
+	case 'n':
+		s.literal("null")
+		return kindOther, true
+	default:
+		s.skip(1)
+		return kindOther, false
+	}
+	start, end, plain := s.str()
+	if s.failed {
+		return kindOther, false
+	}
+	name := s.b[start:end]
+	if !plain {
+		var buf [32]byte
+		n, ok := decodeASCII(buf[:], name)
+		if !ok {
+			return kindOther, true
+		}
+		name = buf[:n]
+	}
+	switch string(name) {
+	case "message_start":
+		return kindMessageStart, true
+	case "message_delta":
+		return kindMessageDelta, true
+	case "response.completed", "response.incomplete", "response.failed":
+		return kindResponseFinal, true
+	}
+	return kindOther, true
+}
+
+// message reads Anthropic's message object (message_start) or Ollama's chat
+// message.
+func (s *scanner) message() (isObject bool, usage usageFields, text int64, ok bool) {
+	isObject, ok = s.object(1)
+	if !isObject {
+		return false, usage, 0, ok
+	}
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			return true, usage, text, ok
+		}
+		switch string(key) {
+		case "usage":
+			var good bool
+			usage, good = s.usageFields(2)
+			ok = ok && good
+		case "content":
+			text = s.anyText(2)
+		default:
+			s.skip(2)
+		}
+	}
+}
+
+// anyText reads any value: the decoded length when it is a string.
+func (s *scanner) anyText(d int) int64 {
+	if s.peek() != '"' {
+		s.skip(d)
+		return 0
+	}
+	n, _ := s.optText(d)
+	return n
+}
+
+// response reads a Responses event's response object (its usage; a wrong
+// type there leaves it without usage, as a failed decode did) or Ollama's
+// generated text.
+func (s *scanner) response() (usage usageFields, text int64) {
+	switch s.peek() {
+	case '"':
+		return usage, s.anyText(1)
+	case '{':
+	default:
+		s.skip(1)
+		return usage, 0
+	}
+	s.i++
+	ok := true
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			break
+		}
+		if string(key) == "usage" {
+			var good bool
+			usage, good = s.usageFields(2)
+			ok = ok && good
+		} else {
+			s.skip(2)
+		}
+	}
+	if !ok {
+		return usageFields{}, 0
+	}
+	return usage, 0
+}
+
+// choices reads a chat chunk's choices: the text of their deltas.
+func (s *scanner) choices() (text int64, ok bool) {
+	isArray, ok := s.array(1)
+	if !isArray {
+		return 0, ok
+	}
+	for k := 0; s.element(k); k++ {
+		isObject, good := s.object(2)
+		ok = ok && good
+		if !isObject {
+			continue
+		}
+		var choice int64
+		for m := 0; ; m++ {
+			key, more := s.member(m)
+			if !more {
+				break
+			}
+			if string(key) == "delta" {
+				choice, good = s.chatDelta()
+				ok = ok && good
+			} else {
+				s.skip(3)
+			}
+		}
+		text += choice
+	}
+	return text, ok
+}
+
+// chatDelta reads choices[].delta: content, reasoning, refusal and tool
+// call arguments.
+func (s *scanner) chatDelta() (text int64, ok bool) {
+	isObject, ok := s.object(3)
+	if !isObject {
+		return 0, ok
+	}
+	var content, reasoning, refusal, tools int64
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			break
+		}
+		good := true
+		switch string(key) {
+		case "content":
+			content, good = s.optText(4)
+		case "reasoning_content":
+			reasoning, good = s.optText(4)
+		case "refusal":
+			refusal, good = s.optText(4)
+		case "tool_calls":
+			tools, good = s.toolCalls()
+		default:
+			s.skip(4)
+		}
+		ok = ok && good
+	}
+	return content + reasoning + refusal + tools, ok
+}
+
+// toolCalls reads delta.tool_calls[].function.arguments.
+func (s *scanner) toolCalls() (text int64, ok bool) {
+	isArray, ok := s.array(4)
+	if !isArray {
+		return 0, ok
+	}
+	for k := 0; s.element(k); k++ {
+		isObject, good := s.object(5)
+		ok = ok && good
+		if !isObject {
+			continue
+		}
+		var call int64
+		for m := 0; ; m++ {
+			key, more := s.member(m)
+			if !more {
+				break
+			}
+			if string(key) != "function" {
+				s.skip(6)
+				continue
+			}
+			call = 0
+			isFunction, good := s.object(6)
+			ok = ok && good
+			if !isFunction {
+				continue
+			}
+			for n := 0; ; n++ {
+				key, more := s.member(n)
+				if !more {
+					break
+				}
+				if string(key) == "arguments" {
+					call, good = s.optText(7)
+					ok = ok && good
+				} else {
+					s.skip(7)
+				}
+			}
+		}
+		text += call
+	}
+	return text, ok
+}
+
+// topDelta reads the top-level delta: a string (Responses) or an object
+// with text, partial_json or thinking (Anthropic). A wrong type in the
+// object counts no text but keeps the event, as a failed decode of this
+// field alone did.
+func (s *scanner) topDelta() int64 {
+	switch s.peek() {
+	case '"':
+		return s.anyText(1)
+	case '{':
+	default:
+		s.skip(1)
+		return 0
+	}
+	s.i++
+	var text, partial, thinking int64
+	ok := true
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			break
+		}
+		good := true
+		switch string(key) {
+		case "text":
+			text, good = s.optText(2)
+		case "partial_json":
+			partial, good = s.optText(2)
+		case "thinking":
+			thinking, good = s.optText(2)
+		default:
+			s.skip(2)
+		}
+		ok = ok && good
+	}
+	if !ok {
+		return 0
+	}
+	return text + partial + thinking
+}
+
+// candidates reads Gemini's candidates[].content.parts[].text.
+func (s *scanner) candidates() (text int64, ok bool) {
+	isArray, ok := s.array(1)
+	if !isArray {
+		return 0, ok
+	}
+	for k := 0; s.element(k); k++ {
+		isObject, good := s.object(2)
+		ok = ok && good
+		if !isObject {
+			continue
+		}
+		var candidate int64
+		for m := 0; ; m++ {
+			key, more := s.member(m)
+			if !more {
+				break
+			}
+			if string(key) == "content" {
+				candidate, good = s.geminiContent()
+				ok = ok && good
+			} else {
+				s.skip(3)
+			}
+		}
+		text += candidate
+	}
+	return text, ok
+}
+
+// geminiContent reads candidates[].content: its parts' text.
+func (s *scanner) geminiContent() (text int64, ok bool) {
+	isObject, ok := s.object(3)
+	if !isObject {
+		return 0, ok
+	}
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			return text, ok
+		}
+		if string(key) != "parts" {
+			s.skip(4)
+			continue
+		}
+		text = 0
+		isArray, good := s.array(4)
+		ok = ok && good
+		if !isArray {
+			continue
+		}
+		for m := 0; s.element(m); m++ {
+			isPart, good := s.object(5)
+			ok = ok && good
+			if !isPart {
+				continue
+			}
+			var part int64
+			for n := 0; ; n++ {
+				key, more := s.member(n)
+				if !more {
+					break
+				}
+				if string(key) == "text" {
+					part, good = s.optText(6)
+					ok = ok && good
+				} else {
+					s.skip(6)
+				}
+			}
+			text += part
+		}
+	}
+}
+
+// geminiUsage reads usageMetadata.
+func (s *scanner) geminiUsage() (g geminiUsage, ok bool) {
+	isObject, ok := s.object(1)
+	if !isObject {
+		return g, ok
+	}
+	g.present = true
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			return g, ok
+		}
+		var field *int64
+		switch string(key) {
+		case "promptTokenCount":
+			field = &g.prompt
+		case "candidatesTokenCount":
+			field = &g.candidates
+		case "thoughtsTokenCount":
+			field = &g.thoughts
+		case "cachedContentTokenCount":
+			field = &g.cachedContent
+		default:
+			s.skip(2)
+			continue
+		}
+		n, good := s.optInt(2)
+		*field = n.v
+		ok = ok && good
+	}
 }

@@ -4,71 +4,133 @@ import (
 	"github.com/fleetguard/fleetguard/budget"
 )
 
-// Fields is the union of the usage fields of every supported format, as they
-// appear in a JSON response or in the usage object of a stream event.
-type Fields struct {
+// usageFields is the union of the usage fields of every supported format, as
+// they appear in a JSON response or in the usage object of a stream event.
+type usageFields struct {
+	// present: the usage object was given (not absent, not null).
+	present bool
 	// OpenAI Chat Completions.
-	PromptTokens        *int64 `json:"prompt_tokens"`
-	CompletionTokens    *int64 `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
+	promptTokens, completionTokens optInt
+	promptDetails                  cachedDetails // prompt_tokens_details
 	// OpenAI Responses and Anthropic Messages.
-	InputTokens        *int64 `json:"input_tokens"`
-	OutputTokens       *int64 `json:"output_tokens"`
-	InputTokensDetails *struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"input_tokens_details"`
+	inputTokens, outputTokens optInt
+	inputDetails              cachedDetails // input_tokens_details
 	// Anthropic prompt caching: these add to input_tokens.
-	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
+	cacheCreation, cacheRead optInt // cache_creation_input_tokens, cache_read_input_tokens
 }
 
-// Usage normalises the fields of format f. OpenAI's cached tokens are part of
-// its input count; Anthropic's cache reads and writes come on top of it.
-func (u *Fields) Usage(f Format) (budget.Usage, bool) {
-	v := func(p *int64) int64 {
-		if p == nil || *p < 0 {
-			return 0
-		}
-		return *p
-	}
+// cachedDetails is OpenAI's {prompt,input}_tokens_details.
+type cachedDetails struct {
+	present bool
+	cached  int64 // cached_tokens
+}
+
+// usage normalises the fields of format f. OpenAI's cached tokens are part
+// of its input count; Anthropic's cache reads and writes come on top of it.
+func (u *usageFields) usage(f Format) (budget.Usage, bool) {
 	switch {
-	case u.PromptTokens != nil || u.CompletionTokens != nil:
-		out := budget.Usage{InputTokens: v(u.PromptTokens), OutputTokens: v(u.CompletionTokens)}
-		if u.PromptTokensDetails != nil {
-			out.CachedInputTokens = max(u.PromptTokensDetails.CachedTokens, 0)
+	case u.promptTokens.set || u.completionTokens.set:
+		out := budget.Usage{InputTokens: u.promptTokens.nonNegative(), OutputTokens: u.completionTokens.nonNegative()}
+		if u.promptDetails.present {
+			out.CachedInputTokens = max(u.promptDetails.cached, 0)
 		}
 		return out, true
-	case f == Anthropic || u.CacheCreationInputTokens != nil || u.CacheReadInputTokens != nil:
-		if u.InputTokens == nil && u.OutputTokens == nil && u.CacheReadInputTokens == nil && u.CacheCreationInputTokens == nil {
+	case f == Anthropic || u.cacheCreation.set || u.cacheRead.set:
+		if !u.inputTokens.set && !u.outputTokens.set && !u.cacheRead.set && !u.cacheCreation.set {
 			return budget.Usage{}, false
 		}
-		read := v(u.CacheReadInputTokens)
+		read := u.cacheRead.nonNegative()
 		return budget.Usage{
-			InputTokens:       v(u.InputTokens) + v(u.CacheCreationInputTokens) + read,
+			InputTokens:       u.inputTokens.nonNegative() + u.cacheCreation.nonNegative() + read,
 			CachedInputTokens: read,
-			OutputTokens:      v(u.OutputTokens),
+			OutputTokens:      u.outputTokens.nonNegative(),
 		}, true
-	case u.InputTokens != nil || u.OutputTokens != nil:
-		out := budget.Usage{InputTokens: v(u.InputTokens), OutputTokens: v(u.OutputTokens)}
-		if u.InputTokensDetails != nil {
-			out.CachedInputTokens = max(u.InputTokensDetails.CachedTokens, 0)
+	case u.inputTokens.set || u.outputTokens.set:
+		out := budget.Usage{InputTokens: u.inputTokens.nonNegative(), OutputTokens: u.outputTokens.nonNegative()}
+		if u.inputDetails.present {
+			out.CachedInputTokens = max(u.inputDetails.cached, 0)
 		}
 		return out, true
 	}
 	return budget.Usage{}, false
 }
 
+// usageFields reads a usage object (or null) nested in d arrays and
+// objects.
+func (s *scanner) usageFields(d int) (u usageFields, ok bool) {
+	isObject, ok := s.object(d)
+	if !isObject {
+		return u, ok
+	}
+	u.present = true
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			return u, ok
+		}
+		var field *optInt
+		switch string(key) {
+		case "prompt_tokens":
+			field = &u.promptTokens
+		case "completion_tokens":
+			field = &u.completionTokens
+		case "input_tokens":
+			field = &u.inputTokens
+		case "output_tokens":
+			field = &u.outputTokens
+		case "cache_creation_input_tokens":
+			field = &u.cacheCreation
+		case "cache_read_input_tokens":
+			field = &u.cacheRead
+		case "prompt_tokens_details", "input_tokens_details":
+			details, good := s.cachedDetails(d + 1)
+			if key[0] == 'p' {
+				u.promptDetails = details
+			} else {
+				u.inputDetails = details
+			}
+			ok = ok && good
+			continue
+		default:
+			s.skip(d + 1)
+			continue
+		}
+		var good bool
+		*field, good = s.optInt(d + 1)
+		ok = ok && good
+	}
+}
+
+func (s *scanner) cachedDetails(d int) (c cachedDetails, ok bool) {
+	isObject, ok := s.object(d)
+	if !isObject {
+		return c, ok
+	}
+	c.present = true
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			return c, ok
+		}
+		if string(key) != "cached_tokens" {
+			s.skip(d + 1)
+			continue
+		}
+		n, good := s.optInt(d + 1)
+		c.cached = n.v
+		ok = ok && good
+	}
+}
+
 // FromJSON reads the usage of a non-streaming JSON response of format f
 // (Gemini's usageMetadata and Ollama's final counts are recognised by their
 // fields). The second result is false when the body reports no usage.
 func FromJSON(f Format, body []byte) (budget.Usage, bool) {
-	ev, ok := parseEvent(body)
-	if !ok {
+	var ev event
+	if !readEvent(body, &ev) {
 		return budget.Usage{}, false
 	}
 	var t tally
-	t.add(f, ev)
+	t.add(f, &ev)
 	return t.usage, t.complete
 }

@@ -46,7 +46,8 @@ func NewMeter(f Format, framing Framing) *Meter {
 }
 
 // Write observes the next bytes of the stream. It never fails and never
-// keeps p.
+// keeps p. A line that ends within p is read where it is; only the start of
+// a line that ends in a later Write is copied.
 func (m *Meter) Write(p []byte) (int, error) {
 	n := len(p)
 	m.bytes += int64(n)
@@ -58,24 +59,43 @@ func (m *Meter) Write(p []byte) (int, error) {
 				continue
 			}
 		}
-		i := bytes.IndexAny(p, "\r\n")
+		i := lineEnd(p)
 		if i < 0 {
 			m.appendLine(p)
 			return n, nil
 		}
-		m.appendLine(p[:i])
+		if len(m.line) == 0 && m.lineOverflow == 0 {
+			m.endLine(p[:i], 0)
+		} else {
+			m.appendLine(p[:i])
+			m.endLine(m.line, m.lineOverflow)
+		}
+		m.line, m.lineOverflow = m.line[:0], 0
 		m.afterCR = p[i] == '\r'
 		p = p[i+1:]
-		m.endLine()
 	}
 	return n, nil
+}
+
+// lineEnd is the index of the first CR or LF in p, or -1.
+func lineEnd(p []byte) int {
+	i := bytes.IndexByte(p, '\n')
+	before := p
+	if i >= 0 {
+		before = p[:i]
+	}
+	if j := bytes.IndexByte(before, '\r'); j >= 0 {
+		return j
+	}
+	return i
 }
 
 // Close ends the stream: a last unterminated line and a last event without
 // its blank line are read too (a cut one fails to parse and counts nothing).
 func (m *Meter) Close() {
 	if len(m.line) > 0 || m.lineOverflow > 0 {
-		m.endLine()
+		m.endLine(m.line, m.lineOverflow)
+		m.line, m.lineOverflow = m.line[:0], 0
 	}
 	m.dispatch()
 }
@@ -125,10 +145,11 @@ func appendBounded(dst, p []byte) []byte {
 	return append(dst, p...)
 }
 
-func (m *Meter) endLine() {
-	line, overflow := m.line, m.lineOverflow
-	m.line, m.lineOverflow = m.line[:0], 0
-	if overflow > 0 {
+// endLine reads one whole line: line is what was kept of it, overflow the
+// bytes past MaxEventBytes that were not (a line read in place may itself
+// be longer than that).
+func (m *Meter) endLine(line []byte, overflow int64) {
+	if overflow > 0 || len(line) > MaxEventBytes {
 		// Too long to parse: count it as generated text, which errs on the
 		// side of charging, and drop any event it belongs to.
 		m.tally.outputTextBytes += int64(len(line)) + overflow
@@ -138,12 +159,18 @@ func (m *Meter) endLine() {
 		return
 	}
 	if m.framing == NDJSON {
-		if ev, ok := parseEvent(line); ok {
-			m.tally.add(m.format, ev)
-		}
+		m.read(line)
 		return
 	}
 	m.sseLine(line)
+}
+
+// read folds one JSON payload into the tally.
+func (m *Meter) read(payload []byte) {
+	var ev event
+	if readEvent(payload, &ev) {
+		m.tally.add(m.format, &ev)
+	}
 }
 
 // sseLine handles one line of text/event-stream.
@@ -179,9 +206,7 @@ func (m *Meter) sseLine(line []byte) {
 // dispatch ends the current SSE event.
 func (m *Meter) dispatch() {
 	if m.hasData && !m.dataOverflow {
-		if ev, ok := parseEvent(m.data); ok {
-			m.tally.add(m.format, ev)
-		}
+		m.read(m.data)
 	}
 	m.data, m.hasData, m.dataOverflow = m.data[:0], false, false
 }

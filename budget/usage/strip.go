@@ -2,7 +2,6 @@ package usage
 
 import (
 	"bytes"
-	"encoding/json"
 )
 
 // EventEnd returns the length of the first complete SSE event in b (up to and
@@ -35,23 +34,81 @@ func EventEnd(b []byte, from int) int {
 }
 
 // IsUsageOnlyChunk reports whether the SSE event ev is the final chunk an
-// OpenAI stream sends when asked for usage: "choices" empty, "usage" set.
+// OpenAI stream sends when asked for usage: "choices" empty, "usage" set
+// (keys by exact case, the last of a repeated key counting). The data lines
+// are joined as they are, without a separator.
 func IsUsageOnlyChunk(ev []byte) bool {
 	if !bytes.Contains(ev, []byte(`"usage"`)) {
 		return false
 	}
-	var data []byte
-	for _, line := range bytes.FieldsFunc(ev, func(r rune) bool { return r == '\n' || r == '\r' }) {
-		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+	data, lines := []byte(nil), 0
+	var joined []byte
+	for rest := ev; len(rest) > 0; {
+		line := rest
+		if i := lineEnd(rest); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		v, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue
+		}
+		v = bytes.TrimPrefix(v, []byte(" "))
+		switch lines++; lines {
+		case 1:
+			data = v
+		case 2:
+			joined = append(append(joined, data...), v...)
+		default:
+			joined = append(joined, v...)
 		}
 	}
-	var chunk struct {
-		Choices *[]json.RawMessage `json:"choices"`
-		Usage   json.RawMessage    `json:"usage"`
+	if lines > 1 {
+		data = joined
 	}
-	if json.Unmarshal(data, &chunk) != nil {
+	return usageOnly(data)
+}
+
+// usageOnly reads a chat chunk: true when its choices are an empty array and
+// its usage is not null.
+func usageOnly(data []byte) bool {
+	s := scanner{b: data}
+	s.space()
+	if s.peek() != '{' {
 		return false
 	}
-	return chunk.Choices != nil && len(*chunk.Choices) == 0 && len(chunk.Usage) > 0 && string(chunk.Usage) != "null"
+	s.i++
+	choices, usage := -1, false // choices: -1 when absent or null
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			break
+		}
+		switch string(key) {
+		case "choices":
+			isArray, ok := s.array(1)
+			if !ok {
+				return false
+			}
+			choices = -1
+			if isArray {
+				choices = 0
+				for s.element(choices) {
+					s.skip(2)
+					choices++
+				}
+			}
+		case "usage":
+			usage = s.peek() != 'n'
+			s.skip(1)
+		default:
+			s.skip(1)
+		}
+	}
+	if s.failed {
+		return false
+	}
+	s.space()
+	return s.i == len(s.b) && choices == 0 && usage
 }

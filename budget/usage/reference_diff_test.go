@@ -1,0 +1,352 @@
+package usage
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fleetguard/fleetguard/budget"
+)
+
+// The scanner must read what the encoding/json reader before it read
+// (reference_test.go), wherever keys are unambiguous: the meter, FromJSON
+// and IsUsageOnlyChunk are compared with their references on the golden
+// transcripts, on crafted payloads and under fuzzing.
+
+// refNames are the keys the reference decoded, at any depth.
+var refNames = strings.Fields(`type usage message content response choices delta
+	reasoning_content refusal tool_calls function arguments usageMetadata
+	promptTokenCount candidatesTokenCount thoughtsTokenCount cachedContentTokenCount
+	candidates parts text done prompt_eval_count eval_count prompt_tokens
+	completion_tokens prompt_tokens_details cached_tokens input_tokens output_tokens
+	input_tokens_details cache_creation_input_tokens cache_read_input_tokens
+	partial_json thinking`)
+
+// ambiguousJSON reports whether the JSON text data (after the reference's
+// TrimSpace) has an object with a key given twice (in any case), or a key
+// that differs from a name the reference reads only in case. There
+// encoding/json (case-insensitive, merging repeats) and the scanner (exact
+// case, the last repeat counting) read differently, by design.
+func ambiguousJSON(data []byte) bool {
+	data = bytes.TrimSpace(data)
+	if !json.Valid(data) {
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	type frame struct {
+		object  bool
+		keys    []string
+		wantKey bool
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if key, ok := tok.(string); ok && top != nil && top.object && top.wantKey {
+			for _, k := range top.keys {
+				if strings.EqualFold(k, key) {
+					return true
+				}
+			}
+			for _, name := range refNames {
+				if strings.EqualFold(name, key) && name != key {
+					return true
+				}
+			}
+			top.keys = append(top.keys, key)
+			top.wantKey = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{object: true, wantKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		if len(stack) > 0 && stack[len(stack)-1].object {
+			stack[len(stack)-1].wantKey = true
+		}
+	}
+}
+
+// refMeterRead runs a stream through the reference meter in the given
+// chunks; ambiguous as ambiguousJSON says of any payload.
+func refMeterRead(f Format, framing Framing, chunks ...[]byte) (r Reading, ambiguous bool) {
+	m := newRefMeter(f, framing)
+	for _, c := range chunks {
+		m.Write(c)
+	}
+	m.Close()
+	return m.Reading(), m.ambiguous
+}
+
+// payloads exercise the scanner's corners: escapes, Unicode, numbers, nulls,
+// a wrong type in each field read, nesting, whitespace.
+var payloads = []string{
+	`{"choices":[{"delta":{"content":"a\"b\\c\/d\b\f\n\r\t"}}]}`,
+	`{"choices":[{"delta":{"content":"\u00e9\u4e16\ud83d\ude00\ud83d\u0041\udc00x\ud800"}}]}`,
+	"{\"choices\":[{\"delta\":{\"content\":\"caf\xc3\xa9 \xff\xfe \xed\xa0\x80 \xef\xbf\xbd\"}}]}",
+	`{"choices":[{"delta":{"content":"\u0000\u007f\u0080\u07ff\u0800\uffff"}}]}`,
+	`{"choices":[{"delta":{"content":"ok"}}],"usage":{"prompt_tokens":1.5}}`,
+	`{"choices":[{"delta":{"content":"ok"}}],"usage":{"prompt_tokens":1e3}}`,
+	`{"choices":[{"delta":{"content":"ok"}}],"usage":{"prompt_tokens":9223372036854775807,"completion_tokens":-9223372036854775808}}`,
+	`{"choices":[{"delta":{"content":"ok"}}],"usage":{"prompt_tokens":9223372036854775808}}`,
+	`{"choices":[{"delta":{"content":"ok"}}],"usage":{"prompt_tokens":-0,"completion_tokens":00}}`,
+	`{"choices":[],"usage":{"prompt_tokens":null,"completion_tokens":null,"input_tokens":4}}`,
+	`{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":null}}`,
+	`{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":null}}}`,
+	`{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":"2"}}}`,
+	`{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":[]}}`,
+	`{"choices":[],"usage":[]}`,
+	`{"choices":{},"usage":{"prompt_tokens":3}}`,
+	`{"choices":[1],"usage":{"prompt_tokens":3}}`,
+	`{"choices":[null,{"delta":null},{"delta":{"content":null,"refusal":"no","reasoning_content":"hm"}}]}`,
+	`{"choices":[{"delta":{"tool_calls":[null,{"function":null},{"function":{"arguments":null}},{"function":{"arguments":"{}"}}]}}]}`,
+	`{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":1}}]}}]}`,
+	`{"choices":[{"delta":{"tool_calls":{}}}]}`,
+	`{"choices":[{"delta":{"content":5}}]}`,
+	`{"choices":[{"delta":[]}]}`,
+	`{"type":"message_start","message":{"usage":{"input_tokens":25,"cache_read_input_tokens":2000,"output_tokens":1}}}`,
+	`{"type":"message_start","message":null,"usage":{"input_tokens":5}}`,
+	`{"type":"message_start","message":{"content":"x"},"usage":{"input_tokens":5}}`,
+	`{"type":"message_start","message":"x"}`,
+	`{"type":"message_start","message":{"usage":"x"}}`,
+	`{"type":"message\u005fdelta","usage":{"output_tokens":7,"input_tokens":3}}`,
+	`{"type":"message_delta","usage":{"cache_creation_input_tokens":0}}`,
+	`{"type":"message_delta","usage":null}`,
+	`{"type":5}`,
+	`{"type":null,"usage":{"input_tokens":5}}`,
+	`{"type":"response.completed","response":{"usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":10},"output_tokens":87}}}`,
+	`{"type":"response.completed","response":{"usage":{"input_tokens":"36"}},"usage":{"input_tokens":1}}`,
+	`{"type":"response.incomplete","response":"text"}`,
+	`{"type":"response.failed","response":null}`,
+	`{"type":"response.failed","response":[1,2]}`,
+	`{"type":"response.created","response":{"usage":"odd"}}`,
+	`{"type":"response.output_text.delta","delta":"Rayleigh \u00e9"}`,
+	`{"type":"content_block_delta","delta":{"type":"text_delta","text":"hi","partial_json":"{","thinking":"t"}}`,
+	`{"type":"content_block_delta","delta":{"text":5}}`,
+	`{"type":"content_block_delta","delta":{"text":null}}`,
+	`{"type":"content_block_delta","delta":[1]}`,
+	`{"type":"content_block_delta","delta":7}`,
+	`{"candidates":[{"content":{"parts":[{"text":"Nile"},null,{"text":null}]}}],"usageMetadata":{"promptTokenCount":12,"candidatesTokenCount":1,"thoughtsTokenCount":30,"cachedContentTokenCount":4}}`,
+	`{"candidates":[{"content":null}],"usageMetadata":null}`,
+	`{"candidates":[{"content":{"parts":{}}}]}`,
+	`{"candidates":[{"content":[]}]}`,
+	`{"usageMetadata":{"promptTokenCount":1.0}}`,
+	`{"usageMetadata":{"promptTokenCount":-4,"candidatesTokenCount":null}}`,
+	`{"message":{"content":"The"},"done":false}`,
+	`{"message":{"content":["parts"]},"done":true,"prompt_eval_count":26,"eval_count":290}`,
+	`{"response":"Blue","done":"yes"}`,
+	`{"done":true,"prompt_eval_count":null,"eval_count":3}`,
+	`{"done":true,"eval_count":-3}`,
+	`{"done":null,"prompt_eval_count":2}`,
+	`{"done":true,"prompt_eval_count":{}}`,
+	` 	{ "choices" : [ { "delta" : { "content" : "spaced" } } ] , "usage" : { "prompt_tokens" : 1 } } 	`,
+	"\v{\"usage\":{\"prompt_tokens\":1}}\u00a0",
+	`{"usage":{"prompt_tokens":1}} x`,
+	`{"usage":{"prompt_tokens":1},}`,
+	`{"usage":{"prompt_tokens":1}`,
+	`{"usage":{"prompt_tokens":1}}}`,
+	`{"a":[1,2,{"b":[true,false,null,"s",-1.5e+3,0.25E-2]}],"usage":{"prompt_tokens":1}}`,
+	`{"a":[1,],"usage":{"prompt_tokens":1}}`,
+	`{"a":{"b":1,},"usage":{"prompt_tokens":1}}`,
+	`{"a":tru,"usage":{"prompt_tokens":1}}`,
+	`{"a":01,"usage":{"prompt_tokens":1}}`,
+	`{"a":-,"usage":{"prompt_tokens":1}}`,
+	`{"a":1.,"usage":{"prompt_tokens":1}}`,
+	`{"a":"\x","usage":{"prompt_tokens":1}}`,
+	`{"a":"\u12g4","usage":{"prompt_tokens":1}}`,
+	"{\"a\":\"tab\tin string\",\"usage\":{\"prompt_tokens\":1}}",
+	`{"\u0075sage":{"prompt_tokens":2}}`,
+	`{"usag\u00e9":{"prompt_tokens":2}}`,
+	`{"a":` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `,"usage":{"prompt_tokens":1}}`,
+	`{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `,"usage":{"prompt_tokens":1}}`,
+	`{"a":` + strings.Repeat(`{"b":`, 80) + `1` + strings.Repeat("}", 80) + `,"usage":{"prompt_tokens":1}}`,
+	`{"a":` + strings.Repeat(`[{"b":`, 40) + `1` + strings.Repeat("}]", 40) + `,"usage":{"prompt_tokens":1}}`,
+	`{"a":` + strings.Repeat(`[{"b":`, 40) + `1` + strings.Repeat("]}", 40) + `,"usage":{"prompt_tokens":1}}`,
+	`[{"usage":{"prompt_tokens":1}}]`,
+	`null`,
+	``,
+}
+
+// TestReadersMatchReference: on the golden inputs and the crafted payloads
+// (as SSE events, NDJSON lines and JSON bodies, in every format) the scanner
+// reads what the reference read.
+func TestReadersMatchReference(t *testing.T) {
+	for _, c := range streamCases(t) {
+		stream, err := os.ReadFile(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i <= len(stream); i++ {
+			want, _ := refMeterRead(c.format, c.framing, stream[:i], stream[i:])
+			if got := meter(c.format, c.framing, stream[:i], stream[i:]); got != want {
+				t.Fatalf("%s split at %d: %+v, the reference %+v", c.path, i, got, want)
+			}
+		}
+	}
+	responses, _ := filepath.Glob(filepath.Join("testdata", "responses", "*.json"))
+	for _, file := range responses {
+		body, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		payloads = append(payloads, string(body))
+	}
+	for _, p := range payloads {
+		if ambiguousJSON([]byte(p)) {
+			t.Fatalf("payload %.80q is ambiguous: it cannot be compared", p)
+		}
+		for f := Format(0); f < 6; f++ {
+			compareWithReference(t, []byte(p), f)
+		}
+	}
+}
+
+func compareWithReference(t *testing.T, payload []byte, f Format) {
+	t.Helper()
+	gotU, gotOK := FromJSON(f, payload)
+	wantU, wantOK := refFromJSON(f, payload)
+	if gotU != wantU || gotOK != wantOK {
+		t.Fatalf("FromJSON(%v, %.200q) = %+v %v, the reference %+v %v", f, payload, gotU, gotOK, wantU, wantOK)
+	}
+	sse := append(append([]byte("data: "), payload...), "\n\n"...)
+	if got, want := IsUsageOnlyChunk(sse), refIsUsageOnlyChunk(sse); got != want {
+		t.Fatalf("IsUsageOnlyChunk(%.200q) = %v, the reference %v", sse, got, want)
+	}
+	for _, framing := range []Framing{SSE, NDJSON} {
+		stream := sse
+		if framing == NDJSON {
+			stream = append(payload[:len(payload):len(payload)], '\n')
+		}
+		want, _ := refMeterRead(f, framing, stream)
+		if got := meter(f, framing, stream); got != want {
+			t.Fatalf("meter(%v, %v, %.200q) = %+v, the reference %+v", f, framing, stream, got, want)
+		}
+	}
+}
+
+// FuzzMeterMatchesReference: whatever the stream and its split, the meter
+// reads what the reference meter read, unless a payload's keys are
+// ambiguous (see ambiguousJSON).
+func FuzzMeterMatchesReference(f *testing.F) {
+	for _, c := range streamCases(f) {
+		if b, err := os.ReadFile(c.path); err == nil {
+			f.Add(b, uint16(len(b)/3), uint8(c.format), c.framing == NDJSON)
+		}
+	}
+	for i, p := range payloads {
+		f.Add([]byte("data: "+p+"\n\n"), uint16(i), uint8(i), false)
+		f.Add([]byte(p+"\n"), uint16(i), uint8(i), true)
+	}
+	f.Fuzz(func(t *testing.T, stream []byte, split uint16, format uint8, ndjson bool) {
+		framing := SSE
+		if ndjson {
+			framing = NDJSON
+		}
+		fm := Format(format % 6)
+		i := int(split) % (len(stream) + 1)
+		want, ambiguous := refMeterRead(fm, framing, stream[:i], stream[i:])
+		if ambiguous {
+			return
+		}
+		if got := meter(fm, framing, stream[:i], stream[i:]); got != want {
+			t.Fatalf("split at %d: %+v, the reference %+v", i, got, want)
+		}
+	})
+}
+
+// FuzzFromJSONMatchesReference: FromJSON and IsUsageOnlyChunk read what the
+// reference read, unless the keys are ambiguous.
+func FuzzFromJSONMatchesReference(f *testing.F) {
+	for _, p := range payloads {
+		f.Add([]byte(p), uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, format uint8) {
+		if ambiguousJSON(body) {
+			return
+		}
+		fm := Format(format % 6)
+		gotU, gotOK := FromJSON(fm, body)
+		wantU, wantOK := refFromJSON(fm, body)
+		if gotU != wantU || gotOK != wantOK {
+			t.Fatalf("FromJSON = %+v %v, the reference %+v %v", gotU, gotOK, wantU, wantOK)
+		}
+		// As the data of an event, split into lines at newlines.
+		ev := append([]byte("data: "), bytes.ReplaceAll(body, []byte("\n"), []byte("\ndata: "))...)
+		if refIsUsageOnlyChunk(ev) != IsUsageOnlyChunk(ev) && !ambiguousJSON(joinedData(ev)) {
+			t.Fatalf("IsUsageOnlyChunk(%q) = %v, the reference %v", ev, IsUsageOnlyChunk(ev), refIsUsageOnlyChunk(ev))
+		}
+	})
+}
+
+// joinedData is the data of an event as IsUsageOnlyChunk joins it.
+func joinedData(ev []byte) []byte {
+	var data []byte
+	for _, line := range bytes.FieldsFunc(ev, func(r rune) bool { return r == '\n' || r == '\r' }) {
+		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+		}
+	}
+	return data
+}
+
+// TestReadersReadExactCase: where encoding/json read keys without regard to
+// case and merged repeated keys, the readers read what an upstream or SDK
+// reads: the exact key, the last of repeats.
+func TestReadersReadExactCase(t *testing.T) {
+	tests := []struct {
+		name, payload string
+		want          Reading
+		asBefore      bool // the reference read it alike
+	}{
+		{"another case is another key", `{"Usage":{"prompt_tokens":3,"completion_tokens":4}}`, Reading{}, false},
+		{"a field in another case is another field", `{"usage":{"Prompt_Tokens":3,"completion_tokens":4}}`,
+			Reading{Usage: usageOf(0, 0, 4), Complete: true, InputKnown: true}, false},
+		{"the last repeat counts", `{"usage":{"prompt_tokens":3},"usage":{"completion_tokens":4}}`,
+			Reading{Usage: usageOf(0, 0, 4), Complete: true, InputKnown: true}, false},
+		{"a repeat of null clears", `{"usage":{"prompt_tokens":3},"usage":null}`, Reading{}, false},
+		{"a kelvin sign is no k", "{\"usage\":{\"prompt_to\u212aens\":3,\"completion_tokens\":4}}",
+			Reading{Usage: usageOf(0, 0, 4), Complete: true, InputKnown: true}, false},
+		{"escapes are decoded", `{"\u0075sage":{"prompt_tokens":3,"completion_tokens":4}}`,
+			Reading{Usage: usageOf(3, 0, 4), Complete: true, InputKnown: true}, true},
+		{"text in another case is not text", `{"choices":[{"delta":{"Content":"hello"}}]}`, Reading{}, false},
+		{"repeated text counts once", `{"choices":[{"delta":{"content":"hello","content":"hi"}}]}`, Reading{OutputTextBytes: 2}, false},
+		{"a type in another case is no type", `{"Type":"message_delta","usage":{"output_tokens":4}}`,
+			Reading{Usage: usageOf(0, 0, 4), Complete: true, InputKnown: true}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stream := []byte("data: " + tt.payload + "\n\n")
+			tt.want.Bytes = int64(len(stream))
+			if got := meter(OpenAIChat, SSE, stream); got != tt.want {
+				t.Fatalf("read %+v, want %+v", got, tt.want)
+			}
+			before, ambiguous := refMeterRead(OpenAIChat, SSE, stream)
+			switch {
+			case tt.asBefore && before != tt.want:
+				t.Fatalf("the reference read %+v", before)
+			case !tt.asBefore && !ambiguous:
+				t.Fatal("the reference reads this payload alike: the case proves nothing")
+			}
+		})
+	}
+}
+
+func usageOf(in, cached, out int64) budget.Usage {
+	return budget.Usage{InputTokens: in, CachedInputTokens: cached, OutputTokens: out}
+}

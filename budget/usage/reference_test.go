@@ -1,0 +1,442 @@
+package usage
+
+// The readers as they were before the byte scanner (encoding/json decoding
+// every payload), kept as the reference the scanner is compared with
+// (reference_diff_test.go) and benchmarked against. Only the names changed.
+
+import (
+	"bytes"
+	"encoding/json"
+
+	"github.com/fleetguard/fleetguard/budget"
+)
+
+// refEvent is the union of the top-level fields that carry usage or output
+// text in any supported format: a whole JSON response, one SSE data payload,
+// or one NDJSON line.
+type refEvent struct {
+	Type string `json:"type"`
+	// OpenAI chat (final chunk or JSON body), Responses and Anthropic JSON
+	// bodies, Anthropic message_delta.
+	Usage *refFields `json:"usage"`
+	// Anthropic message_start carries usage inside message; Ollama chat
+	// carries the output text there.
+	Message *struct {
+		Usage   *refFields      `json:"usage"`
+		Content json.RawMessage `json:"content"`
+	} `json:"message"`
+	// Responses events carry the response object; Ollama's generate API has a
+	// string here.
+	Response json.RawMessage `json:"response"`
+	// Output text: chat chunks.
+	Choices []struct {
+		Delta *struct {
+			Content          *string `json:"content"`
+			ReasoningContent *string `json:"reasoning_content"`
+			Refusal          *string `json:"refusal"`
+			ToolCalls        []struct {
+				Function struct {
+					Arguments string `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
+		} `json:"delta"`
+	} `json:"choices"`
+	// Output text: Responses (a string) and Anthropic (an object) deltas.
+	Delta json.RawMessage `json:"delta"`
+	// Gemini.
+	UsageMetadata *struct {
+		PromptTokenCount        int64 `json:"promptTokenCount"`
+		CandidatesTokenCount    int64 `json:"candidatesTokenCount"`
+		ThoughtsTokenCount      int64 `json:"thoughtsTokenCount"`
+		CachedContentTokenCount int64 `json:"cachedContentTokenCount"`
+	} `json:"usageMetadata"`
+	Candidates []struct {
+		Content struct {
+			Parts []struct {
+				Text string `json:"text"`
+			} `json:"parts"`
+		} `json:"content"`
+	} `json:"candidates"`
+	// Ollama's native API.
+	Done            bool   `json:"done"`
+	PromptEvalCount *int64 `json:"prompt_eval_count"`
+	EvalCount       *int64 `json:"eval_count"`
+}
+
+// refTally accumulates what a response reported, event by event.
+type refTally struct {
+	usage budget.Usage
+	// complete: a final usage report was seen (the last one wins).
+	complete bool
+	// inputKnown: the input tokens were reported even if the output was not
+	// (Anthropic's message_start).
+	inputKnown bool
+	// outputTextBytes counts the generated text seen, for an estimate when a
+	// stream ends without usage.
+	outputTextBytes int64
+}
+
+// add folds one parsed event into the tally.
+func (t *refTally) add(f Format, ev *refEvent) {
+	t.addText(ev)
+	switch {
+	case ev.Type == "message_start" && ev.Message != nil && ev.Message.Usage != nil:
+		if u, ok := ev.Message.Usage.Usage(Anthropic); ok {
+			t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
+			t.usage.OutputTokens = max(t.usage.OutputTokens, u.OutputTokens)
+			t.inputKnown = true
+		}
+	case ev.Type == "message_delta" && ev.Usage != nil:
+		// Cumulative: the last value wins, never a sum. Newer API versions
+		// repeat the input counts here too.
+		fields := ev.Usage
+		if fields.OutputTokens != nil {
+			t.usage.OutputTokens = max(*fields.OutputTokens, 0)
+		}
+		if fields.InputTokens != nil || fields.CacheReadInputTokens != nil || fields.CacheCreationInputTokens != nil {
+			if u, ok := fields.Usage(Anthropic); ok && u.InputTokens > 0 {
+				t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
+				t.inputKnown = true
+			}
+		}
+		t.complete = true
+	case ev.Type == "response.completed" || ev.Type == "response.incomplete" || ev.Type == "response.failed":
+		var resp struct {
+			Usage *refFields `json:"usage"`
+		}
+		if json.Unmarshal(ev.Response, &resp) == nil && resp.Usage != nil {
+			t.set(resp.Usage.Usage(OpenAIResponses))
+		}
+	case ev.UsageMetadata != nil:
+		m := ev.UsageMetadata
+		t.set(budget.Usage{
+			InputTokens:       max(m.PromptTokenCount, 0),
+			CachedInputTokens: max(m.CachedContentTokenCount, 0),
+			OutputTokens:      max(m.CandidatesTokenCount, 0) + max(m.ThoughtsTokenCount, 0),
+		}, true)
+	case ev.PromptEvalCount != nil || ev.EvalCount != nil:
+		// Ollama reports the counts on its final object only.
+		var in, out int64
+		if ev.PromptEvalCount != nil {
+			in = max(*ev.PromptEvalCount, 0)
+		}
+		if ev.EvalCount != nil {
+			out = max(*ev.EvalCount, 0)
+		}
+		t.set(budget.Usage{InputTokens: in, OutputTokens: out}, true)
+	case ev.Usage != nil:
+		// A chat chunk with "usage": null decodes to nil and lands elsewhere.
+		t.set(ev.Usage.Usage(f))
+	}
+}
+
+func (t *refTally) set(u budget.Usage, ok bool) {
+	if ok {
+		t.usage, t.complete, t.inputKnown = u, true, true
+	}
+}
+
+// addText counts the generated text an event carries.
+func (t *refTally) addText(ev *refEvent) {
+	for _, c := range ev.Choices {
+		d := c.Delta
+		if d == nil {
+			continue
+		}
+		for _, s := range []*string{d.Content, d.ReasoningContent, d.Refusal} {
+			if s != nil {
+				t.outputTextBytes += int64(len(*s))
+			}
+		}
+		for _, tc := range d.ToolCalls {
+			t.outputTextBytes += int64(len(tc.Function.Arguments))
+		}
+	}
+	if len(ev.Delta) > 0 {
+		switch ev.Delta[0] {
+		case '"': // Responses: response.output_text.delta and friends
+			var s string
+			if json.Unmarshal(ev.Delta, &s) == nil {
+				t.outputTextBytes += int64(len(s))
+			}
+		case '{': // Anthropic content_block_delta
+			var d struct {
+				Text        string `json:"text"`
+				PartialJSON string `json:"partial_json"`
+				Thinking    string `json:"thinking"`
+			}
+			if json.Unmarshal(ev.Delta, &d) == nil {
+				t.outputTextBytes += int64(len(d.Text) + len(d.PartialJSON) + len(d.Thinking))
+			}
+		}
+	}
+	for _, c := range ev.Candidates {
+		for _, p := range c.Content.Parts {
+			t.outputTextBytes += int64(len(p.Text))
+		}
+	}
+	if ev.Message != nil && len(ev.Message.Content) > 0 && ev.Message.Content[0] == '"' {
+		var s string
+		if json.Unmarshal(ev.Message.Content, &s) == nil {
+			t.outputTextBytes += int64(len(s))
+		}
+	}
+	if len(ev.Response) > 0 && ev.Response[0] == '"' {
+		var s string
+		if json.Unmarshal(ev.Response, &s) == nil {
+			t.outputTextBytes += int64(len(s))
+		}
+	}
+}
+
+// refParseEvent decodes one JSON payload; false when it is not a JSON object.
+func refParseEvent(data []byte) (*refEvent, bool) {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || data[0] != '{' {
+		return nil, false
+	}
+	var ev refEvent
+	if json.Unmarshal(data, &ev) != nil {
+		return nil, false
+	}
+	return &ev, true
+}
+
+// refFields is the union of the usage fields of every supported format, as they
+// appear in a JSON response or in the usage object of a stream event.
+type refFields struct {
+	// OpenAI Chat Completions.
+	PromptTokens        *int64 `json:"prompt_tokens"`
+	CompletionTokens    *int64 `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	// OpenAI Responses and Anthropic Messages.
+	InputTokens        *int64 `json:"input_tokens"`
+	OutputTokens       *int64 `json:"output_tokens"`
+	InputTokensDetails *struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	// Anthropic prompt caching: these add to input_tokens.
+	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
+}
+
+// Usage normalises the fields of format f. OpenAI's cached tokens are part of
+// its input count; Anthropic's cache reads and writes come on top of it.
+func (u *refFields) Usage(f Format) (budget.Usage, bool) {
+	v := func(p *int64) int64 {
+		if p == nil || *p < 0 {
+			return 0
+		}
+		return *p
+	}
+	switch {
+	case u.PromptTokens != nil || u.CompletionTokens != nil:
+		out := budget.Usage{InputTokens: v(u.PromptTokens), OutputTokens: v(u.CompletionTokens)}
+		if u.PromptTokensDetails != nil {
+			out.CachedInputTokens = max(u.PromptTokensDetails.CachedTokens, 0)
+		}
+		return out, true
+	case f == Anthropic || u.CacheCreationInputTokens != nil || u.CacheReadInputTokens != nil:
+		if u.InputTokens == nil && u.OutputTokens == nil && u.CacheReadInputTokens == nil && u.CacheCreationInputTokens == nil {
+			return budget.Usage{}, false
+		}
+		read := v(u.CacheReadInputTokens)
+		return budget.Usage{
+			InputTokens:       v(u.InputTokens) + v(u.CacheCreationInputTokens) + read,
+			CachedInputTokens: read,
+			OutputTokens:      v(u.OutputTokens),
+		}, true
+	case u.InputTokens != nil || u.OutputTokens != nil:
+		out := budget.Usage{InputTokens: v(u.InputTokens), OutputTokens: v(u.OutputTokens)}
+		if u.InputTokensDetails != nil {
+			out.CachedInputTokens = max(u.InputTokensDetails.CachedTokens, 0)
+		}
+		return out, true
+	}
+	return budget.Usage{}, false
+}
+
+// refFromJSON reads the usage of a non-streaming JSON response of format f
+// (Gemini's usageMetadata and Ollama's final counts are recognised by their
+// fields). The second result is false when the body reports no usage.
+func refFromJSON(f Format, body []byte) (budget.Usage, bool) {
+	ev, ok := refParseEvent(body)
+	if !ok {
+		return budget.Usage{}, false
+	}
+	var t refTally
+	t.add(f, ev)
+	return t.usage, t.complete
+}
+
+// refMeter reads usage from a streamed response as its bytes pass, keeping at
+// most one event (MaxEventBytes) in memory whatever the stream's length or
+// line length. Any split of the stream into Writes gives the same result.
+type refMeter struct {
+	format  Format
+	framing Framing
+
+	line         []byte // the current line, without its terminator
+	lineOverflow int64  // bytes of the current line past MaxEventBytes
+	afterCR      bool   // the last byte seen was \r: a following \n is part of it
+
+	data         []byte // SSE: the data of the current event
+	dataOverflow bool
+	hasData      bool
+
+	tally refTally
+	bytes int64
+
+	// ambiguous: a payload read had a key given twice or in another case
+	// than a field's, which encoding/json and the scanner read differently
+	// (by design: the scanner reads keys as upstreams do).
+	ambiguous bool
+}
+
+// newRefMeter meters a stream of format f framed as framing.
+func newRefMeter(f Format, framing Framing) *refMeter {
+	return &refMeter{format: f, framing: framing}
+}
+
+// Write observes the next bytes of the stream. It never fails and never
+// keeps p.
+func (m *refMeter) Write(p []byte) (int, error) {
+	n := len(p)
+	m.bytes += int64(n)
+	for len(p) > 0 {
+		if m.afterCR {
+			m.afterCR = false
+			if p[0] == '\n' {
+				p = p[1:]
+				continue
+			}
+		}
+		i := bytes.IndexAny(p, "\r\n")
+		if i < 0 {
+			m.appendLine(p)
+			return n, nil
+		}
+		m.appendLine(p[:i])
+		m.afterCR = p[i] == '\r'
+		p = p[i+1:]
+		m.endLine()
+	}
+	return n, nil
+}
+
+// Close ends the stream: a last unterminated line and a last event without
+// its blank line are read too (a cut one fails to parse and counts nothing).
+func (m *refMeter) Close() {
+	if len(m.line) > 0 || m.lineOverflow > 0 {
+		m.endLine()
+	}
+	m.dispatch()
+}
+
+// Reading returns what the stream has reported so far.
+func (m *refMeter) Reading() Reading {
+	return Reading{
+		Usage:           m.tally.usage,
+		Complete:        m.tally.complete,
+		InputKnown:      m.tally.inputKnown,
+		OutputTextBytes: m.tally.outputTextBytes,
+		Bytes:           m.bytes,
+	}
+}
+
+func (m *refMeter) appendLine(p []byte) {
+	room := MaxEventBytes - len(m.line)
+	if m.lineOverflow > 0 {
+		room = 0
+	}
+	keep := min(room, len(p))
+	m.line = appendBounded(m.line, p[:keep])
+	m.lineOverflow += int64(len(p) - keep)
+}
+
+func (m *refMeter) endLine() {
+	line, overflow := m.line, m.lineOverflow
+	m.line, m.lineOverflow = m.line[:0], 0
+	if overflow > 0 {
+		// Too long to parse: count it as generated text, which errs on the
+		// side of charging, and drop any event it belongs to.
+		m.tally.outputTextBytes += int64(len(line)) + overflow
+		if m.framing == SSE {
+			m.dataOverflow = true
+		}
+		return
+	}
+	if m.framing == NDJSON {
+		m.ambiguous = m.ambiguous || ambiguousJSON(line)
+		if ev, ok := refParseEvent(line); ok {
+			m.tally.add(m.format, ev)
+		}
+		return
+	}
+	m.sseLine(line)
+}
+
+// sseLine handles one line of text/event-stream.
+func (m *refMeter) sseLine(line []byte) {
+	if len(line) == 0 {
+		m.dispatch()
+		return
+	}
+	value, isData := bytes.CutPrefix(line, []byte("data:"))
+	if !isData {
+		return // event:, id:, retry: and comments carry no usage
+	}
+	value, _ = bytes.CutPrefix(value, []byte(" "))
+	if m.dataOverflow {
+		return
+	}
+	sep := 0
+	if m.hasData {
+		sep = 1
+	}
+	if len(m.data)+sep+len(value) > MaxEventBytes {
+		m.tally.outputTextBytes += int64(len(m.data) + len(value))
+		m.data, m.dataOverflow = m.data[:0], true
+		return
+	}
+	if sep == 1 {
+		m.data = appendBounded(m.data, []byte{'\n'})
+	}
+	m.data = appendBounded(m.data, value)
+	m.hasData = true
+}
+
+// dispatch ends the current SSE event.
+func (m *refMeter) dispatch() {
+	if m.hasData && !m.dataOverflow {
+		m.ambiguous = m.ambiguous || ambiguousJSON(m.data)
+		if ev, ok := refParseEvent(m.data); ok {
+			m.tally.add(m.format, ev)
+		}
+	}
+	m.data, m.hasData, m.dataOverflow = m.data[:0], false, false
+}
+
+// refIsUsageOnlyChunk reports whether the SSE event ev is the final chunk an
+// OpenAI stream sends when asked for usage: "choices" empty, "usage" set.
+func refIsUsageOnlyChunk(ev []byte) bool {
+	if !bytes.Contains(ev, []byte(`"usage"`)) {
+		return false
+	}
+	var data []byte
+	for _, line := range bytes.FieldsFunc(ev, func(r rune) bool { return r == '\n' || r == '\r' }) {
+		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+		}
+	}
+	var chunk struct {
+		Choices *[]json.RawMessage `json:"choices"`
+		Usage   json.RawMessage    `json:"usage"`
+	}
+	if json.Unmarshal(data, &chunk) != nil {
+		return false
+	}
+	return chunk.Choices != nil && len(*chunk.Choices) == 0 && len(chunk.Usage) > 0 && string(chunk.Usage) != "null"
+}

@@ -1,0 +1,494 @@
+package usage
+
+import (
+	"unicode/utf8"
+)
+
+// The usage readers scan JSON bytes in place instead of decoding them with
+// encoding/json: a stream event is read in one pass that validates it the way
+// encoding/json would (the same syntax, nesting limit and string rules) and
+// looks only at the few fields that carry usage or output text, comparing
+// keys by exact case as upstreams and SDKs do. Nothing is allocated.
+
+// maxNestingDepth is encoding/json's limit on nested arrays and objects; a
+// deeper value is invalid for it, so it is for the scanner too.
+const maxNestingDepth = 10000
+
+// scanner walks one JSON text. After an error (bad syntax, or a field of the
+// wrong type where the caller treats that as fatal) failed is set, the
+// position is at the end, and every method returns at once.
+type scanner struct {
+	b      []byte
+	i      int
+	failed bool
+	// key holds a key decoded from escapes, for comparison.
+	key [32]byte
+}
+
+// fail stops the scan: the text is not read.
+func (s *scanner) fail() {
+	s.failed = true
+	s.i = len(s.b)
+}
+
+// peek returns the byte at the position, or 0 at the end.
+func (s *scanner) peek() byte {
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+// space skips JSON whitespace.
+func (s *scanner) space() {
+	b, i := s.b, s.i
+	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t') {
+		i++
+	}
+	s.i = i
+}
+
+// member steps to the k-th member of the object being read (k counts from
+// 0; the '{' is already consumed) and returns its key, decoded, with the
+// position at the value. ok is false at the object's end (its '}' consumed)
+// or on an error.
+func (s *scanner) member(k int) (key []byte, ok bool) {
+	s.space()
+	c := s.peek()
+	if c == '}' {
+		s.i++
+		return nil, false
+	}
+	if k > 0 {
+		if c != ',' {
+			s.fail()
+			return nil, false
+		}
+		s.i++
+		s.space()
+	}
+	if s.peek() != '"' {
+		s.fail()
+		return nil, false
+	}
+	start, end, plain := s.str()
+	if s.failed {
+		return nil, false
+	}
+	key = s.b[start:end]
+	if !plain {
+		key = s.asciiKey(key)
+	}
+	s.space()
+	if s.peek() != ':' {
+		s.fail()
+		return nil, false
+	}
+	s.i++
+	s.space()
+	if s.i >= len(s.b) {
+		s.fail()
+		return nil, false
+	}
+	return key, true
+}
+
+// element steps to the k-th element of the array being read ('[' already
+// consumed); ok is false at its end (']' consumed) or on an error.
+func (s *scanner) element(k int) bool {
+	s.space()
+	c := s.peek()
+	if c == ']' {
+		s.i++
+		return false
+	}
+	if k > 0 {
+		if c != ',' {
+			s.fail()
+			return false
+		}
+		s.i++
+		s.space()
+	}
+	if s.i >= len(s.b) {
+		s.fail()
+		return false
+	}
+	return true
+}
+
+// asciiKey decodes the escapes of a key into s.key when the result is ASCII
+// and short enough to be one of the names the readers look for; otherwise it
+// returns a key that matches no name.
+func (s *scanner) asciiKey(raw []byte) []byte {
+	n, ok := decodeASCII(s.key[:], raw)
+	if !ok {
+		return nil
+	}
+	return s.key[:n]
+}
+
+// decodeASCII decodes the JSON string contents raw (already validated) into
+// dst. ok is false when the decoded string does not fit dst or holds a
+// non-ASCII character: it then equals none of the ASCII names compared to.
+func decodeASCII(dst, raw []byte) (n int, ok bool) {
+	for i := 0; i < len(raw); {
+		c := raw[i]
+		if c >= utf8.RuneSelf || n == len(dst) {
+			return 0, false
+		}
+		if c != '\\' {
+			dst[n] = c
+			n, i = n+1, i+1
+			continue
+		}
+		switch e := raw[i+1]; e {
+		case 'u':
+			r := hex4(raw[i+2 : i+6])
+			if r >= utf8.RuneSelf {
+				return 0, false // a non-ASCII rune, or a surrogate (U+FFFD)
+			}
+			dst[n] = byte(r)
+			i += 6
+		default:
+			dst[n] = unescape(e)
+			i += 2
+		}
+		n++
+	}
+	return n, true
+}
+
+// unescape is the byte a one-letter escape stands for.
+func unescape(e byte) byte {
+	switch e {
+	case 'b':
+		return '\b'
+	case 'f':
+		return '\f'
+	case 'n':
+		return '\n'
+	case 'r':
+		return '\r'
+	case 't':
+		return '\t'
+	}
+	return e // '"', '\\', '/'
+}
+
+// hex4 reads four hex digits (already validated).
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h[:4] {
+		switch {
+		case c <= '9':
+			c -= '0'
+		case c >= 'a':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
+// plainByte marks the string bytes that need no attention: printable ASCII
+// but for '"' and '\\'.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// str scans the string token at the position ('"'). It returns its
+// contents' bounds and whether they are plain (no escape, ASCII only: the
+// bytes are the decoded string).
+func (s *scanner) str() (start, end int, plain bool) {
+	b := s.b
+	i := s.i + 1
+	start, plain = i, true
+	for {
+		for i < len(b) && plainByte[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			s.fail()
+			return 0, 0, false
+		}
+		switch c := b[i]; {
+		case c == '"':
+			s.i = i + 1
+			return start, i, plain
+		case c == '\\':
+			plain = false
+			if i+1 >= len(b) {
+				s.fail()
+				return 0, 0, false
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+5 >= len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+					s.fail()
+					return 0, 0, false
+				}
+				i += 6
+			default:
+				s.fail()
+				return 0, 0, false
+			}
+		case c < 0x20:
+			s.fail()
+			return 0, 0, false
+		default: // non-ASCII: encoding/json takes any byte, coercing bad UTF-8
+			plain = false
+			i++
+		}
+	}
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// decodedLen is the length encoding/json gives the string whose (valid)
+// contents are raw: escapes decoded, each byte of invalid UTF-8 and each
+// unpaired surrogate replaced by U+FFFD.
+func decodedLen(raw []byte) int64 {
+	var n int64
+	for i := 0; i < len(raw); {
+		c := raw[i]
+		switch {
+		case c == '\\' && raw[i+1] == 'u':
+			r := hex4(raw[i+2 : i+6])
+			i += 6
+			if isSurrogate(r) {
+				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
+					if r2 := hex4(raw[i+2 : i+6]); r < 0xdc00 && 0xdc00 <= r2 && r2 < 0xe000 {
+						n += 4
+						i += 6
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			n += int64(utf8.RuneLen(r))
+		case c == '\\':
+			n++
+			i += 2
+		case c < utf8.RuneSelf:
+			n++
+			i++
+		default:
+			r, size := utf8.DecodeRune(raw[i:])
+			i += size
+			n += int64(utf8.RuneLen(r)) // RuneError (size 1) counts 3
+		}
+	}
+	return n
+}
+
+func isSurrogate(r rune) bool { return 0xd800 <= r && r < 0xe000 }
+
+// textLen returns the decoded length of a string's contents.
+func textLen(raw []byte, plain bool) int64 {
+	if plain {
+		return int64(len(raw))
+	}
+	return decodedLen(raw)
+}
+
+// number scans the number token at the position. isInt is true when it is
+// an integer that fits an int64 (what encoding/json stores in an int64
+// field); v is then its value.
+func (s *scanner) number() (v int64, isInt bool) {
+	b, i := s.b, s.i
+	neg := false
+	if i < len(b) && b[i] == '-' {
+		neg = true
+		i++
+	}
+	if i >= len(b) || b[i] < '0' || b[i] > '9' {
+		s.fail()
+		return 0, false
+	}
+	var u uint64
+	overflow := false
+	if b[i] == '0' {
+		i++
+	} else {
+		for ; i < len(b) && '0' <= b[i] && b[i] <= '9'; i++ {
+			d := uint64(b[i] - '0')
+			if u > (1<<64-1-d)/10 {
+				overflow = true
+			}
+			u = u*10 + d
+		}
+	}
+	isInt = true
+	if i < len(b) && b[i] == '.' {
+		isInt = false
+		i++
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.fail()
+			return 0, false
+		}
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		isInt = false
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.fail()
+			return 0, false
+		}
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+	}
+	s.i = i
+	switch {
+	case !isInt || overflow:
+		return 0, false
+	case neg && u <= 1<<63:
+		return int64(-u), true
+	case !neg && u < 1<<63:
+		return int64(u), true
+	}
+	return 0, false
+}
+
+// literal scans true, false or null.
+func (s *scanner) literal(word string) {
+	if len(s.b)-s.i < len(word) || string(s.b[s.i:s.i+len(word)]) != word {
+		s.fail()
+		return
+	}
+	s.i += len(word)
+}
+
+// skip scans the value at the position without reading it; depth is the
+// number of arrays and objects it is nested in.
+func (s *scanner) skip(depth int) {
+	switch s.peek() {
+	case '"':
+		s.str()
+	case '{', '[':
+		s.skipNested(depth)
+	case 't':
+		s.literal("true")
+	case 'f':
+		s.literal("false")
+	case 'n':
+		s.literal("null")
+	default:
+		s.number()
+	}
+}
+
+// skipNested scans the array or object at the position, iteratively (an
+// adversary's nesting costs no stack): isArray records, per open level,
+// whether it is an array; levels past the first 64 spill to a slice.
+func (s *scanner) skipNested(depth int) {
+	var isArray uint64
+	var spill []bool
+	level := 0
+	for {
+		// At a value.
+		c := s.peek()
+		if c == '{' || c == '[' {
+			level++
+			if depth+level > maxNestingDepth {
+				s.fail()
+				return
+			}
+			if level <= 64 {
+				isArray = isArray&^(1<<(level-1)) | uint64(btoi(c == '['))<<(level-1)
+			} else {
+				spill = append(spill[:level-65], c == '[')
+			}
+			s.i++
+			s.space()
+			if s.peek() == c+2 { // '{'+2 is '}', '['+2 is ']'
+				s.i++
+				level--
+			} else {
+				if c == '{' && !s.memberKey() {
+					return
+				}
+				if s.i >= len(s.b) {
+					s.fail()
+					return
+				}
+				continue
+			}
+		} else {
+			s.skip(depth + level)
+		}
+		// After a value: a separator, or the end of one or more levels.
+		for {
+			if s.failed || level == 0 {
+				return
+			}
+			s.space()
+			c := s.peek()
+			var array bool
+			if level <= 64 {
+				array = isArray&(1<<(level-1)) != 0
+			} else {
+				array = spill[level-65]
+			}
+			if c == ',' {
+				s.i++
+				s.space()
+				if !array && !s.memberKey() {
+					return
+				}
+				if s.i >= len(s.b) {
+					s.fail()
+					return
+				}
+				break
+			}
+			if array && c == ']' || !array && c == '}' {
+				s.i++
+				level--
+				continue
+			}
+			s.fail()
+			return
+		}
+	}
+}
+
+// memberKey scans a key and its colon, leaving the position at the value.
+func (s *scanner) memberKey() bool {
+	if s.peek() != '"' {
+		s.fail()
+		return false
+	}
+	s.str()
+	s.space()
+	if s.peek() != ':' {
+		s.fail()
+		return false
+	}
+	s.i++
+	s.space()
+	return !s.failed
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
