@@ -134,12 +134,11 @@ func (t *tally) set(u budget.Usage, ok bool) {
 	}
 }
 
-// readEvent reads one payload into ev. It is false when the payload is not
+// readEvent reads one payload into ev, which must be zero. It is false when the payload is not
 // a JSON object or is one that encoding/json would refuse to decode into the
 // fields read (bad syntax anywhere, or a field read holding the wrong type):
 // such a payload counts nothing, as before this reader.
 func readEvent(data []byte, ev *event) bool {
-	*ev = event{}
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 || data[0] != '{' {
 		return false

@@ -1,6 +1,8 @@
 package usage
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"unicode/utf8"
 )
 
@@ -42,6 +44,9 @@ func (s *scanner) peek() byte {
 // space skips JSON whitespace.
 func (s *scanner) space() {
 	b, i := s.b, s.i
+	if i < len(b) && b[i] > ' ' {
+		return
+	}
 	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t') {
 		i++
 	}
@@ -70,6 +75,18 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 	if s.peek() != '"' {
 		s.fail()
 		return nil, false
+	}
+	// Most keys are short and plain, ending in `":` and a value.
+	{
+		b, i := s.b, s.i+1
+		j := i
+		for j < len(b) && plainByte[b[j]] {
+			j++
+		}
+		if j+2 < len(b) && b[j] == '"' && b[j+1] == ':' && b[j+2] > ' ' {
+			s.i = j + 2
+			return b[i:j], true
+		}
 	}
 	start, end, plain := s.str()
 	if s.failed {
@@ -209,7 +226,17 @@ func (s *scanner) str() (start, end int, plain bool) {
 	b := s.b
 	i := s.i + 1
 	start, plain = i, true
+	for j := min(i+16, len(b)); i < j && plainByte[b[i]]; {
+		i++
+	}
 	for {
+		for i+8 <= len(b) {
+			n := plainPrefix8(binary.LittleEndian.Uint64(b[i:]))
+			i += n
+			if n < 8 {
+				break
+			}
+		}
 		for i < len(b) && plainByte[b[i]] {
 			i++
 		}
@@ -248,6 +275,18 @@ func (s *scanner) str() (start, end int, plain bool) {
 			i++
 		}
 	}
+}
+
+// plainPrefix8 counts the plain bytes (see plainByte) at the start of the 8
+// bytes x, little-endian: it finds the first byte below 0x20, equal to '"'
+// or '\\', or at or above 0x80, eight at a time (a byte is zero after the
+// subtraction's borrow only where it really was; bits above a true hit may
+// be false hits, so the lowest one is exact).
+func plainPrefix8(x uint64) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	quote, backslash := x^(ones*'"'), x^(ones*'\\')
+	hit := (x-ones*0x20)&^x | (quote-ones)&^quote | (backslash-ones)&^backslash | x
+	return bits.TrailingZeros64(hit&highs) >> 3
 }
 
 func isHex(c byte) bool {

@@ -35,6 +35,11 @@ type Meter struct {
 	data         []byte // SSE: the data of the current event
 	dataOverflow bool
 	hasData      bool
+	// view is the data of the current event while it is still only in the
+	// p of the Write under way (inView): a one-line event that ends in the
+	// same Write is read there, never copied.
+	view   []byte
+	inView bool
 
 	tally tally
 	bytes int64
@@ -62,18 +67,19 @@ func (m *Meter) Write(p []byte) (int, error) {
 		i := lineEnd(p)
 		if i < 0 {
 			m.appendLine(p)
-			return n, nil
+			break
 		}
 		if len(m.line) == 0 && m.lineOverflow == 0 {
-			m.endLine(p[:i], 0)
+			m.endLine(p[:i], 0, true)
 		} else {
 			m.appendLine(p[:i])
-			m.endLine(m.line, m.lineOverflow)
+			m.endLine(m.line, m.lineOverflow, false)
 		}
 		m.line, m.lineOverflow = m.line[:0], 0
 		m.afterCR = p[i] == '\r'
 		p = p[i+1:]
 	}
+	m.keepView()
 	return n, nil
 }
 
@@ -94,7 +100,7 @@ func lineEnd(p []byte) int {
 // its blank line are read too (a cut one fails to parse and counts nothing).
 func (m *Meter) Close() {
 	if len(m.line) > 0 || m.lineOverflow > 0 {
-		m.endLine(m.line, m.lineOverflow)
+		m.endLine(m.line, m.lineOverflow, false)
 		m.line, m.lineOverflow = m.line[:0], 0
 	}
 	m.dispatch()
@@ -147,8 +153,8 @@ func appendBounded(dst, p []byte) []byte {
 
 // endLine reads one whole line: line is what was kept of it, overflow the
 // bytes past MaxEventBytes that were not (a line read in place may itself
-// be longer than that).
-func (m *Meter) endLine(line []byte, overflow int64) {
+// be longer than that); inPlace says line is in the p of this Write.
+func (m *Meter) endLine(line []byte, overflow int64, inPlace bool) {
 	if overflow > 0 || len(line) > MaxEventBytes {
 		// Too long to parse: count it as generated text, which errs on the
 		// side of charging, and drop any event it belongs to.
@@ -162,7 +168,7 @@ func (m *Meter) endLine(line []byte, overflow int64) {
 		m.read(line)
 		return
 	}
-	m.sseLine(line)
+	m.sseLine(line, inPlace)
 }
 
 // read folds one JSON payload into the tally.
@@ -174,7 +180,7 @@ func (m *Meter) read(payload []byte) {
 }
 
 // sseLine handles one line of text/event-stream.
-func (m *Meter) sseLine(line []byte) {
+func (m *Meter) sseLine(line []byte, inPlace bool) {
 	if len(line) == 0 {
 		m.dispatch()
 		return
@@ -187,6 +193,11 @@ func (m *Meter) sseLine(line []byte) {
 	if m.dataOverflow {
 		return
 	}
+	if !m.hasData && inPlace && len(value) <= MaxEventBytes {
+		m.view, m.inView, m.hasData = value, true, true
+		return
+	}
+	m.keepView()
 	sep := 0
 	if m.hasData {
 		sep = 1
@@ -206,7 +217,21 @@ func (m *Meter) sseLine(line []byte) {
 // dispatch ends the current SSE event.
 func (m *Meter) dispatch() {
 	if m.hasData && !m.dataOverflow {
-		m.read(m.data)
+		if m.inView {
+			m.read(m.view)
+		} else {
+			m.read(m.data)
+		}
 	}
 	m.data, m.hasData, m.dataOverflow = m.data[:0], false, false
+	m.view, m.inView = nil, false
+}
+
+// keepView copies the event's data out of the caller's p before it is gone
+// or appended to.
+func (m *Meter) keepView() {
+	if m.inView {
+		m.data = appendBounded(m.data[:0], m.view)
+		m.view, m.inView = nil, false
+	}
 }

@@ -157,24 +157,3 @@ func FuzzFromJSON(f *testing.F) {
 		_, _ = ParseRequest(Format(format%6), "/v1beta/models/m:generateContent", body)
 	})
 }
-
-// BenchmarkMeterOpenAIStream meters a chat stream as it arrives in 512-byte
-// writes; SetBytes makes the figure a throughput.
-func BenchmarkMeterOpenAIStream(b *testing.B) {
-	stream, err := os.ReadFile(filepath.Join("testdata", "streams", "chat_usage.openai_chat.sse"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetBytes(int64(len(stream)))
-	b.ReportAllocs()
-	for i := 0; i < b.N; i++ {
-		m := NewMeter(OpenAIChat, SSE)
-		for off := 0; off < len(stream); off += 512 {
-			m.Write(stream[off:min(off+512, len(stream))])
-		}
-		m.Close()
-		if !m.Reading().Complete {
-			b.Fatal("no usage")
-		}
-	}
-}

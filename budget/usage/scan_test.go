@@ -1,0 +1,48 @@
+package usage
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestPlainPrefix8 compares the eight-at-a-time count with the byte table on
+// every byte value at every position, after plain and after special bytes,
+// and on random words.
+func TestPlainPrefix8(t *testing.T) {
+	want := func(w []byte) int {
+		n := 0
+		for n < len(w) && plainByte[w[n]] {
+			n++
+		}
+		return n
+	}
+	check := func(w []byte) {
+		if got := plainPrefix8(binary.LittleEndian.Uint64(w)); got != want(w) {
+			t.Fatalf("plainPrefix8(%q) = %d, want %d", w, got, want(w))
+		}
+	}
+	for _, fill := range []byte{'a', 0, '"', 0xff, 0x1f, 0x20, 0x7f, 0x80} {
+		for pos := 0; pos < 8; pos++ {
+			for c := 0; c < 256; c++ {
+				w := []byte("abcdefgh")
+				for i := pos + 1; i < 8; i++ {
+					w[i] = fill
+				}
+				w[pos] = byte(c)
+				check(w)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200000 {
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], r.Uint64())
+		for i := range w { // mostly printable, like JSON text
+			if r.IntN(4) > 0 {
+				w[i] = byte(0x20 + r.IntN(0x5f))
+			}
+		}
+		check(w[:])
+	}
+}
