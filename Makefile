@@ -27,9 +27,10 @@ vet:
 unit:
 	$(GO) test -race -count=1 ./...
 
-# The stream meter and the JSON usage readers take bytes from upstreams, the
-# request readers from clients; each fuzzer runs from its seeds for a number of
-# inputs (a count, not a duration: a duration's deadline can end a run with
+# The stream meter and the JSON usage readers take bytes from upstreams (and
+# must read what the encoding/json readers they replaced read: the
+# *MatchesReference fuzzers), the request readers from clients; each fuzzer
+# runs from its seeds for a number of inputs (a count, not a duration: a duration's deadline can end a run with
 # "context deadline exceeded" while a worker is busy). FUZZTIME overrides the
 # counts for every fuzzer, e.g. make fuzz FUZZTIME=5m.
 FUZZ_FAST ?= 150000x
@@ -37,6 +38,8 @@ FUZZ_SLOW ?= 3000x
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMeter$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
 	$(GO) test -run '^$$' -fuzz '^FuzzFromJSON$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
+	$(GO) test -run '^$$' -fuzz '^FuzzMeterMatchesReference$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
+	$(GO) test -run '^$$' -fuzz '^FuzzFromJSONMatchesReference$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRequestReadsExactCase$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
 	$(GO) test -run '^$$' -fuzz '^FuzzLLMBudgetBodies$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
 

@@ -4,5 +4,10 @@
 //
 // Formats: OpenAI Chat Completions (/v1/chat/completions), OpenAI Responses
 // (/v1/responses) and Anthropic Messages (/v1/messages), and servers
-// compatible with them.
+// compatible with them; Gemini and Ollama's native APIs.
+//
+// Responses and stream events are read by a byte scanner (scan.go): one pass
+// per payload that validates it as encoding/json would, reads the few fields
+// that carry usage or output text by exact key case, and allocates nothing
+// (IsUsageOnlyChunk joins an event's data lines when it has several).
 package usage
