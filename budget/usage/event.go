@@ -84,9 +84,7 @@ type tally struct {
 
 // add folds one event into the tally.
 func (t *tally) add(f Format, ev *event) {
-	for _, n := range ev.text {
-		t.outputTextBytes += n
-	}
+	t.outputTextBytes += ev.text[textChoices] + ev.text[textDelta] + ev.text[textCandidates] + ev.text[textMessage] + ev.text[textResponse]
 	switch {
 	case ev.kind == kindMessageStart && ev.message && ev.messageUsage.present:
 		if u, ok := ev.messageUsage.usage(Anthropic); ok {
@@ -134,17 +132,28 @@ func (t *tally) set(u budget.Usage, ok bool) {
 	}
 }
 
-// readEvent reads one payload into ev, which must be zero. It is false when the payload is not
-// a JSON object or is one that encoding/json would refuse to decode into the
-// fields read (bad syntax anywhere, or a field read holding the wrong type):
-// such a payload counts nothing, as before this reader.
-func readEvent(data []byte, ev *event) bool {
-	data = bytes.TrimSpace(data)
-	if len(data) == 0 || data[0] != '{' {
-		return false
+// readEvent reads one payload into ev, which must be zero. It is false when
+// the payload is not a JSON object or is one that encoding/json would refuse
+// to decode into the fields read (bad syntax anywhere, or a field read
+// holding the wrong type): such a payload counts nothing, as before this
+// reader. memo, when not nil, lets a payload that starts like the last one
+// skip what they share (see prefixMemo), and is updated.
+func readEvent(data []byte, ev *event, memo *prefixMemo) bool {
+	if len(data) == 0 || data[0] != '{' || data[len(data)-1] != '}' {
+		data = bytes.TrimSpace(data)
+		if len(data) == 0 || data[0] != '{' {
+			return false
+		}
 	}
 	s := scanner{b: data, i: 1}
-	s.eventMembers(ev)
+	k := 0
+	if memo != nil {
+		k = memo.resume(&s, ev)
+	}
+	s.eventMembers(ev, k, memo)
+	if memo != nil {
+		memo.finish()
+	}
 	if s.failed {
 		return false
 	}
@@ -152,23 +161,27 @@ func readEvent(data []byte, ev *event) bool {
 	return s.i == len(s.b)
 }
 
-// eventMembers reads the members of the payload's top object.
-func (s *scanner) eventMembers(ev *event) {
-	for k := 0; ; k++ {
+// eventMembers reads the members of the payload's top object, from its k-th
+// on; memo, when not nil, learns where the members that change nothing but
+// the kind end.
+func (s *scanner) eventMembers(ev *event, k int, memo *prefixMemo) {
+	plain := true // every member so far set nothing but the kind
+	for ; ; k++ {
 		key, more := s.member(k)
 		if !more {
 			return
 		}
-		ok := true
+		ok, set := true, true
 		switch string(key) {
 		case "type":
 			ev.kind, ok = s.eventKind()
+			set = false
 		case "usage":
-			ev.usage, ok = s.usageFields(1)
+			ok = s.usageFields(1, &ev.usage)
 		case "message":
-			ev.message, ev.messageUsage, ev.text[textMessage], ok = s.message()
+			ev.message, ev.text[textMessage], ok = s.message(&ev.messageUsage)
 		case "response":
-			ev.responseUsage, ev.text[textResponse] = s.response()
+			ev.text[textResponse] = s.response(&ev.responseUsage)
 		case "choices":
 			ev.text[textChoices], ok = s.choices()
 		case "delta":
@@ -178,17 +191,21 @@ func (s *scanner) eventMembers(ev *event) {
 		case "candidates":
 			ev.text[textCandidates], ok = s.candidates()
 		case "done":
-			ok = s.optBool(1)
+			ok, set = s.optBool(1), false
 		case "prompt_eval_count":
 			ev.promptEvalCount, ok = s.optInt(1)
 		case "eval_count":
 			ev.evalCount, ok = s.optInt(1)
 		default:
 			s.skip(1)
+			set = false
 		}
 		if !ok {
 			s.fail()
 			return
+		}
+		if plain = plain && !set; plain && memo != nil {
+			memo.reached(s.i, k+1, ev.kind)
 		}
 	}
 }
@@ -304,23 +321,22 @@ func (s *scanner) eventKind() (eventKind, bool) {
 	return kindOther, true
 }
 
-// message reads Anthropic's message object (message_start) or Ollama's chat
-// message.
-func (s *scanner) message() (isObject bool, usage usageFields, text int64, ok bool) {
+// message reads Anthropic's message object (message_start), its usage into
+// usage, or Ollama's chat message.
+func (s *scanner) message(usage *usageFields) (isObject bool, text int64, ok bool) {
+	*usage = usageFields{}
 	isObject, ok = s.object(1)
 	if !isObject {
-		return false, usage, 0, ok
+		return false, 0, ok
 	}
 	for k := 0; ; k++ {
 		key, more := s.member(k)
 		if !more {
-			return true, usage, text, ok
+			return true, text, ok
 		}
 		switch string(key) {
 		case "usage":
-			var good bool
-			usage, good = s.usageFields(2)
-			ok = ok && good
+			ok = s.usageFields(2, usage) && ok
 		case "content":
 			text = s.anyText(2)
 		default:
@@ -339,17 +355,18 @@ func (s *scanner) anyText(d int) int64 {
 	return n
 }
 
-// response reads a Responses event's response object (its usage; a wrong
-// type there leaves it without usage, as a failed decode did) or Ollama's
-// generated text.
-func (s *scanner) response() (usage usageFields, text int64) {
+// response reads a Responses event's response object (its usage into usage;
+// a wrong type there leaves it without usage, as a failed decode did) or
+// Ollama's generated text.
+func (s *scanner) response(usage *usageFields) (text int64) {
+	*usage = usageFields{}
 	switch s.peek() {
 	case '"':
-		return usage, s.anyText(1)
+		return s.anyText(1)
 	case '{':
 	default:
 		s.skip(1)
-		return usage, 0
+		return 0
 	}
 	s.i++
 	ok := true
@@ -359,17 +376,15 @@ func (s *scanner) response() (usage usageFields, text int64) {
 			break
 		}
 		if string(key) == "usage" {
-			var good bool
-			usage, good = s.usageFields(2)
-			ok = ok && good
+			ok = s.usageFields(2, usage) && ok
 		} else {
 			s.skip(2)
 		}
 	}
 	if !ok {
-		return usageFields{}, 0
+		*usage = usageFields{}
 	}
-	return usage, 0
+	return 0
 }
 
 // choices reads a chat chunk's choices: the text of their deltas.

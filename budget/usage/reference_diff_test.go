@@ -87,6 +87,7 @@ func ambiguousJSON(data []byte) bool {
 // chunks; ambiguous as ambiguousJSON says of any payload.
 func refMeterRead(f Format, framing Framing, chunks ...[]byte) (r Reading, ambiguous bool) {
 	m := newRefMeter(f, framing)
+	m.checkAmbiguity = true
 	for _, c := range chunks {
 		m.Write(c)
 	}
@@ -190,6 +191,39 @@ var deepPayloads = []string{
 	`{"a":` + strings.Repeat(`{"b":`, 10000) + `1` + strings.Repeat("}", 10000) + `,"usage":{"prompt_tokens":1}}`,
 }
 
+// memoStreams are event sequences whose events share leading members, for
+// the prefix memo: the same run then a change of kind, of usage, a run that
+// ends in a syntax error, an event that is only the run, a repeat of the run
+// with another value.
+var memoStreams = [][]string{
+	{
+		`{"type":"message_delta","index":0,"usage":{"output_tokens":3}}`,
+		`{"type":"message_delta","index":0,"usage":{"output_tokens":5}}`,
+		`{"type":"message_delta","index":0}`,
+		`{"type":"message_delta","index":0,"type":"message_start","message":{"usage":{"input_tokens":7}}}`,
+		`{"type":"message_delta","index":1,"usage":{"output_tokens":9}}`,
+	},
+	{
+		`{"id":"c","object":"chunk","choices":[{"delta":{"content":"ab"}}],"usage":null}`,
+		`{"id":"c","object":"chunk","choices":[{"delta":{"content":"abc"}}],"usage":null}`,
+		`{"id":"c","object":"chunk","choices":[{"delta":{"content":"x"}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`,
+		`{"id":"c","object":"chunk","choices":[{"delta":{"content":"y"}}],"usage":{"prompt_tokens":"bad"}}`,
+		`{"id":"c","object":"chunk","choices":[{"delta":{"content":"zz"}}],"usage":null,}`,
+		`{"id":"c","object":"chunk","choices":[{"delta":{"content":"zz"}}]}`,
+		`{"id":"c","object":"chunk"}`,
+		`{"id":"c","object":"chunk"`,
+		`{"id":"c","object":"chunk","done":5,"choices":[{"delta":{"content":"q"}}]}`,
+		`{"id":"c","object":"chunk","done":true,"choices":[{"delta":{"content":"q"}}]}`,
+		`{"id":"d","object":"chunk","choices":[{"delta":{"content":"q"}}]}`,
+		`{"id":"c","object":"chunk","choices":[{"delta":{"content":"q"}}]} `,
+	},
+	{
+		`{"model":"m","created_at":"t1","message":{"content":"The"},"done":false}`,
+		`{"model":"m","created_at":"t1","message":{"content":" sky"},"done":false}`,
+		`{"model":"m","created_at":"t2","message":{"content":""},"done":true,"prompt_eval_count":26,"eval_count":290}`,
+	},
+}
+
 // TestReadersMatchReference: on the golden inputs and the crafted payloads
 // (as SSE events, NDJSON lines and JSON bodies, in every format) the scanner
 // reads what the reference read.
@@ -203,6 +237,26 @@ func TestReadersMatchReference(t *testing.T) {
 			want, _ := refMeterRead(c.format, c.framing, stream[:i], stream[i:])
 			if got := meter(c.format, c.framing, stream[:i], stream[i:]); got != want {
 				t.Fatalf("%s split at %d: %+v, the reference %+v", c.path, i, got, want)
+			}
+		}
+	}
+	for _, events := range memoStreams {
+		for _, framing := range []Framing{SSE, NDJSON} {
+			var stream []byte
+			for _, e := range events {
+				if framing == SSE {
+					stream = append(stream, "data: "+e+"\n\n"...)
+				} else {
+					stream = append(stream, e+"\n"...)
+				}
+			}
+			for f := Format(0); f < 6; f++ {
+				for i := 0; i <= len(stream); i += 7 {
+					want, _ := refMeterRead(f, framing, stream[:i], stream[i:])
+					if got := meter(f, framing, stream[:i], stream[i:]); got != want {
+						t.Fatalf("%v %v %q split at %d: %+v, the reference %+v", f, framing, stream, i, got, want)
+					}
+				}
 			}
 		}
 	}
@@ -255,6 +309,10 @@ func FuzzMeterMatchesReference(f *testing.F) {
 		if b, err := os.ReadFile(c.path); err == nil {
 			f.Add(b, uint16(len(b)/3), uint8(c.format), c.framing == NDJSON)
 		}
+	}
+	for i, events := range memoStreams {
+		f.Add([]byte("data: "+strings.Join(events, "\n\ndata: ")+"\n\n"), uint16(i*31), uint8(i), false)
+		f.Add([]byte(strings.Join(events, "\n")), uint16(i*17), uint8(i), true)
 	}
 	for i, p := range payloads {
 		f.Add([]byte("data: "+p+"\n\n"), uint16(i), uint8(i), false)

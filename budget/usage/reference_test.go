@@ -291,8 +291,9 @@ type refMeter struct {
 
 	// ambiguous: a payload read had a key given twice or in another case
 	// than a field's, which encoding/json and the scanner read differently
-	// (by design: the scanner reads keys as upstreams do).
-	ambiguous bool
+	// (by design: the scanner reads keys as upstreams do). Checked only
+	// when checkAmbiguity is set (not in benchmarks).
+	checkAmbiguity, ambiguous bool
 }
 
 // newRefMeter meters a stream of format f framed as framing.
@@ -369,7 +370,7 @@ func (m *refMeter) endLine() {
 		return
 	}
 	if m.framing == NDJSON {
-		m.ambiguous = m.ambiguous || ambiguousJSON(line)
+		m.ambiguous = m.ambiguous || m.checkAmbiguity && ambiguousJSON(line)
 		if ev, ok := refParseEvent(line); ok {
 			m.tally.add(m.format, ev)
 		}
@@ -411,7 +412,7 @@ func (m *refMeter) sseLine(line []byte) {
 // dispatch ends the current SSE event.
 func (m *refMeter) dispatch() {
 	if m.hasData && !m.dataOverflow {
-		m.ambiguous = m.ambiguous || ambiguousJSON(m.data)
+		m.ambiguous = m.ambiguous || m.checkAmbiguity && ambiguousJSON(m.data)
 		if ev, ok := refParseEvent(m.data); ok {
 			m.tally.add(m.format, ev)
 		}

@@ -55,18 +55,19 @@ func (u *usageFields) usage(f Format) (budget.Usage, bool) {
 	return budget.Usage{}, false
 }
 
-// usageFields reads a usage object (or null) nested in d arrays and
-// objects.
-func (s *scanner) usageFields(d int) (u usageFields, ok bool) {
+// usageFields reads a usage object (or null) nested in d arrays and objects
+// into u.
+func (s *scanner) usageFields(d int, u *usageFields) (ok bool) {
+	*u = usageFields{}
 	isObject, ok := s.object(d)
 	if !isObject {
-		return u, ok
+		return ok
 	}
 	u.present = true
 	for k := 0; ; k++ {
 		key, more := s.member(k)
 		if !more {
-			return u, ok
+			return ok
 		}
 		var field *optInt
 		switch string(key) {
@@ -127,7 +128,7 @@ func (s *scanner) cachedDetails(d int) (c cachedDetails, ok bool) {
 // fields). The second result is false when the body reports no usage.
 func FromJSON(f Format, body []byte) (budget.Usage, bool) {
 	var ev event
-	if !readEvent(body, &ev) {
+	if !readEvent(body, &ev, nil) {
 		return budget.Usage{}, false
 	}
 	var t tally

@@ -58,6 +58,60 @@ func (s *scanner) space() {
 // position at the value. ok is false at the object's end (its '}' consumed)
 // or on an error.
 func (s *scanner) member(k int) (key []byte, ok bool) {
+	// Most members are `,"key":value` (or `"key":value` first, or
+	// `"key": value`) with a short plain key.
+	b, i := s.b, s.i
+	if i >= len(b) {
+		return s.memberAnyForm(k)
+	}
+	switch b[i] {
+	case '}':
+		s.i = i + 1
+		return nil, false
+	case ',':
+		if k == 0 {
+			return s.memberAnyForm(k)
+		}
+		i++
+	default:
+		if k > 0 {
+			return s.memberAnyForm(k)
+		}
+	}
+	if i >= len(b) || b[i] != '"' {
+		return s.memberAnyForm(k)
+	}
+	j := i + 1 // past the plain bytes, 8 at a time (by hand: inlined)
+	for {
+		if j+8 > len(b) {
+			j = plainTail(b, j)
+			break
+		}
+		n := plainPrefix8(binary.LittleEndian.Uint64(b[j : j+8]))
+		j += n
+		if n < 8 {
+			break
+		}
+	}
+	v := j + 2
+	if v >= len(b) || b[j] != '"' || b[j+1] != ':' {
+		return s.memberAnyForm(k)
+	}
+	if b[v] == ' ' {
+		if v++; v >= len(b) {
+			return s.memberAnyForm(k)
+		}
+	}
+	if b[v] <= ' ' {
+		return s.memberAnyForm(k)
+	}
+	s.i = v
+	return b[i+1 : j], true
+}
+
+// memberAnyForm is member for any member: with whitespace, escapes, or at
+// the object's end.
+func (s *scanner) memberAnyForm(k int) (key []byte, ok bool) {
 	s.space()
 	c := s.peek()
 	if c == '}' {
@@ -75,18 +129,6 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 	if s.peek() != '"' {
 		s.fail()
 		return nil, false
-	}
-	// Most keys are short and plain, ending in `":` and a value.
-	{
-		b, i := s.b, s.i+1
-		j := i
-		for j < len(b) && plainByte[b[j]] {
-			j++
-		}
-		if j+2 < len(b) && b[j] == '"' && b[j+1] == ':' && b[j+2] > ' ' {
-			s.i = j + 2
-			return b[i:j], true
-		}
 	}
 	start, end, plain := s.str()
 	if s.failed {
@@ -226,19 +268,17 @@ func (s *scanner) str() (start, end int, plain bool) {
 	b := s.b
 	i := s.i + 1
 	start, plain = i, true
-	for j := min(i+16, len(b)); i < j && plainByte[b[i]]; {
-		i++
-	}
 	for {
-		for i+8 <= len(b) {
-			n := plainPrefix8(binary.LittleEndian.Uint64(b[i:]))
+		for { // past the plain bytes, 8 at a time
+			if i+8 > len(b) {
+				i = plainTail(b, i)
+				break
+			}
+			n := plainPrefix8(binary.LittleEndian.Uint64(b[i : i+8]))
 			i += n
 			if n < 8 {
 				break
 			}
-		}
-		for i < len(b) && plainByte[b[i]] {
-			i++
 		}
 		if i >= len(b) {
 			s.fail()
@@ -277,15 +317,23 @@ func (s *scanner) str() (start, end int, plain bool) {
 	}
 }
 
+// plainTail returns the index of the first byte at or after i that is not
+// plain (see plainByte), or len(b), for the last, fewer than 8, bytes of b.
+func plainTail(b []byte, i int) int {
+	var tail [8]byte // zero, which is not plain, past the end
+	copy(tail[:], b[i:])
+	return i + plainPrefix8(binary.LittleEndian.Uint64(tail[:]))
+}
+
 // plainPrefix8 counts the plain bytes (see plainByte) at the start of the 8
-// bytes x, little-endian: it finds the first byte below 0x20, equal to '"'
-// or '\\', or at or above 0x80, eight at a time (a byte is zero after the
-// subtraction's borrow only where it really was; bits above a true hit may
-// be false hits, so the lowest one is exact).
+// bytes x, little-endian. A byte's high bit is set in x-0x20… when it is
+// below 0x20 or at least 0xa0, in x itself when at least 0x80, and in
+// (x^'"')-1… or (x^'\\')-1… when it is '"' or '\\' (or at least 0x80). A
+// borrow only starts at a byte below 0x20, '"' or '\\', so the bytes it
+// wrongly flags lie above a true one: the lowest flag is exact.
 func plainPrefix8(x uint64) int {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	quote, backslash := x^(ones*'"'), x^(ones*'\\')
-	hit := (x-ones*0x20)&^x | (quote-ones)&^quote | (backslash-ones)&^backslash | x
+	hit := (x - ones*0x20) | x | ((x ^ (ones * '"')) - ones) | ((x ^ (ones * '\\')) - ones)
 	return bits.TrailingZeros64(hit&highs) >> 3
 }
 
@@ -344,65 +392,91 @@ func textLen(raw []byte, plain bool) int64 {
 // an integer that fits an int64 (what encoding/json stores in an int64
 // field); v is then its value.
 func (s *scanner) number() (v int64, isInt bool) {
-	b, i := s.b, s.i
-	neg := false
-	if i < len(b) && b[i] == '-' {
-		neg = true
-		i++
-	}
-	if i >= len(b) || b[i] < '0' || b[i] > '9' {
-		s.fail()
+	start := s.i
+	if isInt = s.skipNumber(); !isInt {
 		return 0, false
+	}
+	digits := s.b[start:s.i]
+	neg := digits[0] == '-'
+	if neg {
+		digits = digits[1:]
+	}
+	if len(digits) > 19 {
+		return 0, false // past 9223372036854775807 (leading zeros are not JSON)
 	}
 	var u uint64
-	overflow := false
-	if b[i] == '0' {
-		i++
-	} else {
-		for ; i < len(b) && '0' <= b[i] && b[i] <= '9'; i++ {
-			d := uint64(b[i] - '0')
-			if u > (1<<64-1-d)/10 {
-				overflow = true
-			}
-			u = u*10 + d
-		}
+	for _, c := range digits {
+		u = u*10 + uint64(c-'0') // 19 digits fit a uint64
 	}
-	isInt = true
-	if i < len(b) && b[i] == '.' {
-		isInt = false
-		i++
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			s.fail()
-			return 0, false
-		}
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		isInt = false
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if i >= len(b) || b[i] < '0' || b[i] > '9' {
-			s.fail()
-			return 0, false
-		}
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-		}
-	}
-	s.i = i
 	switch {
-	case !isInt || overflow:
-		return 0, false
 	case neg && u <= 1<<63:
 		return int64(-u), true
 	case !neg && u < 1<<63:
 		return int64(u), true
 	}
 	return 0, false
+}
+
+// skipNumber scans the number token at the position; it reports whether it
+// is written as an integer (no fraction, no exponent).
+func (s *scanner) skipNumber() (integer bool) {
+	b, i := s.b, s.i
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(b) || b[i] < '0' || b[i] > '9':
+		s.fail()
+		return false
+	case b[i] == '0':
+		i++
+	default:
+		i = digitsEnd(b, i)
+	}
+	integer = true
+	if i < len(b) && b[i] == '.' {
+		integer = false
+		if i++; i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.fail()
+			return false
+		}
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		integer = false
+		if i++; i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			s.fail()
+			return false
+		}
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+	}
+	s.i = i
+	return integer
+}
+
+// digitsEnd returns the index of the first byte at or after i that is not
+// an ASCII digit, or len(b), 8 bytes at a time: a byte's high bit is set in
+// x-'0'… when it is below '0' and in x+0x46… when it is above '9' (a borrow
+// or carry only starts at such a byte, so the lowest flag is exact).
+func digitsEnd(b []byte, i int) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		if hit := ((x - ones*'0') | (x + ones*0x46)) & highs; hit != 0 {
+			return i + bits.TrailingZeros64(hit)>>3
+		}
+	}
+	for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // literal scans true, false or null.
@@ -429,7 +503,7 @@ func (s *scanner) skip(depth int) {
 	case 'n':
 		s.literal("null")
 	default:
-		s.number()
+		s.skipNumber()
 	}
 }
 

@@ -46,3 +46,28 @@ func TestPlainPrefix8(t *testing.T) {
 		check(w[:])
 	}
 }
+
+// TestDigitsEnd compares the eight-at-a-time digit scan with a byte loop on
+// every byte value at every position.
+func TestDigitsEnd(t *testing.T) {
+	want := func(b []byte, i int) int {
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+		return i
+	}
+	for _, fill := range []byte{'5', 0, 0xff, '/', ':', 0xb9, 0xba} {
+		for pos := 0; pos < 12; pos++ {
+			for c := 0; c < 256; c++ {
+				b := []byte("012345678901")
+				for i := pos + 1; i < len(b); i++ {
+					b[i] = fill
+				}
+				b[pos] = byte(c)
+				if got := digitsEnd(b, 0); got != want(b, 0) {
+					t.Fatalf("digitsEnd(%q) = %d, want %d", b, got, want(b, 0))
+				}
+			}
+		}
+	}
+}

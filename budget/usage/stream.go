@@ -22,8 +22,9 @@ const (
 )
 
 // Meter reads usage from a streamed response as its bytes pass, keeping at
-// most one event (MaxEventBytes) in memory whatever the stream's length or
-// line length. Any split of the stream into Writes gives the same result.
+// most one event (MaxEventBytes), and the first KiB of the one before it
+// (prefixMemo), in memory whatever the stream's length or line length. Any
+// split of the stream into Writes gives the same result.
 type Meter struct {
 	format  Format
 	framing Framing
@@ -43,6 +44,7 @@ type Meter struct {
 
 	tally tally
 	bytes int64
+	memo  prefixMemo
 }
 
 // NewMeter meters a stream of format f framed as framing.
@@ -56,15 +58,24 @@ func NewMeter(f Format, framing Framing) *Meter {
 func (m *Meter) Write(p []byte) (int, error) {
 	n := len(p)
 	m.bytes += int64(n)
+	// cr is the next CR in p: most streams have none, and then one scan
+	// of the whole of p tells, instead of one per line.
+	cr := bytes.IndexByte(p, '\r')
 	for len(p) > 0 {
 		if m.afterCR {
 			m.afterCR = false
 			if p[0] == '\n' {
 				p = p[1:]
+				if cr > 0 {
+					cr--
+				}
 				continue
 			}
 		}
-		i := lineEnd(p)
+		i := bytes.IndexByte(p, '\n')
+		if cr >= 0 && (i < 0 || cr < i) {
+			i = cr
+		}
 		if i < 0 {
 			m.appendLine(p)
 			break
@@ -78,6 +89,11 @@ func (m *Meter) Write(p []byte) (int, error) {
 		m.line, m.lineOverflow = m.line[:0], 0
 		m.afterCR = p[i] == '\r'
 		p = p[i+1:]
+		if cr >= 0 {
+			if cr -= i + 1; cr < 0 {
+				cr = bytes.IndexByte(p, '\r')
+			}
+		}
 	}
 	m.keepView()
 	return n, nil
@@ -174,7 +190,7 @@ func (m *Meter) endLine(line []byte, overflow int64, inPlace bool) {
 // read folds one JSON payload into the tally.
 func (m *Meter) read(payload []byte) {
 	var ev event
-	if readEvent(payload, &ev) {
+	if readEvent(payload, &ev, &m.memo) {
 		m.tally.add(m.format, &ev)
 	}
 }
