@@ -81,7 +81,14 @@ func (m *Meter) Write(p []byte) (int, error) {
 			break
 		}
 		if len(m.line) == 0 && m.lineOverflow == 0 {
-			m.endLine(p[:i], 0, true)
+			switch line := p[:i]; {
+			case m.framing == SSE && len(line) == 0:
+				m.dispatch()
+			case m.framing == SSE && line[0] != 'd' && len(line) <= MaxEventBytes:
+				// event:, id:, retry: and comments carry no usage
+			default:
+				m.endLine(line, 0, true)
+			}
 		} else {
 			m.appendLine(p[:i])
 			m.endLine(m.line, m.lineOverflow, false)
