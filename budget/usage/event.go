@@ -200,12 +200,14 @@ func (s *scanner) eventMembers(ev *event, k int, memo *prefixMemo) {
 			s.skip(1)
 			set = false
 		}
-		if !ok {
+		if !ok || s.failed {
 			s.fail()
 			return
 		}
-		if plain = plain && !set; plain && memo != nil {
-			memo.reached(s.i, k+1, ev.kind)
+		// A run ends at a comma, so that it never ends inside a token of
+		// another event (1 of 12).
+		if plain = plain && !set; plain && memo != nil && s.i < len(s.b) && s.b[s.i] == ',' {
+			memo.reached(s.i+1, k+1, ev.kind)
 		}
 	}
 }

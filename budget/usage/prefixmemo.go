@@ -10,11 +10,11 @@ const maxMemoPrefix = 1024
 // it. The events of a stream mostly start alike (a chat chunk's id, object,
 // created and model; a content_block_delta's type and index) and only then
 // carry what matters. The memo keeps the longest run of leading top-level
-// members of the last event that set nothing but its kind: an event that
-// starts with the same bytes is valid up to there and reads the same there,
-// so its scan resumes after them.
+// members of the last event that set nothing but its kind, with the comma
+// after them: an event that starts with the same bytes is valid up to there
+// and reads the same there, so its scan resumes at that comma.
 type prefixMemo struct {
-	prefix  []byte    // the last event's bytes up to the run's end
+	prefix  []byte    // the last event's bytes up to the comma after the run
 	members int       // how many members the run holds
 	kind    eventKind // the kind they set
 	// event and end are the event being read and how far its run got.
@@ -33,12 +33,12 @@ func (p *prefixMemo) resume(s *scanner, ev *event) int {
 		return 0
 	}
 	p.end = n
-	s.i, ev.kind = n, p.kind
+	s.i, ev.kind = n-1, p.kind // at the comma
 	return p.members
 }
 
-// reached records that the event's run extends to end, holding members
-// members and setting kind.
+// reached records that the event's run extends to end (just past a comma),
+// holding members members and setting kind.
 func (p *prefixMemo) reached(end, members int, kind eventKind) {
 	if end > p.end && end <= maxMemoPrefix {
 		p.end, p.members, p.kind = end, members, kind

@@ -194,7 +194,8 @@ var deepPayloads = []string{
 // memoStreams are event sequences whose events share leading members, for
 // the prefix memo: the same run then a change of kind, of usage, a run that
 // ends in a syntax error, an event that is only the run, a repeat of the run
-// with another value.
+// with another value, an event cut inside the run, a run that ends inside a
+// longer number.
 var memoStreams = [][]string{
 	{
 		`{"type":"message_delta","index":0,"usage":{"output_tokens":3}}`,
@@ -216,6 +217,16 @@ var memoStreams = [][]string{
 		`{"id":"c","object":"chunk","done":true,"choices":[{"delta":{"content":"q"}}]}`,
 		`{"id":"d","object":"chunk","choices":[{"delta":{"content":"q"}}]}`,
 		`{"id":"c","object":"chunk","choices":[{"delta":{"content":"q"}}]} `,
+	},
+	{
+		`{"id":"c","object":"chunk`,
+		`{"id":"c","object":"chunk,"choices":[{"delta":{"content":"0"}}]}`,
+		`{"n":1,"choices":[]}`,
+		`{"n":12,"choices":[{"delta":{"content":"x"}}]}`,
+		`{"n":1.5,"choices":[{"delta":{"content":"x"}}]}`,
+		`{"n":1 ,"choices":[{"delta":{"content":"x"}}]}`,
+		`{"n":true,"choices":[]}`,
+		`{"n":truex,"choices":[{"delta":{"content":"x"}}]}`,
 	},
 	{
 		`{"model":"m","created_at":"t1","message":{"content":"The"},"done":false}`,
