@@ -42,14 +42,27 @@ type Meter struct {
 	view   []byte
 	inView bool
 
-	tally tally
-	bytes int64
-	memo  prefixMemo
+	tally   tally
+	bytes   int64
+	memo    prefixMemo
+	memoBuf [128]byte // where memo.prefix starts
 }
 
 // NewMeter meters a stream of format f framed as framing.
 func NewMeter(f Format, framing Framing) *Meter {
-	return &Meter{format: f, framing: framing}
+	m := &Meter{format: f, framing: framing}
+	m.memo.prefix = m.memoBuf[:0]
+	return m
+}
+
+// buffers gives line and data their first room, in one allocation: a
+// stream that needs one mostly needs both (a line cut between two Writes is
+// the data of an event).
+func (m *Meter) buffers() {
+	if cap(m.line) == 0 && cap(m.data) == 0 {
+		b := make([]byte, 1024)
+		m.line, m.data = b[:0:512], b[512:512]
+	}
 }
 
 // Write observes the next bytes of the stream. It never fails and never
@@ -159,6 +172,7 @@ func (m *Meter) appendLine(p []byte) {
 		room = 0
 	}
 	keep := min(room, len(p))
+	m.buffers()
 	m.line = appendBounded(m.line, p[:keep])
 	m.lineOverflow += int64(len(p) - keep)
 }
@@ -230,6 +244,7 @@ func (m *Meter) sseLine(line []byte, inPlace bool) {
 		m.data, m.dataOverflow = m.data[:0], true
 		return
 	}
+	m.buffers()
 	if sep == 1 {
 		m.data = appendBounded(m.data, []byte{'\n'})
 	}
@@ -254,6 +269,7 @@ func (m *Meter) dispatch() {
 // or appended to.
 func (m *Meter) keepView() {
 	if m.inView {
+		m.buffers()
 		m.data = appendBounded(m.data[:0], m.view)
 		m.view, m.inView = nil, false
 	}
