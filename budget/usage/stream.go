@@ -85,6 +85,17 @@ func (m *Meter) Write(p []byte) (int, error) {
 				continue
 			}
 		}
+		if p[0] == '\n' && len(m.line) == 0 && m.lineOverflow == 0 {
+			// An empty line, most often the one that ends an SSE event.
+			if m.framing == SSE {
+				m.dispatch()
+			}
+			p = p[1:]
+			if cr > 0 {
+				cr--
+			}
+			continue
+		}
 		i := bytes.IndexByte(p, '\n')
 		if cr >= 0 && (i < 0 || cr < i) {
 			i = cr
