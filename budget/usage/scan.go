@@ -10,7 +10,8 @@ import (
 // encoding/json: a stream event is read in one pass that validates it the way
 // encoding/json would (the same syntax, nesting limit and string rules) and
 // looks only at the few fields that carry usage or output text, comparing
-// keys by exact case as upstreams and SDKs do. Nothing is allocated.
+// keys by exact case as upstreams and SDKs do. Nothing is allocated (but to
+// skip a value nested more than 64 levels deep).
 
 // maxNestingDepth is encoding/json's limit on nested arrays and objects; a
 // deeper value is invalid for it, so it is for the scanner too.
@@ -252,18 +253,11 @@ func hex4(h []byte) rune {
 	return r
 }
 
-// plainByte marks the string bytes that need no attention: printable ASCII
-// but for '"' and '\\'.
-var plainByte = func() (t [256]bool) {
-	for c := 0x20; c < 0x80; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
 // str scans the string token at the position ('"'). It returns its
 // contents' bounds and whether they are plain (no escape, ASCII only: the
-// bytes are the decoded string).
+// bytes are the decoded string). A plain byte is printable ASCII but for '"'
+// and '\\' (0x20 to 0x7f): a string is mostly plain bytes, passed 8 at a
+// time.
 func (s *scanner) str() (start, end int, plain bool) {
 	b := s.b
 	i := s.i + 1
@@ -318,14 +312,14 @@ func (s *scanner) str() (start, end int, plain bool) {
 }
 
 // plainTail returns the index of the first byte at or after i that is not
-// plain (see plainByte), or len(b), for the last, fewer than 8, bytes of b.
+// plain (see str), or len(b), for the last, fewer than 8, bytes of b.
 func plainTail(b []byte, i int) int {
 	var tail [8]byte // zero, which is not plain, past the end
 	copy(tail[:], b[i:])
 	return i + plainPrefix8(binary.LittleEndian.Uint64(tail[:]))
 }
 
-// plainPrefix8 counts the plain bytes (see plainByte) at the start of the 8
+// plainPrefix8 counts the plain bytes (see str) at the start of the 8
 // bytes x, little-endian. A byte's high bit is set in x-0x20… when it is
 // below 0x20 or at least 0xa0, in x itself when at least 0x80, and in
 // (x^'"')-1… or (x^'\\')-1… when it is '"' or '\\' (or at least 0x80). A

@@ -6,6 +6,14 @@ import (
 	"testing"
 )
 
+// plainByte is the byte-at-a-time definition of a plain string byte.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // TestPlainPrefix8 compares the eight-at-a-time count with the byte table on
 // every byte value at every position, after plain and after special bytes,
 // and on random words.
