@@ -390,34 +390,7 @@ func (s *scanner) response(usage *usageFields) (text int64) {
 }
 
 // choices reads a chat chunk's choices: the text of their deltas.
-func (s *scanner) choices() (text int64, ok bool) {
-	isArray, ok := s.array(1)
-	if !isArray {
-		return 0, ok
-	}
-	for k := 0; s.element(k); k++ {
-		isObject, good := s.object(2)
-		ok = ok && good
-		if !isObject {
-			continue
-		}
-		var choice int64
-		for m := 0; ; m++ {
-			key, more := s.member(m)
-			if !more {
-				break
-			}
-			if string(key) == "delta" {
-				choice, good = s.chatDelta()
-				ok = ok && good
-			} else {
-				s.skip(3)
-			}
-		}
-		text += choice
-	}
-	return text, ok
-}
+func (s *scanner) choices() (text int64, ok bool) { return s.textOfElements(chatChoices) }
 
 // chatDelta reads choices[].delta: content, reasoning, refusal and tool
 // call arguments.
@@ -537,7 +510,25 @@ func (s *scanner) topDelta() int64 {
 }
 
 // candidates reads Gemini's candidates[].content.parts[].text.
-func (s *scanner) candidates() (text int64, ok bool) {
+func (s *scanner) candidates() (text int64, ok bool) { return s.textOfElements(geminiCandidates) }
+
+// textArray names an array of objects whose elements hold text in one
+// member: chat choices (delta) or Gemini candidates (content).
+type textArray uint8
+
+const (
+	chatChoices textArray = iota
+	geminiCandidates
+)
+
+// textOfElements reads a textArray, adding up the text of each element's
+// member; the others are skipped. (A switch, not a func value: passing
+// the scanner to a func value makes it escape, an allocation per event.)
+func (s *scanner) textOfElements(a textArray) (text int64, ok bool) {
+	field := "delta"
+	if a == geminiCandidates {
+		field = "content"
+	}
 	isArray, ok := s.array(1)
 	if !isArray {
 		return 0, ok
@@ -548,20 +539,24 @@ func (s *scanner) candidates() (text int64, ok bool) {
 		if !isObject {
 			continue
 		}
-		var candidate int64
+		var found int64
 		for m := 0; ; m++ {
 			key, more := s.member(m)
 			if !more {
 				break
 			}
-			if string(key) == "content" {
-				candidate, good = s.geminiContent()
-				ok = ok && good
-			} else {
+			if string(key) != field {
 				s.skip(3)
+				continue
 			}
+			if a == chatChoices {
+				found, good = s.chatDelta()
+			} else {
+				found, good = s.geminiContent()
+			}
+			ok = ok && good
 		}
-		text += candidate
+		text += found
 	}
 	return text, ok
 }
