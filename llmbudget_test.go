@@ -483,8 +483,15 @@ func budgetOnRedis(t *testing.T, srv *redistest.Server, prefix string) (url stri
 // settles of the answers so far have run.
 func budgetCounter(t *testing.T, rc *redis.Client, prefix, budget string) int64 {
 	t.Helper()
+	return sumCounters(t, rc, prefix+":bg:{b}:"+budget+":*")
+}
+
+// sumCounters sums the Redis counters matching pattern once the settles of
+// the answers so far have run.
+func sumCounters(t *testing.T, rc *redis.Client, pattern string) int64 {
+	t.Helper()
 	waitSettles()
-	keys, err := rc.Keys(context.Background(), prefix+":bg:{b}:"+budget+":*").Result()
+	keys, err := rc.Keys(context.Background(), pattern).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -573,17 +573,7 @@ func TestLLMBudgetAcrossSentinelFailover(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: promoted.Addr()})
 	defer rc.Close()
 	teamCounter := func(label string) int64 {
-		waitSettles()
-		keys, err := rc.Keys(context.Background(), prefix+":bg:{b}:per_team:team-"+keyhash.Of(label).String()+":*").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		for _, k := range keys {
-			v, _ := rc.Get(context.Background(), k).Int64()
-			n += v
-		}
-		return n
+		return sumCounters(t, rc, prefix+":bg:{b}:per_team:team-"+keyhash.Of(label).String()+":*")
 	}
 	// Reserves whose reply the kill cut off are released in the background.
 	want := int64(counted["after"].admitted) * 100
