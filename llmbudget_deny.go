@@ -106,6 +106,5 @@ func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, no
 	for _, hold := range holds {
 		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.Limit-hold.Used, hold.WindowEnd.Sub(now))
 	}
-	addItems(hdr, "Ratelimit-Policy", h.policy)
-	addItems(hdr, "Ratelimit", string(buf))
+	setRateLimitHeaders(hdr, h.policy, string(buf))
 }

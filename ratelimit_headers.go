@@ -17,15 +17,10 @@ func policyItem(name string, quota int64, window time.Duration) string {
 	return strconv.Quote(name) + ";q=" + strconv.FormatInt(quota, 10) + ";w=" + strconv.FormatInt(ceilSeconds(window), 10)
 }
 
-// addItems appends list items to header name, after any items another
-// handler of the route put there (fleetlimit and llmbudget on one route give
-// one list with both).
-func addItems(hdr map[string][]string, name, items string) {
-	hdr[name] = []string{afterItems(hdr[name], items)}
-}
-
-// setRateLimitHeaders is addItems for both headers with one allocation for
-// their two values. The policy is the same on every response, yet it is not
+// setRateLimitHeaders appends items to RateLimit-Policy and RateLimit, after
+// any items another handler of the route put there (fleetlimit and llmbudget
+// on one route give one list with both), with one allocation for their two
+// values. The policy is the same on every response, yet it is not
 // shared between responses: Caddy's header handler rewrites values in place
 // (hdr[field][i] = …), which would race on a shared slice. Each slice has
 // capacity 1, so a handler appending to one copies it instead of writing
