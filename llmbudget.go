@@ -434,7 +434,9 @@ func (h *LLMBudget) injectStreamUsage() bool {
 
 var errBodyTooLarge = errors.New("request body too large")
 
-// readBody reads at most MaxRequestBody bytes.
+// readBody reads at most MaxRequestBody bytes. Past that it returns
+// errBodyTooLarge with what it read (the start of the body: shadow mode
+// forwards it, then the rest).
 func (h *LLMBudget) readBody(r *http.Request) ([]byte, error) {
 	if r.ContentLength > h.MaxRequestBody {
 		return nil, errBodyTooLarge
@@ -447,7 +449,7 @@ func (h *LLMBudget) readBody(r *http.Request) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(body)) > h.MaxRequestBody {
-		return nil, errBodyTooLarge
+		return body, errBodyTooLarge
 	}
 	return body, nil
 }

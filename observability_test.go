@@ -3,6 +3,7 @@ package fleetguard
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -490,6 +491,48 @@ func TestStoreLabelDropsSecrets(t *testing.T) {
 		}
 		if !strings.HasSuffix(label, "|fg") {
 			t.Errorf("the label %q of %q does not end with the prefix", label, key)
+		}
+	}
+}
+
+// shadow forwards a body over max_request_body whole, whether its length was
+// announced (Content-Length) or found by reading (chunked).
+func TestShadowForwardsATooLargeBodyWhole(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+}
+:%d {
+	llmbudget {
+		shadow
+		max_request_body 1KiB
+		budget big {
+			limit 1000000
+			window 1h
+		}
+	}
+	reverse_proxy %s
+}`, port, strings.TrimPrefix(up.URL, "http://")))
+	body := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`
+	for _, chunked := range []bool{false, true} {
+		var reader io.Reader = strings.NewReader(body)
+		if chunked {
+			reader = struct{ io.Reader }{reader} // unknown length: sent chunked
+		}
+		req, err := http.NewRequest(http.MethodPost, url, reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || up.LastBody() != body {
+			t.Fatalf("chunked %v: %d, the upstream got %d of %d bytes", chunked, resp.StatusCode, len(up.LastBody()), len(body))
 		}
 	}
 }
