@@ -120,9 +120,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	m := &metrics
-	for _, c := range []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.engineState,
-		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio} {
+	for _, c := range collectors() {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -131,6 +129,13 @@ func registerMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
+}
+
+// collectors are every fleetguard metric.
+func collectors() []prometheus.Collector {
+	m := &metrics
+	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.engineState,
+		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio}
 }
 
 // observePass counts a reconcile pass.

@@ -434,9 +434,7 @@ func describedMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	ch := make(chan *prometheus.Desc, 64)
 	go func() {
-		m := &metrics
-		for _, c := range []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.engineState,
-			m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio} {
+		for _, c := range collectors() {
 			c.Describe(ch)
 		}
 		close(ch)

@@ -33,31 +33,29 @@ func writeIn512(w interface{ Write([]byte) (int, error) }, stream []byte) {
 // BenchmarkMeterReference is the encoding/json meter it replaced, on the
 // same input: run both in one go test invocation to compare.
 func BenchmarkMeter(b *testing.B) {
-	for _, c := range benchStreams {
-		b.Run(c.format.String(), func(b *testing.B) {
-			stream := readStream(b, c.file)
-			b.SetBytes(int64(len(stream)))
-			b.ReportAllocs()
-			for b.Loop() {
-				m := NewMeter(c.format, c.framing)
-				writeIn512(m, stream)
-				m.Close()
-				if !m.Reading().Complete {
-					b.Fatal("no usage")
-				}
-			}
-		})
-	}
+	benchmarkMeters(b, func(f Format, fr Framing) meterUnderTest { return NewMeter(f, fr) })
 }
 
 func BenchmarkMeterReference(b *testing.B) {
+	benchmarkMeters(b, func(f Format, fr Framing) meterUnderTest { return newRefMeter(f, fr) })
+}
+
+// meterUnderTest is what Meter and the reference meter share.
+type meterUnderTest interface {
+	Write([]byte) (int, error)
+	Close()
+	Reading() Reading
+}
+
+// benchmarkMeters meters each golden transcript with a new meter per stream.
+func benchmarkMeters(b *testing.B, newMeter func(Format, Framing) meterUnderTest) {
 	for _, c := range benchStreams {
 		b.Run(c.format.String(), func(b *testing.B) {
 			stream := readStream(b, c.file)
 			b.SetBytes(int64(len(stream)))
 			b.ReportAllocs()
 			for b.Loop() {
-				m := newRefMeter(c.format, c.framing)
+				m := newMeter(c.format, c.framing)
 				writeIn512(m, stream)
 				m.Close()
 				if !m.Reading().Complete {
