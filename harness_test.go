@@ -73,6 +73,10 @@ func (tc *testCaddy) load(contentType, body string) (int, string) {
 	body = strings.ReplaceAll(body, "{ADMIN}", tc.admin)
 	req, _ := http.NewRequest(http.MethodPost, "http://"+tc.admin+"/load", strings.NewReader(body))
 	req.Header.Set("Content-Type", contentType)
+	// A load that sets "admin" replaces Caddy's admin server, closing its
+	// connections: a kept-alive one reused for the next POST (which the
+	// transport does not retry) would fail with EOF.
+	req.Close = true
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		tc.t.Fatalf("POST /load: %v", err)
