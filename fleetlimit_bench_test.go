@@ -62,4 +62,7 @@ func benchServeHTTP(b *testing.B, keys map[string]string) {
 			b.Fatal(err)
 		}
 	}
+	if hdr.Get("RateLimit") == "" || hdr.Get("RateLimit-Policy") == "" {
+		b.Fatalf("the handler sent no RateLimit headers: %v", hdr)
+	}
 }

@@ -232,6 +232,14 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 		}
 		return 0
 	}
+	return e.allowMany(now, checks, out, staleAfter, near)
+}
+
+// allowMany is Allow for more than one check. Its arrays are in a frame of
+// its own so that the single check does not carry them on the stack.
+//
+//go:noinline
+func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter int64, near bool) int {
 	var shards [MaxChecks]*shard
 	var entries [MaxChecks]*entry
 	var rings [MaxChecks][]uint32
