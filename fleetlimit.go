@@ -268,8 +268,8 @@ func (h *FleetLimit) decide(w http.ResponseWriter, r *http.Request, checks []rat
 	return h.deny(w, r, denied, checks[denied].Key, verdicts[denied])
 }
 
-// deny answers a request zone denied refused: nil in dry-run mode (it is
-// admitted), else the 429. Its log fields and event data are in its own
+// deny answers a request that zone h.zones[denied] refused: nil in dry-run
+// mode (it is admitted), else the 429. Its log fields and event data are in its own
 // frame, off the admitted request's stack.
 //
 //go:noinline
