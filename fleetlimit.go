@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -257,7 +258,7 @@ func (h *FleetLimit) decide(w http.ResponseWriter, r *http.Request, checks []rat
 	denied := h.engine.limiter.Allow(time.Now().UnixNano(), checks, verdicts)
 	// A dry-run denial is an admitted response.
 	if refused := denied >= 0 && !h.DryRun; refused && h.headersOnDeny || !refused && h.headersOnAdmit {
-		setRateLimitHeaders(w.Header(), h.policy, h.rateLimitHeader(verdicts))
+		h.setRateLimitHeaders(w.Header(), verdicts)
 	}
 	if denied < 0 {
 		for i := range h.zones {
@@ -310,17 +311,19 @@ func (h *FleetLimit) deny(w http.ResponseWriter, r *http.Request, denied int, ke
 		fmt.Errorf("fleetlimit: zone %q: rate limit exceeded, retry after %ds", z.name, retry))
 }
 
-// rateLimitHeader renders the RateLimit header with an item per zone; a
-// denying zone's reset is when a retry can succeed.
-func (h *FleetLimit) rateLimitHeader(verdicts []ratelimit.Verdict) string {
-	var stack [128]byte // one or two zones fit without a heap buffer
-	buf := stack[:0]
-	for i, v := range verdicts {
-		reset := v.Reset
-		if !v.Allowed {
-			reset = v.RetryAfter
+// setRateLimitHeaders sets RateLimit-Policy and RateLimit with an item per
+// zone; a denying zone's reset is when a retry can succeed. RateLimit is
+// rendered into the values' own allocation (a longer one moves to the heap).
+func (h *FleetLimit) setRateLimitHeaders(hdr http.Header, verdicts []ratelimit.Verdict) {
+	v := new(rateLimitValues)
+	buf := v.buf[:0]
+	for i, vd := range verdicts {
+		reset := vd.Reset
+		if !vd.Allowed {
+			reset = vd.RetryAfter
 		}
-		buf = appendQuotedRateLimitItem(buf, h.zones[i].quotedName, v.Remaining, reset)
+		buf = appendQuotedRateLimitItem(buf, h.zones[i].quotedName, vd.Remaining, reset)
 	}
-	return string(buf)
+	// buf is written no more: the string may share its bytes.
+	setRateLimitValues(hdr, &v.vals, h.policy, unsafe.String(unsafe.SliceData(buf), len(buf)))
 }

@@ -20,17 +20,29 @@ func policyItem(name string, quota int64, window time.Duration) string {
 // setRateLimitHeaders appends items to RateLimit-Policy and RateLimit, after
 // any items another handler of the route put there (fleetlimit and llmbudget
 // on one route give one list with both), with one allocation for their two
-// values. The policy is the same on every response, yet it is not
-// shared between responses: Caddy's header handler rewrites values in place
-// (hdr[field][i] = …), which would race on a shared slice. Each slice has
-// capacity 1, so a handler appending to one copies it instead of writing
-// over the other.
+// values.
 func setRateLimitHeaders(hdr map[string][]string, policy, rateLimit string) {
-	vals := new([2]string)
+	setRateLimitValues(hdr, new([2]string), policy, rateLimit)
+}
+
+// setRateLimitValues is setRateLimitHeaders with the values stored in vals.
+// The policy is the same on every response, yet it is not shared between
+// responses: Caddy's header handler rewrites values in place
+// (hdr[field][i] = …), which would race on a shared slice. Each slice has
+// capacity 1, so a handler appending to one copies it instead of writing over
+// the other.
+func setRateLimitValues(hdr map[string][]string, vals *[2]string, policy, rateLimit string) {
 	vals[0] = afterItems(hdr["Ratelimit-Policy"], policy)
 	vals[1] = afterItems(hdr["Ratelimit"], rateLimit)
 	hdr["Ratelimit-Policy"] = vals[0:1:1]
 	hdr["Ratelimit"] = vals[1:2:2]
+}
+
+// rateLimitValues is one response's two header values with room for the
+// bytes of RateLimit's, so that fleetlimit's headers cost one allocation.
+type rateLimitValues struct {
+	vals [2]string
+	buf  [80]byte // one or two zones' items (112 B in all, a size class)
 }
 
 // afterItems is items after the list another handler left in prev.
