@@ -5,7 +5,16 @@
 # The benchmark runs N1 and N2 times (default 20000 and 120000); the
 # difference of the two totals over N2-N1 cancels the setup. Go's async
 # preemption signals trip callgrind, so they are off for the count.
+#
+# The whole process's count includes work that follows the wall clock (the
+# scavenger, sysmon, GC cycles falling differently), and under valgrind's
+# slowdown that can swamp a short op: two runs can differ by more than the op.
+# INSIDE=<function> counts only while that function is on the stack (its
+# callees and the GC assists of its allocations included), over the N2+1
+# calls of the benchmark's two invocations (b.N 1, then N2): repeatable to a
+# few instructions. Use it when the op is one function's call.
 #   bash bench/instructions.sh . 'FleetLimitServeHTTP$'
+#   INSIDE='*FleetLimit).ServeHTTP' bash bench/instructions.sh . 'FleetLimitServeHTTP$'
 #   TESTBIN=/tmp/old.test bash bench/instructions.sh - 'FleetLimitServeHTTP$'
 set -euo pipefail
 pkg=$1 bench=$2 n1=${3:-20000} n2=${4:-120000}
@@ -24,7 +33,7 @@ fi
 total() {
 	local count
 	for _ in 1 2 3; do
-		count=$(GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" \
+		count=$(GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null ${INSIDE:+--toggle-collect="$INSIDE"} "$bin" \
 			-test.run '^$' -test.bench "$bench" -test.benchtime "$1x" -test.cpu 1 2>&1 |
 			sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
 		if [ -n "$count" ]; then
@@ -35,6 +44,11 @@ total() {
 	echo "callgrind gave no total for $1 runs of $bench" >&2
 	exit 1
 }
+if [ -n "${INSIDE:-}" ]; then
+	c=$(total "$n2")
+	echo $((c / (n2 + 1)))
+	exit
+fi
 a=$(total "$n1")
 b=$(total "$n2")
 echo $(((b - a) / (n2 - n1)))
