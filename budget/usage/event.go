@@ -152,7 +152,7 @@ func readEvent(data []byte, ev *event, memo *prefixMemo) bool {
 	}
 	s.eventMembers(ev, k, memo)
 	if memo != nil {
-		memo.finish()
+		memo.finish(s.b)
 	}
 	if s.failed {
 		return false
