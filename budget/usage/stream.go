@@ -50,7 +50,7 @@ type Meter struct {
 
 // sseRoom is the first room for the lines of an SSE stream cut between
 // Writes: a stream event's line is mostly shorter.
-const sseRoom = 408
+const sseRoom = 224
 
 // sseMeter is a Meter with the first room for its lines in the same
 // allocation: most SSE streams cut a line between two Writes.
@@ -157,9 +157,13 @@ func blankLineAt(p []byte, i int) bool {
 
 // dataValue is the value of an SSE data: line.
 func dataValue(line []byte) (value []byte, isData bool) {
-	value, isData = bytes.CutPrefix(line, []byte("data:"))
-	value, _ = bytes.CutPrefix(value, []byte(" "))
-	return value, isData
+	if len(line) < 5 || string(line[:5]) != "data:" {
+		return nil, false
+	}
+	if len(line) > 5 && line[5] == ' ' {
+		return line[6:], true
+	}
+	return line[5:], true
 }
 
 // lineEnd is the index of the first CR or LF in p, or -1.
