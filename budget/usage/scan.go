@@ -88,7 +88,7 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 		if len(b)-j < 8 {
 			return s.memberAnyForm(k)
 		}
-		n := plainPrefix8(binary.LittleEndian.Uint64(b[j:]))
+		n := plainPrefix8(binary.LittleEndian.Uint64(b[j : j+8 : j+8]))
 		j += n
 		if n < 8 {
 			break
@@ -270,7 +270,7 @@ func (s *scanner) str() (start, end int, plain bool) {
 				i = plainTail(b, i)
 				break
 			}
-			n := plainPrefix8(binary.LittleEndian.Uint64(b[i : i+8]))
+			n := plainPrefix8(binary.LittleEndian.Uint64(b[i : i+8 : i+8]))
 			i += n
 			if n < 8 {
 				break
@@ -480,7 +480,7 @@ func (s *scanner) skipNumber() (integer bool) {
 func digitsEnd(b []byte, i int) int {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	for ; i+8 <= len(b); i += 8 {
-		x := binary.LittleEndian.Uint64(b[i:])
+		x := binary.LittleEndian.Uint64(b[i : i+8 : i+8])
 		if hit := ((x - ones*'0') | (x + ones*0x46)) & highs; hit != 0 {
 			return i + bits.TrailingZeros64(hit)>>3
 		}
