@@ -152,7 +152,7 @@ func readEvent(data []byte, ev *event, memo *prefixMemo) bool {
 	}
 	s.eventMembers(ev, k, memo)
 	if memo != nil {
-		memo.finish()
+		memo.finish(s.b)
 	}
 	if s.failed {
 		return false
@@ -525,10 +525,6 @@ const (
 // member; the others are skipped. (A switch, not a func value: passing
 // the scanner to a func value makes it escape, an allocation per event.)
 func (s *scanner) textOfElements(a textArray) (text int64, ok bool) {
-	field := "delta"
-	if a == geminiCandidates {
-		field = "content"
-	}
 	isArray, ok := s.array(1)
 	if !isArray {
 		return 0, ok
@@ -545,14 +541,14 @@ func (s *scanner) textOfElements(a textArray) (text int64, ok bool) {
 			if !more {
 				break
 			}
-			if string(key) != field {
+			switch {
+			case a == chatChoices && string(key) == "delta":
+				found, good = s.chatDelta()
+			case a == geminiCandidates && string(key) == "content":
+				found, good = s.geminiContent()
+			default:
 				s.skip(3)
 				continue
-			}
-			if a == chatChoices {
-				found, good = s.chatDelta()
-			} else {
-				found, good = s.geminiContent()
 			}
 			ok = ok && good
 		}

@@ -312,6 +312,57 @@ func compareWithReference(t *testing.T, payload []byte, f Format) {
 	}
 }
 
+// inWritesOf cuts stream into writes of n bytes.
+func inWritesOf(stream []byte, n int) [][]byte {
+	var writes [][]byte
+	for off := 0; off < len(stream); off += n {
+		writes = append(writes, stream[off:min(off+n, len(stream))])
+	}
+	return writes
+}
+
+// TestMeterMatchesReferenceInWritesOfAnySize: with lines cut again and
+// again (the meter's line and data trade their rooms, an event is read
+// where it is or from a copy), the meter reads what the reference read, on
+// the golden transcripts and on events of several data lines, with other
+// fields between and CRLF or CR line ends.
+func TestMeterMatchesReferenceInWritesOfAnySize(t *testing.T) {
+	type stream struct {
+		data    []byte
+		format  Format
+		framing Framing
+	}
+	var streams []stream
+	for _, c := range streamCases(t) {
+		b, err := os.ReadFile(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, stream{b, c.format, c.framing})
+	}
+	usage := `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}`
+	text := `{"choices":[{"delta":{"content":"hello there"}}]}`
+	for _, s := range []string{
+		"data: " + text + "\ndata: " + text + "\n\ndata: " + usage + "\n\n",
+		"data: {\"choices\":\ndata: []\ndata: ,\"usage\":{\"prompt_tokens\":5}}\n\n",
+		"data: " + text + "\nid: 7\nevent: x\n\n: comment\ndata: " + usage + "\nretry: 10\n\n",
+		"data: " + text + "\r\n\r\ndata: " + usage + "\r\n\r\n",
+		"data: " + text + "\r\rdata:" + usage + "\r\r",
+		"data: " + text + "\n\ndata: " + strings.Repeat("x", 700) + "\ndata: " + text + "\n\ndata: " + usage + "\n\n",
+		"data: " + usage,
+	} {
+		streams = append(streams, stream{[]byte(s), OpenAIChat, SSE})
+	}
+	for _, s := range streams {
+		want, _ := refMeterRead(s.format, s.framing, s.data)
+		for n := 1; n <= 96; n++ {
+			if got := meter(s.format, s.framing, inWritesOf(s.data, n)...); got != want {
+				t.Fatalf("%.60q in writes of %d: %+v, the reference %+v", s.data, n, got, want)
+			}
+		}
+	}
+}
+
 // FuzzMeterMatchesReference: whatever the stream and its split, the meter
 // reads what the reference meter read, unless a payload's keys are
 // ambiguous (see ambiguousJSON).
@@ -342,6 +393,10 @@ func FuzzMeterMatchesReference(f *testing.F) {
 		}
 		if got := meter(fm, framing, stream[:i], stream[i:]); got != want {
 			t.Fatalf("split at %d: %+v, the reference %+v", i, got, want)
+		}
+		n := int(split)%61 + 1
+		if got := meter(fm, framing, inWritesOf(stream, n)...); got != want {
+			t.Fatalf("in writes of %d: %+v, the reference %+v", n, got, want)
 		}
 	})
 }

@@ -60,40 +60,42 @@ func (s *scanner) space() {
 // or on an error.
 func (s *scanner) member(k int) (key []byte, ok bool) {
 	// Most members are `,"key":value` (or `"key":value` first, or
-	// `"key": value`) with a short plain key.
+	// `"key": value`) with a short plain key, not within 8 bytes of the
+	// text's end; any other form takes memberAnyForm.
 	b, i := s.b, s.i
 	if i >= len(b) {
 		return s.memberAnyForm(k)
 	}
-	switch b[i] {
-	case '}':
+	c := b[i]
+	if c == '}' {
 		s.i = i + 1
 		return nil, false
-	case ',':
-		if k == 0 {
-			return s.memberAnyForm(k)
-		}
-		i++
-	default:
-		if k > 0 {
-			return s.memberAnyForm(k)
-		}
 	}
-	if i >= len(b) || b[i] != '"' {
+	if k > 0 {
+		if c != ',' {
+			return s.memberAnyForm(k)
+		}
+		if i++; i >= len(b) {
+			return s.memberAnyForm(k)
+		}
+		c = b[i]
+	}
+	if c != '"' {
 		return s.memberAnyForm(k)
 	}
 	j := i + 1 // past the plain bytes, 8 at a time (by hand: inlined)
 	for {
-		if j+8 > len(b) {
-			j = plainTail(b, j)
-			break
+		if len(b)-j < 8 {
+			return s.memberAnyForm(k)
 		}
-		n := plainPrefix8(binary.LittleEndian.Uint64(b[j : j+8]))
+		n := plainPrefix8(binary.LittleEndian.Uint64(b[j : j+8 : j+8]))
 		j += n
 		if n < 8 {
 			break
 		}
 	}
+	// b[j] is within the 8 bytes just read: the key ends there if it is
+	// a quote.
 	v := j + 2
 	if v >= len(b) || b[j] != '"' || b[j+1] != ':' {
 		return s.memberAnyForm(k)
@@ -268,7 +270,7 @@ func (s *scanner) str() (start, end int, plain bool) {
 				i = plainTail(b, i)
 				break
 			}
-			n := plainPrefix8(binary.LittleEndian.Uint64(b[i : i+8]))
+			n := plainPrefix8(binary.LittleEndian.Uint64(b[i : i+8 : i+8]))
 			i += n
 			if n < 8 {
 				break
@@ -386,6 +388,22 @@ func textLen(raw []byte, plain bool) int64 {
 // an integer that fits an int64 (what encoding/json stores in an int64
 // field); v is then its value.
 func (s *scanner) number() (v int64, isInt bool) {
+	// Most are a few digits, not negative, read in one pass: up to 18
+	// digits fit an int64 whatever they are.
+	b, i := s.b, s.i
+	var u uint64
+	j := i
+	for ; j < len(b) && j-i < 18; j++ {
+		d := b[j] - '0'
+		if d > 9 {
+			break
+		}
+		u = u*10 + uint64(d)
+	}
+	if j > i && (j == i+1 || b[i] != '0') && (j == len(b) || b[j] != '.' && b[j] != 'e' && b[j] != 'E' && b[j]-'0' > 9) {
+		s.i = j
+		return int64(u), true
+	}
 	start := s.i
 	if isInt = s.skipNumber(); !isInt {
 		return 0, false
@@ -398,7 +416,7 @@ func (s *scanner) number() (v int64, isInt bool) {
 	if len(digits) > 19 {
 		return 0, false // past 9223372036854775807 (leading zeros are not JSON)
 	}
-	var u uint64
+	u = 0
 	for _, c := range digits {
 		u = u*10 + uint64(c-'0') // 19 digits fit a uint64
 	}
@@ -462,7 +480,7 @@ func (s *scanner) skipNumber() (integer bool) {
 func digitsEnd(b []byte, i int) int {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	for ; i+8 <= len(b); i += 8 {
-		x := binary.LittleEndian.Uint64(b[i:])
+		x := binary.LittleEndian.Uint64(b[i : i+8 : i+8])
 		if hit := ((x - ones*'0') | (x + ones*0x46)) & highs; hit != 0 {
 			return i + bits.TrailingZeros64(hit)>>3
 		}

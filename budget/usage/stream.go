@@ -26,43 +26,54 @@ const (
 // (prefixMemo), in memory whatever the stream's length or line length. Any
 // split of the stream into Writes gives the same result.
 type Meter struct {
-	format  Format
-	framing Framing
+	// The fields with pointers come first: the GC scans a Meter only up to
+	// the last of them.
+	line []byte // the current line, without its terminator
+	// data holds the data of the current SSE event from dataStart on: a cut
+	// data line is taken over from line whole, its "data: " before
+	// dataStart, rather than copied. line and data trade their rooms so
+	// that one mostly serves both.
+	data      []byte
+	memo      prefixMemo
+	dataStart int
 
-	line         []byte // the current line, without its terminator
-	lineOverflow int64  // bytes of the current line past MaxEventBytes
-	afterCR      bool   // the last byte seen was \r: a following \n is part of it
+	lineOverflow int64 // bytes of the current line past MaxEventBytes
+	tally        tally
+	bytes        int64
 
-	data         []byte // SSE: the data of the current event
+	format       Format
+	framing      Framing
+	afterCR      bool // the last byte seen was \r: a following \n is part of it
 	dataOverflow bool
 	hasData      bool
-	// view is the data of the current event while it is still only in the
-	// p of the Write under way (inView): a one-line event that ends in the
-	// same Write is read there, never copied.
-	view   []byte
-	inView bool
+}
 
-	tally   tally
-	bytes   int64
-	memo    prefixMemo
-	memoBuf [128]byte // where memo.prefix starts
+// sseRoom is the first room for the lines of an SSE stream cut between
+// Writes; a longer line grows it once. It makes an sseMeter 512 bytes: an
+// object with pointers above that takes a malloc header and a larger size
+// class, which costs the streams that cut no line more than a larger room
+// saves the others (BenchmarkMeter).
+const sseRoom = 224
+
+// sseMeter is a Meter with the first room for its lines in the same
+// allocation: most SSE streams cut a line between two Writes.
+type sseMeter struct {
+	Meter
+	room [sseRoom]byte
 }
 
 // NewMeter meters a stream of format f framed as framing.
 func NewMeter(f Format, framing Framing) *Meter {
-	m := &Meter{format: f, framing: framing}
-	m.memo.prefix = m.memoBuf[:0]
-	return m
-}
-
-// buffers gives line and data their first room, in one allocation: a
-// stream that needs one mostly needs both (a line cut between two Writes is
-// the data of an event).
-func (m *Meter) buffers() {
-	if cap(m.line) == 0 && cap(m.data) == 0 {
-		b := make([]byte, 1024)
-		m.line, m.data = b[:0:512], b[512:512]
+	var m *Meter
+	if framing == SSE {
+		s := new(sseMeter)
+		m = &s.Meter
+		m.line = s.room[:0]
+	} else {
+		m = new(Meter)
 	}
+	m.format, m.framing = f, framing
+	return m
 }
 
 // Write observes the next bytes of the stream. It never fails and never
@@ -106,19 +117,29 @@ func (m *Meter) Write(p []byte) (int, error) {
 		}
 		if len(m.line) == 0 && m.lineOverflow == 0 {
 			switch line := p[:i]; {
-			case m.framing == SSE && len(line) == 0:
+			case m.framing == NDJSON:
+				m.endLine(line, 0, true)
+			case len(line) == 0:
 				m.dispatch()
-			case m.framing == SSE && line[0] != 'd' && len(line) <= MaxEventBytes:
+			case line[0] != 'd' && len(line) <= MaxEventBytes:
 				// event:, id:, retry: and comments carry no usage
+			case !m.hasData && !m.dataOverflow && len(line) <= MaxEventBytes && blankLineAt(p, i):
+				// The one data line of an event that ends in this
+				// Write, the most common: read where it is.
+				if value, isData := dataValue(line); isData {
+					m.read(value)
+				}
 			default:
 				m.endLine(line, 0, true)
 			}
 		} else {
 			m.appendLine(p[:i])
 			m.endLine(m.line, m.lineOverflow, false)
+			m.line, m.lineOverflow = m.line[:0], 0
 		}
-		m.line, m.lineOverflow = m.line[:0], 0
-		m.afterCR = p[i] == '\r'
+		if p[i] == '\r' {
+			m.afterCR = true // (it is false here: see the loop's start)
+		}
 		p = p[i+1:]
 		if cr >= 0 {
 			if cr -= i + 1; cr < 0 {
@@ -126,8 +147,28 @@ func (m *Meter) Write(p []byte) (int, error) {
 			}
 		}
 	}
-	m.keepView()
 	return n, nil
+}
+
+// blankLineAt reports whether the line ending at p[i] (its CR or LF) is
+// followed, in p, by an empty line.
+func blankLineAt(p []byte, i int) bool {
+	j := i + 1
+	if p[i] == '\r' && j < len(p) && p[j] == '\n' {
+		j++
+	}
+	return j < len(p) && (p[j] == '\n' || p[j] == '\r')
+}
+
+// dataValue is the value of an SSE data: line.
+func dataValue(line []byte) (value []byte, isData bool) {
+	if len(line) < 5 || string(line[:5]) != "data:" {
+		return nil, false
+	}
+	if len(line) > 5 && line[5] == ' ' {
+		return line[6:], true
+	}
+	return line[5:], true
 }
 
 // lineEnd is the index of the first CR or LF in p, or -1.
@@ -183,7 +224,9 @@ func (m *Meter) appendLine(p []byte) {
 		room = 0
 	}
 	keep := min(room, len(p))
-	m.buffers()
+	if cap(m.line) == 0 && !m.hasData {
+		m.line, m.data = m.data[:0], m.line // data's room is free
+	}
 	m.line = appendBounded(m.line, p[:keep])
 	m.lineOverflow += int64(len(p) - keep)
 }
@@ -201,7 +244,8 @@ func appendBounded(dst, p []byte) []byte {
 
 // endLine reads one whole line: line is what was kept of it, overflow the
 // bytes past MaxEventBytes that were not (a line read in place may itself
-// be longer than that); inPlace says line is in the p of this Write.
+// be longer than that); inPlace says line is in the p of this Write, else
+// it is m.line.
 func (m *Meter) endLine(line []byte, overflow int64, inPlace bool) {
 	if overflow > 0 || len(line) > MaxEventBytes {
 		// Too long to parse: count it as generated text, which errs on the
@@ -233,29 +277,32 @@ func (m *Meter) sseLine(line []byte, inPlace bool) {
 		m.dispatch()
 		return
 	}
-	value, isData := bytes.CutPrefix(line, []byte("data:"))
-	if !isData {
+	value, isData := dataValue(line)
+	if !isData || m.dataOverflow {
 		return // event:, id:, retry: and comments carry no usage
 	}
-	value, _ = bytes.CutPrefix(value, []byte(" "))
-	if m.dataOverflow {
+	if !m.hasData && !inPlace {
+		// line is m.line: data takes it over, and line takes data's room.
+		m.line, m.data = m.data[:0], m.line
+		m.dataStart, m.hasData = len(line)-len(value), true
 		return
 	}
-	if !m.hasData && inPlace && len(value) <= MaxEventBytes {
-		m.view, m.inView, m.hasData = value, true, true
-		return
-	}
-	m.keepView()
 	sep := 0
 	if m.hasData {
 		sep = 1
 	}
-	if len(m.data)+sep+len(value) > MaxEventBytes {
-		m.tally.outputTextBytes += int64(len(m.data) + len(value))
-		m.data, m.dataOverflow = m.data[:0], true
+	if len(m.data)-m.dataStart+sep+len(value) > MaxEventBytes {
+		m.tally.outputTextBytes += int64(len(m.data) - m.dataStart + len(value))
+		m.data, m.dataStart, m.dataOverflow = m.data[:0], 0, true
 		return
 	}
-	m.buffers()
+	if m.dataStart > 0 { // keep data's bytes within MaxEventBytes of its room
+		m.data = m.data[:copy(m.data, m.data[m.dataStart:])]
+		m.dataStart = 0
+	}
+	if cap(m.data) == 0 && inPlace {
+		m.line, m.data = m.data, m.line[:0] // line's room is free
+	}
 	if sep == 1 {
 		m.data = appendBounded(m.data, []byte{'\n'})
 	}
@@ -266,22 +313,7 @@ func (m *Meter) sseLine(line []byte, inPlace bool) {
 // dispatch ends the current SSE event.
 func (m *Meter) dispatch() {
 	if m.hasData && !m.dataOverflow {
-		if m.inView {
-			m.read(m.view)
-		} else {
-			m.read(m.data)
-		}
+		m.read(m.data[m.dataStart:])
 	}
-	m.data, m.hasData, m.dataOverflow = m.data[:0], false, false
-	m.view, m.inView = nil, false
-}
-
-// keepView copies the event's data out of the caller's p before it is gone
-// or appended to.
-func (m *Meter) keepView() {
-	if m.inView {
-		m.buffers()
-		m.data = appendBounded(m.data[:0], m.view)
-		m.view, m.inView = nil, false
-	}
+	m.data, m.dataStart, m.hasData, m.dataOverflow = m.data[:0], 0, false, false
 }
