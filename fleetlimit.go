@@ -222,11 +222,11 @@ func (h *FleetLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next cadd
 }
 
 // gate decides the request: nil admits it (a dry-run denial included), else
-// the 429 to return. The request path keeps its frames small: ServeHTTP's
-// frame stays on the stack under every later handler, and when the handlers
-// outgrew a connection goroutine's first stack, each GC's stack shrink made
-// the next request copy it again (runtime.newstack was 0.7% of Caddy's CPU
-// under wrk, when gate's arrays for MaxChecks zones were in ServeHTTP).
+// the 429 to return. It returns before next runs, and its frames are small:
+// ServeHTTP's frame stays on the stack under every later handler, and when
+// room for MaxChecks zones was in it, the handlers outgrew a connection
+// goroutine's first stack, each GC shrank it again, and the next request
+// copied it once more (runtime.newstack, 0.7% of Caddy's CPU under wrk).
 //
 //go:noinline
 func (h *FleetLimit) gate(w http.ResponseWriter, r *http.Request) error {
@@ -270,8 +270,8 @@ func (h *FleetLimit) decide(w http.ResponseWriter, r *http.Request, checks []rat
 }
 
 // deny answers a request that zone h.zones[denied] refused: nil in dry-run
-// mode (it is admitted), else the 429. Its log fields and event data are in its own
-// frame, off the admitted request's stack.
+// mode (it is admitted), else the 429. Its log fields and event data are in
+// a frame of its own, off the admitted request's stack.
 //
 //go:noinline
 func (h *FleetLimit) deny(w http.ResponseWriter, r *http.Request, denied int, key keyhash.Hash, v ratelimit.Verdict) error {
