@@ -276,17 +276,17 @@ func (m *Meter) read(payload []byte) {
 		// A template costs an allocation and a copy of each event read
 		// in full: a stream earns one when it has passed its first events.
 		if m.reads++; m.reads > templateAfter {
-			t = new(eventTemplate)
+			t = &eventTemplate{credit: startCredit}
 			m.template = t
 		}
 	} else if t != nil && t.n > 0 {
 		if text, ok := t.match(payload); ok {
 			m.tally.outputTextBytes += text
-			t.misses = 0
+			t.credit = min(t.credit+hitCredit, maxCredit)
 			t.hits++
 			return
 		}
-		if t.misses++; t.misses >= maxTemplateMisses {
+		if t.credit--; t.credit == 0 {
 			m.template, m.noTemplate, t = nil, true, nil
 		}
 	}

@@ -26,10 +26,16 @@ const maxHoles = 12
 // event read in full, which a short stream does not earn back.
 const templateAfter = 16
 
-// maxTemplateMisses is how many events in a row may miss the template
-// before the meter stops keeping one for the stream (Gemini's events, for
-// one, change their usage counts every time).
-const maxTemplateMisses = 16
+// A stream keeps its template while it earns it: each miss spends a unit
+// of credit and each hit earns hitCredit, up to maxCredit; at none the
+// stream stops keeping a template (Gemini's events, for one, change their
+// usage counts every time, and few events of a short stream repeated match
+// the one before).
+const (
+	startCredit = 16
+	hitCredit   = 4
+	maxCredit   = 64
+)
 
 // hole is a value of the template that another event may hold differently.
 type hole struct {
@@ -51,7 +57,7 @@ type eventTemplate struct {
 	nHoles    uint8
 	textHole  int8      // the index of the text hole, or -1
 	textReads uint8     // the text values read (strings or not), up to 2
-	misses    uint8     // events in a row that missed the template
+	credit    uint8     // see startCredit
 	hits      uint32    // events read by comparison
 	buf       [848]byte // (1024 bytes in all, a size class)
 }
