@@ -69,6 +69,11 @@ type geminiUsage struct {
 	prompt, candidates, thoughts, cachedContent int64
 }
 
+// textBytes is the output text the event carried.
+func (ev *event) textBytes() int64 {
+	return ev.text[textChoices] + ev.text[textDelta] + ev.text[textCandidates] + ev.text[textMessage] + ev.text[textResponse]
+}
+
 // tally accumulates what a response reported, event by event.
 type tally struct {
 	usage budget.Usage
@@ -84,7 +89,7 @@ type tally struct {
 
 // add folds one event into the tally.
 func (t *tally) add(f Format, ev *event) {
-	t.outputTextBytes += ev.text[textChoices] + ev.text[textDelta] + ev.text[textCandidates] + ev.text[textMessage] + ev.text[textResponse]
+	t.outputTextBytes += ev.textBytes()
 	switch {
 	case ev.kind == kindMessageStart && ev.message && ev.messageUsage.present:
 		if u, ok := ev.messageUsage.usage(Anthropic); ok {
@@ -137,15 +142,19 @@ func (t *tally) set(u budget.Usage, ok bool) {
 // to decode into the fields read (bad syntax anywhere, or a field read
 // holding the wrong type): such a payload counts nothing, as before this
 // reader. memo, when not nil, lets a payload that starts like the last one
-// skip what they share (see prefixMemo), and is updated.
-func readEvent(data []byte, ev *event, memo *prefixMemo) bool {
+// skip what they share (see prefixMemo), and is updated. tmpl, when not
+// nil, becomes the payload's template if it is valid (see eventTemplate).
+func readEvent(data []byte, ev *event, memo *prefixMemo, tmpl *eventTemplate) bool {
+	if tmpl != nil {
+		tmpl.begin()
+	}
 	if len(data) == 0 || data[0] != '{' || data[len(data)-1] != '}' {
 		data = bytes.TrimSpace(data)
 		if len(data) == 0 || data[0] != '{' {
 			return false
 		}
 	}
-	s := scanner{b: data, i: 1}
+	s := scanner{b: data, i: 1, tmpl: tmpl}
 	k := 0
 	if memo != nil {
 		k = memo.resume(&s, ev)
@@ -158,7 +167,13 @@ func readEvent(data []byte, ev *event, memo *prefixMemo) bool {
 		return false
 	}
 	s.space()
-	return s.i == len(s.b)
+	if s.i != len(s.b) {
+		return false
+	}
+	if tmpl != nil {
+		tmpl.keep(data, ev.textBytes())
+	}
+	return true
 }
 
 // eventMembers reads the members of the payload's top object, from its k-th
@@ -259,19 +274,28 @@ func (s *scanner) optInt(d int) (optInt, bool) {
 
 // optText reads a string or null: its decoded length.
 func (s *scanner) optText(d int) (int64, bool) {
-	switch s.peek() {
+	ok := true
+	switch at := s.i; s.peek() {
 	case '"':
 		start, end, plain := s.str()
 		if s.failed {
 			return 0, false
 		}
-		return textLen(s.b[start:end], plain), true
+		n := textLen(s.b[start:end], plain)
+		if s.tmpl != nil {
+			s.tmpl.textRead(at, s.i, n)
+		}
+		return n, true
 	case 'n':
 		s.literal("null")
-		return 0, true
+	default:
+		s.skip(d)
+		ok = false
 	}
-	s.skip(d)
-	return 0, false
+	if s.tmpl != nil {
+		s.tmpl.textRead(-1, -1, 0)
+	}
+	return 0, ok
 }
 
 func (s *scanner) optBool(d int) bool {

@@ -23,7 +23,7 @@ type prefixMemo struct {
 	members int32     // how many members the run holds
 	end     int32     // how far the run of the event being read got
 	kind    eventKind // the kind the run sets
-	small   [128]byte
+	small   [120]byte
 }
 
 // prefix is the kept prefix.

@@ -233,6 +233,53 @@ var memoStreams = [][]string{
 		`{"model":"m","created_at":"t1","message":{"content":" sky"},"done":false}`,
 		`{"model":"m","created_at":"t2","message":{"content":""},"done":true,"prompt_eval_count":26,"eval_count":290}`,
 	},
+	// Events that differ from the one before in a few values: what a
+	// template (eventTemplate) may read by comparison, and what it may not.
+	{
+		`{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"}}]}`, // two texts
+		`{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"bc"}}]}`,
+		`{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"}}]}`,
+		`{"choices":[{"delta":{"content":"ab","refusal":null}}]}`,
+		`{"choices":[{"delta":{"content":"abc","refusal":null}}]}`,
+		`{"choices":[{"delta":{"content":"x\"y"}}],"obfuscation":"k\u00e9"}`,
+		`{"choices":[{"delta":{"content":"\u00e9\ud83d\ude00"}}],"obfuscation":"\""}`,
+		`{"choices":[{"delta":{"content":"\ud800"}}],"obfuscation":""}`,
+		"{\"choices\":[{\"delta\":{\"content\":\"ctl\x01\"}}],\"obfuscation\":\"a\"}", // invalid
+		"{\"choices\":[{\"delta\":{\"content\":\"ok\"}}],\"obfuscation\":\"a\x01\"}",  // invalid
+		`{"choices":[{"delta":{"content":"ok"}}],"obfuscation":"a"}`,
+		`{"choices":[{"delta":{"content":"ok"}}],"obfuscation":5}`,
+		`{"choices":[{"delta":{"content":"ok"}}],"obfuscation":"a"}`,
+		`{"choices":[{"delta":{"content":"ok"}}],"obfuscation":1"}`, // invalid
+		`{"choices":[{"delta":{"content":"ok"}}],"obfuscation":"a"}`,
+		`{"choices":[{"delta":{"content":x"}}],"obfuscation":"a"}`, // invalid
+		`{"choices":[{"delta":{"content":"ok"}}],"obfuscation":"a"} `,
+		` {"choices":[{"delta":{"content":"ok"}}],"obfuscation":"a"}`,
+		`{"choices":[{"delta":{"content":"ok"}}],"obfuscation":"a"}`,
+		`{"choices":[{"delta":{"content":"ok"}}],"obfuscation":"a"}}`,
+		`{"choices":[{"delta":{"content":""}}],"obfuscation":"a"}`,
+		`{"choices":[{"delta":{"content":"xyz"}}],"obfuscation":"a"}`,
+	},
+	{
+		`{"type":"response.output_text.delta","sequence_number":1,"delta":"a","obfuscation":"x"}`,
+		`{"type":"response.output_text.delta","sequence_number":12,"delta":"bc","obfuscation":"yz"}`,
+		`{"type":"response.output_text.delta","sequence_number":-0.5e3,"delta":"d","obfuscation":""}`,
+		`{"type":"response.output_text.delta","sequence_number":"13","delta":"e","obfuscation":""}`,
+		`{"type":"response.output_text.delta","sequence_number":13,"delta":"e","obfuscation":""}`,
+		`{"type":"response.output_text.delta","sequence_number":01,"delta":"e","obfuscation":""}`,
+		`{"type":"response.output_text.delta","sequence_number":14,"delta":5,"obfuscation":""}`,
+		`{"type":"response.output_text.delta","sequence_number":15,"delta":6,"obfuscation":""}`,
+		`{"type":"response.output_text.delta","sequence_number":16,"delta":"f","obfuscation":""}`,
+		`{"type":"response.completed","sequence_number":17,"response":{"usage":{"input_tokens":3,"output_tokens":4}}}`,
+		`{"type":"response.completed","sequence_number":18,"response":{"usage":{"input_tokens":3,"output_tokens":4}}}`,
+		`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}`,
+		`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"bb"}}`,
+		`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":7}}`,
+		`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":8}}`,
+		`{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a"}}`,
+		`{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"\":1}"}}`,
+		`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`,
+		`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`,
+	},
 }
 
 // TestReadersMatchReference: on the golden inputs and the crafted payloads

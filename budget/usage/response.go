@@ -128,7 +128,7 @@ func (s *scanner) cachedDetails(d int) (c cachedDetails, ok bool) {
 // fields). The second result is false when the body reports no usage.
 func FromJSON(f Format, body []byte) (budget.Usage, bool) {
 	var ev event
-	if !readEvent(body, &ev, nil) {
+	if !readEvent(body, &ev, nil, nil) {
 		return budget.Usage{}, false
 	}
 	var t tally

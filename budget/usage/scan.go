@@ -24,6 +24,9 @@ type scanner struct {
 	b      []byte
 	i      int
 	failed bool
+	// tmpl, when not nil, records the values that may differ in the next
+	// event (see eventTemplate).
+	tmpl *eventTemplate
 	// key holds a key decoded from escapes, for comparison.
 	key [32]byte
 }
@@ -84,32 +87,44 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 		return s.memberAnyForm(k)
 	}
 	j := i + 1 // past the plain bytes, 8 at a time (by hand: inlined)
+	var x uint64
 	for {
 		if len(b)-j < 8 {
 			return s.memberAnyForm(k)
 		}
-		n := plainPrefix8(binary.LittleEndian.Uint64(b[j : j+8 : j+8]))
-		j += n
-		if n < 8 {
+		x = binary.LittleEndian.Uint64(b[j : j+8 : j+8])
+		if hit := notPlain8(x); hit != 0 {
+			n := bits.TrailingZeros64(hit) >> 3
+			j += n
+			x >>= 8 * n
+			if n == 7 { // the byte after the quote is in the next word
+				if j+1 >= len(b) {
+					return s.memberAnyForm(k)
+				}
+				x |= uint64(b[j+1]) << 8
+			}
 			break
 		}
+		j += 8
 	}
-	// b[j] is within the 8 bytes just read: the key ends there if it is
-	// a quote.
+	// The key ends at b[j] if it is a quote; x holds b[j] and b[j+1] in its
+	// low bytes.
 	v := j + 2
-	if v >= len(b) || b[j] != '"' || b[j+1] != ':' {
+	if uint16(x) != '"'|':'<<8 || v >= len(b) {
 		return s.memberAnyForm(k)
 	}
-	if b[v] == ' ' {
+	c = b[v]
+	if c == ' ' {
 		if v++; v >= len(b) {
 			return s.memberAnyForm(k)
 		}
+		c = b[v]
 	}
-	if b[v] <= ' ' {
+	if c <= ' ' {
 		return s.memberAnyForm(k)
 	}
 	s.i = v
-	return b[i+1 : j], true
+	return b[i+1 : j : j], true
 }
 
 // memberAnyForm is member for any member: with whitespace, escapes, or at
@@ -328,9 +343,15 @@ func plainTail(b []byte, i int) int {
 // borrow only starts at a byte below 0x20, '"' or '\\', so the bytes it
 // wrongly flags lie above a true one: the lowest flag is exact.
 func plainPrefix8(x uint64) int {
+	return bits.TrailingZeros64(notPlain8(x)) >> 3
+}
+
+// notPlain8 flags the bytes of x (see plainPrefix8) that may not be plain,
+// by their high bits; its lowest flag is exact, and it is zero when all
+// eight bytes are plain.
+func notPlain8(x uint64) uint64 {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	hit := (x - ones*0x20) | x | ((x ^ (ones * '"')) - ones) | ((x ^ (ones * '\\')) - ones)
-	return bits.TrailingZeros64(hit&highs) >> 3
+	return ((x - ones*0x20) | x | ((x ^ (ones * '"')) - ones) | ((x ^ (ones * '\\')) - ones)) & highs
 }
 
 func isHex(c byte) bool {
@@ -503,9 +524,12 @@ func (s *scanner) literal(word string) {
 // skip scans the value at the position without reading it; depth is the
 // number of arrays and objects it is nested in.
 func (s *scanner) skip(depth int) {
-	switch s.peek() {
+	switch start := s.i; s.peek() {
 	case '"':
 		s.str()
+		if s.tmpl != nil {
+			s.tmpl.skipped(start, s.i, false)
+		}
 	case '{', '[':
 		s.skipNested(depth)
 	case 't':
@@ -516,6 +540,9 @@ func (s *scanner) skip(depth int) {
 		s.literal("null")
 	default:
 		s.skipNumber()
+		if s.tmpl != nil {
+			s.tmpl.skipped(start, s.i, true)
+		}
 	}
 }
 

@@ -33,7 +33,11 @@ type Meter struct {
 	// data line is taken over from line whole, its "data: " before
 	// dataStart, rather than copied. line and data trade their rooms so
 	// that one mostly serves both.
-	data      []byte
+	data []byte
+	// template, when not nil, is the last event read in full, against
+	// which the next is compared first (see eventTemplate); noTemplate:
+	// too many missed it, the stream keeps none.
+	template  *eventTemplate
 	memo      prefixMemo
 	dataStart int
 
@@ -46,6 +50,8 @@ type Meter struct {
 	afterCR      bool // the last byte seen was \r: a following \n is part of it
 	dataOverflow bool
 	hasData      bool
+	noTemplate   bool
+	reads        uint8 // events read, up to templateAfter+1
 }
 
 // sseRoom is the first room for the lines of an SSE stream cut between
@@ -265,8 +271,27 @@ func (m *Meter) endLine(line []byte, overflow int64, inPlace bool) {
 
 // read folds one JSON payload into the tally.
 func (m *Meter) read(payload []byte) {
+	t := m.template
+	if t == nil && !m.noTemplate {
+		// A template costs an allocation and a copy of each event read
+		// in full: a stream earns one when it has passed its first events.
+		if m.reads++; m.reads > templateAfter {
+			t = &eventTemplate{credit: startCredit}
+			m.template = t
+		}
+	} else if t != nil && t.n > 0 {
+		if text, ok := t.match(payload); ok {
+			m.tally.outputTextBytes += text
+			t.credit = min(t.credit+hitCredit, maxCredit)
+			t.hits++
+			return
+		}
+		if t.credit--; t.credit == 0 {
+			m.template, m.noTemplate, t = nil, true, nil
+		}
+	}
 	var ev event
-	if readEvent(payload, &ev, &m.memo) {
+	if readEvent(payload, &ev, &m.memo, t) {
 		m.tally.add(m.format, &ev)
 	}
 }

@@ -2,6 +2,7 @@ package usage
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,13 +52,25 @@ func streamCases(t testing.TB) []struct {
 }
 
 // meter runs a stream through a Meter in the given chunks.
+// meter meters chunks, and panics if a meter that keeps a template from
+// its first event (see eventTemplate) reads them differently.
 func meter(f Format, framing Framing, chunks ...[]byte) Reading {
-	m := NewMeter(f, framing)
-	for _, c := range chunks {
-		m.Write(c)
+	var readings [2]Reading
+	for i := range readings {
+		m := NewMeter(f, framing)
+		if i == 1 {
+			m.reads = templateAfter
+		}
+		for _, c := range chunks {
+			m.Write(c)
+		}
+		m.Close()
+		readings[i] = m.Reading()
 	}
-	m.Close()
-	return m.Reading()
+	if readings[0] != readings[1] {
+		panic(fmt.Sprintf("with a template from the first event %+v, else %+v", readings[1], readings[0]))
+	}
+	return readings[0]
 }
 
 func TestMeterGolden(t *testing.T) {
