@@ -190,6 +190,28 @@ func TestStreamWithoutInjectionIsEstimated(t *testing.T) {
 	}
 }
 
+// A long stream's chunks past the first 16 are read by comparison with the
+// one before (the meter's event template): through a real Caddy, the text
+// is still counted whole, and the reported usage still settles.
+func TestLongStreamIsMeteredWhole(t *testing.T) {
+	s := newStreamSetup(t, "inject_stream_usage off")
+	s.up.Chunks, s.up.Interval = 60, time.Millisecond
+	resp := s.open(context.Background(), "/v1/chat/completions", streamBody)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if text := naiveClient(t, got); len(text) != 60*len("tok00 ") {
+		t.Fatalf("the client read %d bytes of text, want %d", len(text), 60*len("tok00 "))
+	}
+	// 60 chunks of "tokNN " = 360 bytes of text = 90 tokens, plus the prompt.
+	prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody)
+	s.waitCounter(prompt + 90)
+	asked := strings.Replace(streamBody, `"stream":true`, `"stream":true,"stream_options":{"include_usage":true}`, 1)
+	resp = s.open(context.Background(), "/v1/chat/completions", asked)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	s.waitCounter(prompt + 90 + 100)
+}
+
 func TestStreamFirstChunkArrivesBeforeUpstreamFinishes(t *testing.T) {
 	s := newStreamSetup(t, "")
 	gate := make(chan struct{})
