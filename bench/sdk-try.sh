@@ -4,7 +4,7 @@
 # in front of bench/fakellm; installs the SDKs from npm into a scratch folder.
 # Prints PASS/FAIL per check (bench/sdk/try.mjs says what each checks).
 source "$(dirname "$0")/lib.sh"
-"$work/fakellm" -addr 127.0.0.1:11503 -input 30 -output 70 -chunks 5 -interval 10ms 2>"$work/fakellm.log" &
+"$work/fakellm" -addr 127.0.0.1:11503 -input 30 -output 70 -chunks 40 -interval 2ms 2>"$work/fakellm.log" &
 cat >"$work/sdk.Caddyfile" <<CFG
 {
 	admin localhost:2501
