@@ -36,7 +36,7 @@ type Meter struct {
 	data []byte
 	// template, when not nil, is the last event read in full, against
 	// which the next is compared first (see eventTemplate); noTemplate:
-	// too many missed it, the stream keeps none.
+	// the stream's misses spent its credit, it keeps none.
 	template  *eventTemplate
 	memo      prefixMemo
 	dataStart int

@@ -116,7 +116,7 @@ func (t *eventTemplate) match(event []byte) (text int64, ok bool) {
 	tmpl := t.buf[:t.n]
 	// The end first: where an event differs in more than its holes, its
 	// end mostly does too (its fields change from there on).
-	tail := tmpl[t.n:]
+	tail := tmpl // with no holes, the whole event
 	if t.nHoles > 0 {
 		tail = tmpl[t.holes[t.nHoles-1].end:]
 	}

@@ -94,3 +94,16 @@ func TestTallyAddIsIdempotentButForText(t *testing.T) {
 		t.Fatalf("only %d events checked", n)
 	}
 }
+
+// TestTemplateReadsAnEventWithoutHoles: an event with no value to skip
+// (Anthropic's ping) is read by comparison when it repeats.
+func TestTemplateReadsAnEventWithoutHoles(t *testing.T) {
+	m := NewMeter(Anthropic, SSE)
+	m.reads = templateAfter
+	for range 5 {
+		m.Write([]byte("event: ping\ndata: {\"type\": \"ping\"}\n\n"))
+	}
+	if m.template == nil || m.template.hits != 4 {
+		t.Fatalf("template %+v: want 4 hits of 5 pings", m.template)
+	}
+}
