@@ -63,10 +63,12 @@ func (s *scanner) space() {
 // or on an error.
 func (s *scanner) member(k int) (key []byte, ok bool) {
 	// Most members are `,"key":value` (or `"key":value` first, or
-	// `"key": value`) with a short plain key, not within 8 bytes of the
-	// text's end; any other form takes memberAnyForm.
+	// `"key": value`) with a key of word bytes (see notKey8), not within
+	// 14 bytes of the text's end; any other form takes memberAnyForm. A
+	// call per member makes the fixed cost count: one bounds check covers
+	// a key's first 8 bytes and what follows a shorter key.
 	b, i := s.b, s.i
-	if i >= len(b) {
+	if uint(i) >= uint(len(b)) {
 		return s.memberAnyForm(k)
 	}
 	c := b[i]
@@ -74,57 +76,83 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 		s.i = i + 1
 		return nil, false
 	}
+	if len(b)-i < 14 {
+		return s.memberAnyForm(k)
+	}
+	w := b[i : i+14 : i+14] // a comma, the quote, 8 bytes of key, `":` and a value
+	o := 0                  // the quote's index in w
 	if k > 0 {
 		if c != ',' {
 			return s.memberAnyForm(k)
 		}
-		if i++; i >= len(b) {
-			return s.memberAnyForm(k)
-		}
-		c = b[i]
+		o = 1
 	}
-	if c != '"' {
+	if w[o] != '"' {
 		return s.memberAnyForm(k)
 	}
-	j := i + 1 // past the plain bytes, 8 at a time (by hand: inlined)
-	var x uint64
-	for {
-		if len(b)-j < 8 {
-			return s.memberAnyForm(k)
-		}
-		x = binary.LittleEndian.Uint64(b[j : j+8 : j+8])
-		if hit := notPlain8(x); hit != 0 {
-			n := bits.TrailingZeros64(hit) >> 3
-			j += n
-			x >>= 8 * n
-			if n == 7 { // the byte after the quote is in the next word
-				if j+1 >= len(b) {
-					return s.memberAnyForm(k)
-				}
-				x |= uint64(b[j+1]) << 8
-			}
-			break
-		}
-		j += 8
+	hit := notKey8(binary.LittleEndian.Uint64(w[o+1 : o+9]))
+	if hit == 0 {
+		return s.longMember(k, i+o)
 	}
-	// The key ends at b[j] if it is a quote; x holds b[j] and b[j+1] in its
-	// low bytes.
-	v := j + 2
-	if uint16(x) != '"'|':'<<8 || v >= len(b) {
+	n := o + bits.TrailingZeros64(hit)>>3 + 1 // the end of the key in w
+	if binary.LittleEndian.Uint16(w[n:n+2]) != '"'|':'<<8 {
 		return s.memberAnyForm(k)
 	}
-	c = b[v]
-	if c == ' ' {
-		if v++; v >= len(b) {
-			return s.memberAnyForm(k)
-		}
-		c = b[v]
+	v := n + 2
+	if c = w[v]; c == ' ' {
+		v++
+		c = w[v]
 	}
 	if c <= ' ' {
 		return s.memberAnyForm(k)
 	}
-	s.i = v
-	return b[i+1 : j : j], true
+	s.i = i + v
+	return w[o+1 : n], true
+}
+
+// longMember is member past a key's first 8 bytes, all word bytes; the
+// key's quote is at b[q].
+func (s *scanner) longMember(k, q int) (key []byte, ok bool) {
+	b := s.b
+	j := q + 9
+	for {
+		if len(b)-j < 8 {
+			return s.memberAnyForm(k)
+		}
+		if hit := notKey8(binary.LittleEndian.Uint64(b[j : j+8])); hit != 0 {
+			j += bits.TrailingZeros64(hit) >> 3
+			break
+		}
+		j += 8
+	}
+	// The key ends at b[j] if it is a quote.
+	w := b[j:]
+	if len(w) < 4 || binary.LittleEndian.Uint16(w[:2]) != '"'|':'<<8 {
+		return s.memberAnyForm(k)
+	}
+	v := 2
+	c := w[v]
+	if c == ' ' {
+		v++
+		c = w[v]
+	}
+	if c <= ' ' {
+		return s.memberAnyForm(k)
+	}
+	s.i = j + v
+	return b[q+1 : j], true
+}
+
+// notKey8 flags the bytes of x, little-endian, that may not be word bytes
+// of a key: plain bytes (see str) but for ' ' and '!', which keys do not
+// hold (a key that does takes memberAnyForm). A byte's high bit is set in
+// x-0x23… when it is below 0x23 or at least 0xa3, in x itself when at
+// least 0x80, and in (x^'\\')-1… when it is '\\' (or at least 0x80); as in
+// notPlain8, the lowest flag is exact. Two terms fewer than notPlain8:
+// a call per key.
+func notKey8(x uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	return ((x - ones*0x23) | x | ((x ^ (ones * '\\')) - ones)) & highs
 }
 
 // memberAnyForm is member for any member: with whitespace, escapes, or at

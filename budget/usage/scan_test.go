@@ -2,7 +2,9 @@ package usage
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -74,6 +76,37 @@ func TestDigitsEnd(t *testing.T) {
 				b[pos] = byte(c)
 				if got := digitsEnd(b, 0); got != want(b, 0) {
 					t.Fatalf("digitsEnd(%q) = %d, want %d", b, got, want(b, 0))
+				}
+			}
+		}
+	}
+}
+
+// TestMemberMatchesAnyForm: the fast paths of member read every form of
+// member, at every distance from the text's end, as memberAnyForm does.
+func TestMemberMatchesAnyForm(t *testing.T) {
+	keys := []string{"", "a", "id", "usage", "content", "abcdefg", "abcdefgh", "abcdefghi",
+		"completion_tokens", "prompt_tokens_details", "completion_tokens_details",
+		"cache_creation_input_tokens", "abcdefghijklmnopqrstuvwxyz0123456789",
+		`a\"b`, `\u0069d`, "a b", "a!b", "#$%&", "abcdefgh ijk", "abcdefghijk!", "a~\x7f", "caf\u00e9", "a\x01b", "abcdefgh\\n", "abcdefghijklmnop\"", "x\x7fy"}
+	forms := []string{`%s"%s":1}`, `%s"%s": 1}`, `%s"%s" :1}`, `%s"%s":  1}`, `%s"%s":` + "\n1}", `%s "%s":1}`, `%s"%s"1}`, `%s"%s":`, `%s"%s": `, `%s"%s`}
+	for _, key := range keys {
+		for _, form := range forms {
+			for k := range 2 {
+				sep := ""
+				if k > 0 {
+					sep = ","
+				}
+				text := fmt.Sprintf(form, sep, key)
+				for pad := range 40 {
+					b := []byte(text + strings.Repeat(" ", pad))
+					fast, slow := scanner{b: b}, scanner{b: b}
+					fk, fok := fast.member(k)
+					sk, sok := slow.memberAnyForm(k)
+					if string(fk) != string(sk) || fok != sok || fast.i != slow.i || fast.failed != slow.failed {
+						t.Fatalf("%q, member %d: member gives %q %v at %d (failed %v), memberAnyForm %q %v at %d (failed %v)",
+							b, k, fk, fok, fast.i, fast.failed, sk, sok, slow.i, slow.failed)
+					}
 				}
 			}
 		}
