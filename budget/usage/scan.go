@@ -77,7 +77,7 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 		return nil, false
 	}
 	if len(b)-i < 14 {
-		return s.memberAnyForm(k)
+		return s.memberNearEnd(k)
 	}
 	w := b[i : i+14 : i+14] // a comma, the quote, 8 bytes of key, `":` and a value
 	o := 0                  // the quote's index in w
@@ -117,7 +117,12 @@ func (s *scanner) longMember(k, q int) (key []byte, ok bool) {
 	j := q + 9
 	for {
 		if len(b)-j < 8 {
-			return s.memberAnyForm(k)
+			// The last word of b (it starts past the quote) holds what is
+			// left in its high bytes; the zeros shifted in are not word
+			// bytes.
+			x := binary.LittleEndian.Uint64(b[len(b)-8:]) >> (8 * (8 - (len(b) - j)))
+			j += bits.TrailingZeros64(notKey8(x)) >> 3
+			break
 		}
 		if hit := notKey8(binary.LittleEndian.Uint64(b[j : j+8])); hit != 0 {
 			j += bits.TrailingZeros64(hit) >> 3
@@ -141,6 +146,42 @@ func (s *scanner) longMember(k, q int) (key []byte, ok bool) {
 	}
 	s.i = j + v
 	return b[q+1 : j], true
+}
+
+// memberNearEnd is member's fast path byte by byte, for a member that
+// starts within 14 bytes of the text's end (b[s.i] is not '}'): the last
+// member of an event often does.
+func (s *scanner) memberNearEnd(k int) (key []byte, ok bool) {
+	b, i := s.b, s.i
+	if k > 0 {
+		if b[i] != ',' {
+			return s.memberAnyForm(k)
+		}
+		i++
+	}
+	if i >= len(b) || b[i] != '"' {
+		return s.memberAnyForm(k)
+	}
+	j := i + 1
+	for j < len(b) && b[j] >= 0x23 && b[j] < utf8.RuneSelf && b[j] != '\\' {
+		j++
+	}
+	if len(b)-j < 3 || b[j] != '"' || b[j+1] != ':' {
+		return s.memberAnyForm(k)
+	}
+	v := j + 2
+	c := b[v]
+	if c == ' ' {
+		if v++; v >= len(b) {
+			return s.memberAnyForm(k)
+		}
+		c = b[v]
+	}
+	if c <= ' ' {
+		return s.memberAnyForm(k)
+	}
+	s.i = v
+	return b[i+1 : j], true
 }
 
 // notKey8 flags the bytes of x, little-endian, that may not be word bytes
@@ -596,14 +637,18 @@ func (s *scanner) skipNested(depth int) {
 				spill = append(spill[:level-65], c == '[')
 			}
 			s.i++
-			s.space()
-			if s.peek() == c+2 { // '{'+2 is '}', '['+2 is ']'
+			if c == '{' { // keys take member's fast path
+				if _, more := s.member(0); more {
+					continue
+				}
+				if s.failed {
+					return
+				}
+				level--
+			} else if s.space(); s.peek() == ']' {
 				s.i++
 				level--
 			} else {
-				if c == '{' && !s.memberKey() {
-					return
-				}
 				if s.i >= len(s.b) {
 					s.fail()
 					return
@@ -618,27 +663,34 @@ func (s *scanner) skipNested(depth int) {
 			if s.failed || level == 0 {
 				return
 			}
-			s.space()
-			c := s.peek()
 			var array bool
 			if level <= 64 {
 				array = isArray&(1<<(level-1)) != 0
 			} else {
 				array = spill[level-65]
 			}
+			if !array {
+				if _, more := s.member(1); more {
+					break
+				}
+				if s.failed {
+					return
+				}
+				level--
+				continue
+			}
+			s.space()
+			c := s.peek()
 			if c == ',' {
 				s.i++
 				s.space()
-				if !array && !s.memberKey() {
-					return
-				}
 				if s.i >= len(s.b) {
 					s.fail()
 					return
 				}
 				break
 			}
-			if array && c == ']' || !array && c == '}' {
+			if c == ']' {
 				s.i++
 				level--
 				continue
@@ -647,23 +699,6 @@ func (s *scanner) skipNested(depth int) {
 			return
 		}
 	}
-}
-
-// memberKey scans a key and its colon, leaving the position at the value.
-func (s *scanner) memberKey() bool {
-	if s.peek() != '"' {
-		s.fail()
-		return false
-	}
-	s.str()
-	s.space()
-	if s.peek() != ':' {
-		s.fail()
-		return false
-	}
-	s.i++
-	s.space()
-	return !s.failed
 }
 
 func btoi(b bool) int {
