@@ -345,9 +345,37 @@ func hex4(h []byte) rune {
 // and '\\' (0x20 to 0x7f): a string is mostly plain bytes, passed 8 at a
 // time.
 func (s *scanner) str() (start, end int, plain bool) {
+	// Most strings are plain up to a quote not within 8 bytes of the
+	// text's end: they take this loop alone, and cost no frame spills.
 	b := s.b
-	i := s.i + 1
-	start, plain = i, true
+	start = s.i + 1
+	i := start
+	for ; len(b)-i >= 8; i += 8 {
+		if hit := notPlain8(binary.LittleEndian.Uint64(b[i : i+8])); hit != 0 {
+			if i += bits.TrailingZeros64(hit) >> 3; b[i] == '"' {
+				s.i = i + 1
+				return start, i, true
+			}
+			return s.strFrom(start, i)
+		}
+	}
+	if len(b) >= 8 && i < len(b) {
+		// The last word of b holds what is left in its high bytes; the
+		// zeros shifted in are not plain.
+		x := binary.LittleEndian.Uint64(b[len(b)-8:]) >> (8 * (8 - (len(b) - i)))
+		if i += bits.TrailingZeros64(notPlain8(x)) >> 3; i < len(b) && b[i] == '"' {
+			s.i = i + 1
+			return start, i, true
+		}
+	}
+	return s.strFrom(start, i)
+}
+
+// strFrom is str for any string from b[i] on, the bytes from start to i
+// plain.
+func (s *scanner) strFrom(start, i int) (_, end int, plain bool) {
+	b := s.b
+	plain = true
 	for {
 		for { // past the plain bytes, 8 at a time
 			if i+8 > len(b) {

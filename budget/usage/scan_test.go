@@ -112,3 +112,24 @@ func TestMemberMatchesAnyForm(t *testing.T) {
 		}
 	}
 }
+
+// TestStrMatchesStrFrom: str's fast paths read every string, at every
+// distance from the text's end, as strFrom (the byte-at-a-time loop) does.
+func TestStrMatchesStrFrom(t *testing.T) {
+	contents := []string{"", "a", "abcdefg", "abcdefgh", "abcdefghijklmnopq", `a\"b`, `abcdefgh\n`, "caf\u00e9",
+		"a\x01b", `\u00e9t\u00e9`, "abcdefghijklmno\x7f", `bad\x`, "\xff\xfe"}
+	for _, c := range contents {
+		for _, end := range []string{`"`, `"}`, ``, `\`} {
+			for pad := range 20 {
+				b := []byte(`"` + c + end + strings.Repeat("}", pad))
+				fast, slow := scanner{b: b}, scanner{b: b}
+				fs, fe, fp := fast.str()
+				ss, se, sp := slow.strFrom(1, 1)
+				if fs != ss || fe != se || fp != sp || fast.i != slow.i || fast.failed != slow.failed {
+					t.Fatalf("%q: str gives %d %d %v at %d (failed %v), strFrom %d %d %v at %d (failed %v)",
+						b, fs, fe, fp, fast.i, fast.failed, ss, se, sp, slow.i, slow.failed)
+				}
+			}
+		}
+	}
+}
