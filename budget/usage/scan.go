@@ -63,10 +63,12 @@ func (s *scanner) space() {
 // or on an error.
 func (s *scanner) member(k int) (key []byte, ok bool) {
 	// Most members are `,"key":value` (or `"key":value` first, or
-	// `"key": value`) with a short plain key, not within 8 bytes of the
-	// text's end; any other form takes memberAnyForm.
+	// `"key": value`) with a key of word bytes (see notKey8), not within
+	// 14 bytes of the text's end; any other form takes memberAnyForm. A
+	// call per member makes the fixed cost count: one bounds check covers
+	// a key's first 8 bytes and what follows a shorter key.
 	b, i := s.b, s.i
-	if i >= len(b) {
+	if uint(i) >= uint(len(b)) {
 		return s.memberAnyForm(k)
 	}
 	c := b[i]
@@ -74,46 +76,101 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 		s.i = i + 1
 		return nil, false
 	}
+	if len(b)-i < 14 {
+		return s.memberNearEnd(k)
+	}
+	w := b[i : i+14 : i+14] // a comma, the quote, 8 bytes of key, `":` and a value
+	o := 0                  // the quote's index in w
 	if k > 0 {
 		if c != ',' {
 			return s.memberAnyForm(k)
 		}
-		if i++; i >= len(b) {
-			return s.memberAnyForm(k)
-		}
-		c = b[i]
+		o = 1
 	}
-	if c != '"' {
+	if w[o] != '"' {
 		return s.memberAnyForm(k)
 	}
-	j := i + 1 // past the plain bytes, 8 at a time (by hand: inlined)
-	var x uint64
+	hit := notKey8(binary.LittleEndian.Uint64(w[o+1 : o+9]))
+	if hit == 0 {
+		return s.longMember(k, i+o)
+	}
+	n := o + bits.TrailingZeros64(hit)>>3 + 1 // the end of the key in w
+	if binary.LittleEndian.Uint16(w[n:n+2]) != '"'|':'<<8 {
+		return s.memberAnyForm(k)
+	}
+	v := n + 2
+	if c = w[v]; c == ' ' {
+		v++
+		c = w[v]
+	}
+	if c <= ' ' {
+		return s.memberAnyForm(k)
+	}
+	s.i = i + v
+	return w[o+1 : n], true
+}
+
+// longMember is member past a key's first 8 bytes, all word bytes; the
+// key's quote is at b[q].
+func (s *scanner) longMember(k, q int) (key []byte, ok bool) {
+	b := s.b
+	j := q + 9
 	for {
 		if len(b)-j < 8 {
-			return s.memberAnyForm(k)
+			// The last word of b (it starts past the quote) holds what is
+			// left in its high bytes; the zeros shifted in are not word
+			// bytes.
+			x := binary.LittleEndian.Uint64(b[len(b)-8:]) >> (8 * (8 - (len(b) - j)))
+			j += bits.TrailingZeros64(notKey8(x)) >> 3
+			break
 		}
-		x = binary.LittleEndian.Uint64(b[j : j+8 : j+8])
-		if hit := notPlain8(x); hit != 0 {
-			n := bits.TrailingZeros64(hit) >> 3
-			j += n
-			x >>= 8 * n
-			if n == 7 { // the byte after the quote is in the next word
-				if j+1 >= len(b) {
-					return s.memberAnyForm(k)
-				}
-				x |= uint64(b[j+1]) << 8
-			}
+		if hit := notKey8(binary.LittleEndian.Uint64(b[j : j+8])); hit != 0 {
+			j += bits.TrailingZeros64(hit) >> 3
 			break
 		}
 		j += 8
 	}
-	// The key ends at b[j] if it is a quote; x holds b[j] and b[j+1] in its
-	// low bytes.
-	v := j + 2
-	if uint16(x) != '"'|':'<<8 || v >= len(b) {
+	// The key ends at b[j] if it is a quote.
+	w := b[j:]
+	if len(w) < 4 || binary.LittleEndian.Uint16(w[:2]) != '"'|':'<<8 {
 		return s.memberAnyForm(k)
 	}
-	c = b[v]
+	v := 2
+	c := w[v]
+	if c == ' ' {
+		v++
+		c = w[v]
+	}
+	if c <= ' ' {
+		return s.memberAnyForm(k)
+	}
+	s.i = j + v
+	return b[q+1 : j], true
+}
+
+// memberNearEnd is member's fast path byte by byte, for a member that
+// starts within 14 bytes of the text's end (b[s.i] is not '}'): the last
+// member of an event often does.
+func (s *scanner) memberNearEnd(k int) (key []byte, ok bool) {
+	b, i := s.b, s.i
+	if k > 0 {
+		if b[i] != ',' {
+			return s.memberAnyForm(k)
+		}
+		i++
+	}
+	if i >= len(b) || b[i] != '"' {
+		return s.memberAnyForm(k)
+	}
+	j := i + 1
+	for j < len(b) && b[j] >= 0x23 && b[j] < utf8.RuneSelf && b[j] != '\\' {
+		j++
+	}
+	if len(b)-j < 3 || b[j] != '"' || b[j+1] != ':' {
+		return s.memberAnyForm(k)
+	}
+	v := j + 2
+	c := b[v]
 	if c == ' ' {
 		if v++; v >= len(b) {
 			return s.memberAnyForm(k)
@@ -124,7 +181,19 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 		return s.memberAnyForm(k)
 	}
 	s.i = v
-	return b[i+1 : j : j], true
+	return b[i+1 : j], true
+}
+
+// notKey8 flags the bytes of x, little-endian, that may not be word bytes
+// of a key: plain bytes (see str) but for ' ' and '!', which keys do not
+// hold (a key that does takes memberAnyForm). A byte's high bit is set in
+// x-0x23… when it is below 0x23 or at least 0xa3, in x itself when at
+// least 0x80, and in (x^'\\')-1… when it is '\\' (or at least 0x80); as in
+// notPlain8, the lowest flag is exact. Two terms fewer than notPlain8:
+// a call per key.
+func notKey8(x uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	return ((x - ones*0x23) | x | ((x ^ (ones * '\\')) - ones)) & highs
 }
 
 // memberAnyForm is member for any member: with whitespace, escapes, or at
@@ -276,9 +345,37 @@ func hex4(h []byte) rune {
 // and '\\' (0x20 to 0x7f): a string is mostly plain bytes, passed 8 at a
 // time.
 func (s *scanner) str() (start, end int, plain bool) {
+	// Most strings are plain up to a quote not within 8 bytes of the
+	// text's end: they take this loop alone, and cost no frame spills.
 	b := s.b
-	i := s.i + 1
-	start, plain = i, true
+	start = s.i + 1
+	i := start
+	for ; len(b)-i >= 8; i += 8 {
+		if hit := notPlain8(binary.LittleEndian.Uint64(b[i : i+8])); hit != 0 {
+			if i += bits.TrailingZeros64(hit) >> 3; b[i] == '"' {
+				s.i = i + 1
+				return start, i, true
+			}
+			return s.strFrom(start, i)
+		}
+	}
+	if len(b) >= 8 && i < len(b) {
+		// The last word of b holds what is left in its high bytes; the
+		// zeros shifted in are not plain.
+		x := binary.LittleEndian.Uint64(b[len(b)-8:]) >> (8 * (8 - (len(b) - i)))
+		if i += bits.TrailingZeros64(notPlain8(x)) >> 3; i < len(b) && b[i] == '"' {
+			s.i = i + 1
+			return start, i, true
+		}
+	}
+	return s.strFrom(start, i)
+}
+
+// strFrom is str for any string from b[i] on, the bytes from start to i
+// plain.
+func (s *scanner) strFrom(start, i int) (_, end int, plain bool) {
+	b := s.b
+	plain = true
 	for {
 		for { // past the plain bytes, 8 at a time
 			if i+8 > len(b) {
@@ -568,14 +665,18 @@ func (s *scanner) skipNested(depth int) {
 				spill = append(spill[:level-65], c == '[')
 			}
 			s.i++
-			s.space()
-			if s.peek() == c+2 { // '{'+2 is '}', '['+2 is ']'
+			if c == '{' { // keys take member's fast path
+				if _, more := s.member(0); more {
+					continue
+				}
+				if s.failed {
+					return
+				}
+				level--
+			} else if s.space(); s.peek() == ']' {
 				s.i++
 				level--
 			} else {
-				if c == '{' && !s.memberKey() {
-					return
-				}
 				if s.i >= len(s.b) {
 					s.fail()
 					return
@@ -590,27 +691,34 @@ func (s *scanner) skipNested(depth int) {
 			if s.failed || level == 0 {
 				return
 			}
-			s.space()
-			c := s.peek()
 			var array bool
 			if level <= 64 {
 				array = isArray&(1<<(level-1)) != 0
 			} else {
 				array = spill[level-65]
 			}
+			if !array {
+				if _, more := s.member(1); more {
+					break
+				}
+				if s.failed {
+					return
+				}
+				level--
+				continue
+			}
+			s.space()
+			c := s.peek()
 			if c == ',' {
 				s.i++
 				s.space()
-				if !array && !s.memberKey() {
-					return
-				}
 				if s.i >= len(s.b) {
 					s.fail()
 					return
 				}
 				break
 			}
-			if array && c == ']' || !array && c == '}' {
+			if c == ']' {
 				s.i++
 				level--
 				continue
@@ -619,23 +727,6 @@ func (s *scanner) skipNested(depth int) {
 			return
 		}
 	}
-}
-
-// memberKey scans a key and its colon, leaving the position at the value.
-func (s *scanner) memberKey() bool {
-	if s.peek() != '"' {
-		s.fail()
-		return false
-	}
-	s.str()
-	s.space()
-	if s.peek() != ':' {
-		s.fail()
-		return false
-	}
-	s.i++
-	s.space()
-	return !s.failed
 }
 
 func btoi(b bool) int {

@@ -2,7 +2,9 @@ package usage
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -74,6 +76,58 @@ func TestDigitsEnd(t *testing.T) {
 				b[pos] = byte(c)
 				if got := digitsEnd(b, 0); got != want(b, 0) {
 					t.Fatalf("digitsEnd(%q) = %d, want %d", b, got, want(b, 0))
+				}
+			}
+		}
+	}
+}
+
+// TestMemberMatchesAnyForm: the fast paths of member read every form of
+// member, at every distance from the text's end, as memberAnyForm does.
+func TestMemberMatchesAnyForm(t *testing.T) {
+	keys := []string{"", "a", "id", "usage", "content", "abcdefg", "abcdefgh", "abcdefghi",
+		"completion_tokens", "prompt_tokens_details", "completion_tokens_details",
+		"cache_creation_input_tokens", "abcdefghijklmnopqrstuvwxyz0123456789",
+		`a\"b`, `\u0069d`, "a b", "a!b", "#$%&", "abcdefgh ijk", "abcdefghijk!", "a~\x7f", "caf\u00e9", "a\x01b", "abcdefgh\\n", "abcdefghijklmnop\"", "x\x7fy"}
+	forms := []string{`%s"%s":1}`, `%s"%s": 1}`, `%s"%s" :1}`, `%s"%s":  1}`, `%s"%s":` + "\n1}", `%s "%s":1}`, `%s"%s"1}`, `%s"%s":`, `%s"%s": `, `%s"%s`}
+	for _, key := range keys {
+		for _, form := range forms {
+			for k := range 2 {
+				sep := ""
+				if k > 0 {
+					sep = ","
+				}
+				text := fmt.Sprintf(form, sep, key)
+				for pad := range 40 {
+					b := []byte(text + strings.Repeat(" ", pad))
+					fast, slow := scanner{b: b}, scanner{b: b}
+					fk, fok := fast.member(k)
+					sk, sok := slow.memberAnyForm(k)
+					if string(fk) != string(sk) || fok != sok || fast.i != slow.i || fast.failed != slow.failed {
+						t.Fatalf("%q, member %d: member gives %q %v at %d (failed %v), memberAnyForm %q %v at %d (failed %v)",
+							b, k, fk, fok, fast.i, fast.failed, sk, sok, slow.i, slow.failed)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestStrMatchesStrFrom: str's fast paths read every string, at every
+// distance from the text's end, as strFrom (the byte-at-a-time loop) does.
+func TestStrMatchesStrFrom(t *testing.T) {
+	contents := []string{"", "a", "abcdefg", "abcdefgh", "abcdefghijklmnopq", `a\"b`, `abcdefgh\n`, "caf\u00e9",
+		"a\x01b", `\u00e9t\u00e9`, "abcdefghijklmno\x7f", `bad\x`, "\xff\xfe"}
+	for _, c := range contents {
+		for _, end := range []string{`"`, `"}`, ``, `\`} {
+			for pad := range 20 {
+				b := []byte(`"` + c + end + strings.Repeat("}", pad))
+				fast, slow := scanner{b: b}, scanner{b: b}
+				fs, fe, fp := fast.str()
+				ss, se, sp := slow.strFrom(1, 1)
+				if fs != ss || fe != se || fp != sp || fast.i != slow.i || fast.failed != slow.failed {
+					t.Fatalf("%q: str gives %d %d %v at %d (failed %v), strFrom %d %d %v at %d (failed %v)",
+						b, fs, fe, fp, fast.i, fast.failed, ss, se, sp, slow.i, slow.failed)
 				}
 			}
 		}
