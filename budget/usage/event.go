@@ -101,10 +101,10 @@ func (t *tally) add(f Format, ev *event) {
 		// Cumulative: the last value wins, never a sum. Newer API versions
 		// repeat the input counts here too.
 		fields := &ev.usage
-		if fields.outputTokens.set {
-			t.usage.OutputTokens = max(fields.outputTokens.v, 0)
+		if fields.has(outputTokens) {
+			t.usage.OutputTokens = max(fields.count[outputTokens], 0)
 		}
-		if fields.inputTokens.set || fields.cacheRead.set || fields.cacheCreation.set {
+		if fields.has(inputTokens) || fields.has(cacheRead) || fields.has(cacheCreation) {
 			if u, ok := fields.usage(Anthropic); ok && u.InputTokens > 0 {
 				t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
 				t.inputKnown = true

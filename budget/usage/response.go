@@ -6,49 +6,77 @@ import (
 
 // usageFields is the union of the usage fields of every supported format, as
 // they appear in a JSON response or in the usage object of a stream event.
+// The counts are packed (a value each and a bit each in set, not an optInt
+// each): every event holds three, zeroed per event.
 type usageFields struct {
+	count [usageCounts]int64
+	// set has a bit per count given as an integer (not absent, not null),
+	// and per details object given (see promptDetails).
+	set uint16
 	// present: the usage object was given (not absent, not null).
 	present bool
-	// OpenAI Chat Completions.
-	promptTokens, completionTokens optInt
-	promptDetails                  cachedDetails // prompt_tokens_details
-	// OpenAI Responses and Anthropic Messages.
-	inputTokens, outputTokens optInt
-	inputDetails              cachedDetails // input_tokens_details
-	// Anthropic prompt caching: these add to input_tokens.
-	cacheCreation, cacheRead optInt // cache_creation_input_tokens, cache_read_input_tokens
 }
 
-// cachedDetails is OpenAI's {prompt,input}_tokens_details.
-type cachedDetails struct {
-	present bool
-	cached  int64 // cached_tokens
+// The counts of a usageFields.
+const (
+	// OpenAI Chat Completions.
+	promptTokens = iota
+	completionTokens
+	// OpenAI Responses and Anthropic Messages.
+	inputTokens
+	outputTokens
+	// Anthropic prompt caching (cache_creation_input_tokens,
+	// cache_read_input_tokens): these add to input_tokens.
+	cacheCreation
+	cacheRead
+	// The cached_tokens of OpenAI's prompt_tokens_details and
+	// input_tokens_details; their set bits are the objects' presence.
+	promptDetails
+	inputDetails
+	usageCounts
+)
+
+// has reports whether count i was given.
+func (u *usageFields) has(i int) bool { return u.set&(1<<i) != 0 }
+
+// nonNegative is count i, or 0 when it was not given or is negative.
+func (u *usageFields) nonNegative(i int) int64 {
+	if u.has(i) && u.count[i] > 0 {
+		return u.count[i]
+	}
+	return 0
+}
+
+// put records count i: v, given when set.
+func (u *usageFields) put(i int, v int64, set bool) {
+	u.count[i] = v
+	u.set = u.set&^(1<<i) | uint16(btoi(set))<<i
 }
 
 // usage normalises the fields of format f. OpenAI's cached tokens are part
 // of its input count; Anthropic's cache reads and writes come on top of it.
 func (u *usageFields) usage(f Format) (budget.Usage, bool) {
 	switch {
-	case u.promptTokens.set || u.completionTokens.set:
-		out := budget.Usage{InputTokens: u.promptTokens.nonNegative(), OutputTokens: u.completionTokens.nonNegative()}
-		if u.promptDetails.present {
-			out.CachedInputTokens = max(u.promptDetails.cached, 0)
+	case u.has(promptTokens) || u.has(completionTokens):
+		out := budget.Usage{InputTokens: u.nonNegative(promptTokens), OutputTokens: u.nonNegative(completionTokens)}
+		if u.has(promptDetails) {
+			out.CachedInputTokens = max(u.count[promptDetails], 0)
 		}
 		return out, true
-	case f == Anthropic || u.cacheCreation.set || u.cacheRead.set:
-		if !u.inputTokens.set && !u.outputTokens.set && !u.cacheRead.set && !u.cacheCreation.set {
+	case f == Anthropic || u.has(cacheCreation) || u.has(cacheRead):
+		if !u.has(inputTokens) && !u.has(outputTokens) && !u.has(cacheRead) && !u.has(cacheCreation) {
 			return budget.Usage{}, false
 		}
-		read := u.cacheRead.nonNegative()
+		read := u.nonNegative(cacheRead)
 		return budget.Usage{
-			InputTokens:       u.inputTokens.nonNegative() + u.cacheCreation.nonNegative() + read,
+			InputTokens:       u.nonNegative(inputTokens) + u.nonNegative(cacheCreation) + read,
 			CachedInputTokens: read,
-			OutputTokens:      u.outputTokens.nonNegative(),
+			OutputTokens:      u.nonNegative(outputTokens),
 		}, true
-	case u.inputTokens.set || u.outputTokens.set:
-		out := budget.Usage{InputTokens: u.inputTokens.nonNegative(), OutputTokens: u.outputTokens.nonNegative()}
-		if u.inputDetails.present {
-			out.CachedInputTokens = max(u.inputDetails.cached, 0)
+	case u.has(inputTokens) || u.has(outputTokens):
+		out := budget.Usage{InputTokens: u.nonNegative(inputTokens), OutputTokens: u.nonNegative(outputTokens)}
+		if u.has(inputDetails) {
+			out.CachedInputTokens = max(u.count[inputDetails], 0)
 		}
 		return out, true
 	}
@@ -69,56 +97,57 @@ func (s *scanner) usageFields(d int, u *usageFields) (ok bool) {
 		if !more {
 			return ok
 		}
-		var field *optInt
+		var field int
 		switch string(key) {
 		case "prompt_tokens":
-			field = &u.promptTokens
+			field = promptTokens
 		case "completion_tokens":
-			field = &u.completionTokens
+			field = completionTokens
 		case "input_tokens":
-			field = &u.inputTokens
+			field = inputTokens
 		case "output_tokens":
-			field = &u.outputTokens
+			field = outputTokens
 		case "cache_creation_input_tokens":
-			field = &u.cacheCreation
+			field = cacheCreation
 		case "cache_read_input_tokens":
-			field = &u.cacheRead
+			field = cacheRead
 		case "prompt_tokens_details", "input_tokens_details":
-			details, good := s.cachedDetails(d + 1)
+			present, cached, good := s.cachedDetails(d + 1)
+			field = inputDetails
 			if key[0] == 'p' {
-				u.promptDetails = details
-			} else {
-				u.inputDetails = details
+				field = promptDetails
 			}
+			u.put(field, cached, present)
 			ok = ok && good
 			continue
 		default:
 			s.skip(d + 1)
 			continue
 		}
-		var good bool
-		*field, good = s.optInt(d + 1)
+		n, good := s.optInt(d + 1)
+		u.put(field, n.v, n.set)
 		ok = ok && good
 	}
 }
 
-func (s *scanner) cachedDetails(d int) (c cachedDetails, ok bool) {
+// cachedDetails reads OpenAI's {prompt,input}_tokens_details: whether it
+// is an object, and its cached_tokens.
+func (s *scanner) cachedDetails(d int) (present bool, cached int64, ok bool) {
 	isObject, ok := s.object(d)
 	if !isObject {
-		return c, ok
+		return false, 0, ok
 	}
-	c.present = true
 	for k := 0; ; k++ {
 		key, more := s.member(k)
 		if !more {
-			return c, ok
+			return true, cached, ok
 		}
 		if string(key) != "cached_tokens" {
 			s.skip(d + 1)
 			continue
 		}
 		n, good := s.optInt(d + 1)
-		c.cached = n.v
+		cached = n.v
 		ok = ok && good
 	}
 }

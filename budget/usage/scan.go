@@ -350,8 +350,8 @@ func (s *scanner) str() (start, end int, plain bool) {
 	b := s.b
 	start = s.i + 1
 	i := start
-	for ; len(b)-i >= 8; i += 8 {
-		if hit := notPlain8(binary.LittleEndian.Uint64(b[i : i+8])); hit != 0 {
+	for ; i <= len(b)-8; i += 8 {
+		if hit := notPlain8(binary.LittleEndian.Uint64(b[i:])); hit != 0 {
 			if i += bits.TrailingZeros64(hit) >> 3; b[i] == '"' {
 				s.i = i + 1
 				return start, i, true
@@ -509,18 +509,35 @@ func (s *scanner) number() (v int64, isInt bool) {
 	// Most are a few digits, not negative, read in one pass: up to 18
 	// digits fit an int64 whatever they are.
 	b, i := s.b, s.i
+	if i+2 < len(b) { // one or two digits and a ',' or '}': a token count
+		w := b[i : i+3 : i+3]
+		if d := w[0] - '0'; d <= 9 {
+			if w[1] == ',' || w[1] == '}' {
+				s.i = i + 1
+				return int64(d), true
+			}
+			if e := w[1] - '0'; e <= 9 && d > 0 && (w[2] == ',' || w[2] == '}') {
+				s.i = i + 2
+				return int64(d)*10 + int64(e), true
+			}
+		}
+	}
 	var u uint64
-	j := i
-	for ; j < len(b) && j-i < 18; j++ {
+	j, end := i, min(len(b), i+18)
+	for ; j < end; j++ {
 		d := b[j] - '0'
 		if d > 9 {
 			break
 		}
 		u = u*10 + uint64(d)
 	}
-	if j > i && (j == i+1 || b[i] != '0') && (j == len(b) || b[j] != '.' && b[j] != 'e' && b[j] != 'E' && b[j]-'0' > 9) {
-		s.i = j
-		return int64(u), true
+	if j > i && (j == i+1 || b[i] != '0') {
+		// It ends at the text's end, or at a byte that is no digit
+		// (j < end) and starts neither a fraction nor an exponent.
+		if j == len(b) || j < end && b[j] != '.' && b[j]|0x20 != 'e' {
+			s.i = j
+			return int64(u), true
+		}
 	}
 	start := s.i
 	if isInt = s.skipNumber(); !isInt {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -128,6 +129,34 @@ func TestStrMatchesStrFrom(t *testing.T) {
 				if fs != ss || fe != se || fp != sp || fast.i != slow.i || fast.failed != slow.failed {
 					t.Fatalf("%q: str gives %d %d %v at %d (failed %v), strFrom %d %d %v at %d (failed %v)",
 						b, fs, fe, fp, fast.i, fast.failed, ss, se, sp, slow.i, slow.failed)
+				}
+			}
+		}
+	}
+}
+
+// TestNumberMatchesParseInt: number's fast paths read a number, at every
+// distance from the text's end, as skipNumber and strconv.ParseInt do.
+func TestNumberMatchesParseInt(t *testing.T) {
+	numbers := []string{"0", "7", "12", "05", "00", "123", "1.5", "1e3", "1E3", "-3", "-0", "10.0",
+		"123456789012345678", "1234567890123456789", "9223372036854775807", "9223372036854775808",
+		"-9223372036854775808", "-9223372036854775809", "12345678901234567890", "-", "1.", "1e", "x"}
+	for _, n := range numbers {
+		for _, end := range []string{"", ",", "}", "]", " ", ".", "e", "E", "5", "x"} {
+			for pad := range 4 {
+				b := []byte(n + end + strings.Repeat("}", pad))
+				s := scanner{b: b}
+				v, isInt := s.number()
+				ref := scanner{b: b}
+				integer := ref.skipNumber()
+				want, err := strconv.ParseInt(string(b[:ref.i]), 10, 64)
+				wantInt := !ref.failed && integer && err == nil
+				if !wantInt {
+					want = 0
+				}
+				if v != want || isInt != wantInt || s.failed != ref.failed || (!s.failed && s.i != ref.i) {
+					t.Fatalf("%q: number gives %d %v at %d (failed %v), want %d %v at %d (failed %v)",
+						b, v, isInt, s.i, s.failed, want, wantInt, ref.i, ref.failed)
 				}
 			}
 		}

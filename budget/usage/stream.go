@@ -102,26 +102,15 @@ func (m *Meter) Write(p []byte) (int, error) {
 				continue
 			}
 		}
-		if p[0] == '\n' && len(m.line) == 0 && m.lineOverflow == 0 {
-			// An empty line, most often the one that ends an SSE event.
-			if m.framing == SSE {
-				m.dispatch()
-			}
-			p = p[1:]
-			if cr > 0 {
-				cr--
-			}
-			continue
-		}
-		i := bytes.IndexByte(p, '\n')
-		if cr >= 0 && (i < 0 || cr < i) {
-			i = cr
-		}
-		if i < 0 {
-			m.appendLine(p)
-			break
-		}
+		var i int // the end of p's first line (its CR or LF), or -1
 		if len(m.line) == 0 && m.lineOverflow == 0 {
+			if p, cr, i = m.wholeLines(p, cr); len(p) == 0 {
+				break
+			}
+			if i < 0 {
+				m.appendLine(p)
+				break
+			}
 			switch line := p[:i]; {
 			case m.framing == NDJSON:
 				m.endLine(line, 0, true)
@@ -139,6 +128,13 @@ func (m *Meter) Write(p []byte) (int, error) {
 				m.endLine(line, 0, true)
 			}
 		} else {
+			if i = bytes.IndexByte(p, '\n'); cr >= 0 && (i < 0 || cr < i) {
+				i = cr
+			}
+			if i < 0 {
+				m.appendLine(p)
+				break
+			}
 			m.appendLine(p[:i])
 			m.endLine(m.line, m.lineOverflow, false)
 			m.line, m.lineOverflow = m.line[:0], 0
@@ -154,6 +150,52 @@ func (m *Meter) Write(p []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// wholeLines reads the lines of p, from a line's start, that end with an
+// LF before cr (the next CR, or -1) and need no copy: most lines of most
+// streams, in a loop that keeps none of Write's state. It returns at the
+// first other line (cut by p's end, ended by a CR, too long, or an SSE
+// data line that does not end its event alone), with what is left of p
+// and of cr, and the end of that line (its CR or LF), or -1.
+func (m *Meter) wholeLines(p []byte, cr int) (rest []byte, _, end int) {
+	for len(p) > 0 {
+		i := 0 // (an empty line, most often the one after a cut event)
+		if p[0] != '\n' {
+			i = bytes.IndexByte(p, '\n')
+		}
+		if cr >= 0 && (i < 0 || cr < i) {
+			return p, cr, cr
+		}
+		if i < 0 || i > MaxEventBytes {
+			return p, cr, i
+		}
+		line := p[:i]
+		switch {
+		case m.framing == NDJSON:
+			if len(line) > 0 { // (an empty line is no JSON text)
+				m.read(line)
+			}
+		case len(line) == 0:
+			m.dispatch()
+		case line[0] != 'd':
+			// event:, id:, retry: and comments carry no usage
+		case !m.hasData && !m.dataOverflow && i+1 < len(p) && p[i+1] == '\n':
+			// The one data line of an event, the most common: the blank
+			// line after it is taken too (dispatch has no data to read).
+			if value, isData := dataValue(line); isData {
+				m.read(value)
+			}
+			i++
+		default:
+			return p, cr, i
+		}
+		p = p[i+1:]
+		if cr >= 0 {
+			cr -= i + 1
+		}
+	}
+	return p, cr, -1
 }
 
 // blankLineAt reports whether the line ending at p[i] (its CR or LF) is
