@@ -677,7 +677,13 @@ func (s *scanner) skip(depth int) {
 	case 'n':
 		s.literal("null")
 	default:
-		s.skipNumber()
+		// Most skipped numbers are one digit, an index or a sequence
+		// number, followed by ',' or '}': they save skipNumber's call.
+		if b := s.b; start+1 < len(b) && b[start]-'0' <= 9 && (b[start+1] == ',' || b[start+1] == '}') {
+			s.i = start + 1
+		} else {
+			s.skipNumber()
+		}
 		if s.tmpl != nil {
 			s.tmpl.skipped(start, s.i, true)
 		}
