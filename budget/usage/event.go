@@ -2,6 +2,8 @@ package usage
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/bits"
 
 	"github.com/fleetguard/fleetguard/budget"
 )
@@ -323,6 +325,29 @@ func (s *scanner) eventKind() (eventKind, bool) {
 		s.skip(1)
 		return kindOther, false
 	}
+	// Most names are plain and shorter than 24 bytes: they are scanned
+	// and matched here, in three words loaded once, without str's call or
+	// the switch's memequal (every event has a type).
+	if b, i := s.b, s.i+1; len(b)-i >= 24 {
+		w := b[i : i+24 : i+24]
+		x0, x1, x2 := binary.LittleEndian.Uint64(w[:8]), binary.LittleEndian.Uint64(w[8:16]), binary.LittleEndian.Uint64(w[16:24])
+		n := 24 // the name's length, where its first byte not plain is
+		if h := notPlain8(x0); h != 0 {
+			n = bits.TrailingZeros64(h) >> 3
+		} else if h = notPlain8(x1); h != 0 {
+			n = 8 + bits.TrailingZeros64(h)>>3
+		} else if h = notPlain8(x2); h != 0 {
+			n = 16 + bits.TrailingZeros64(h)>>3
+		}
+		if n == 24 { // longer than any kind's name: only valid or not
+			s.strFrom(i, i+n)
+			return kindOther, !s.failed
+		}
+		if w[n] == '"' {
+			s.i = i + n + 1
+			return kindOfWords(n, x0, x1, x2), true
+		}
+	}
 	start, end, plain := s.str()
 	if s.failed {
 		return kindOther, false
@@ -345,6 +370,50 @@ func (s *scanner) eventKind() (eventKind, bool) {
 		return kindResponseFinal, true
 	}
 	return kindOther, true
+}
+
+// The names of the kinds in little-endian words, their bytes
+// past a name's end zero (TestKindWords).
+const (
+	wordMessage_ = 0x5f6567617373656d // "message_"
+	wordStart    = 0x7472617473       // "start"
+	wordDelta    = 0x61746c6564       // "delta"
+	wordResponse = 0x65736e6f70736572 // "response"
+	wordFailed   = 0x64656c6961662e   // ".failed"
+	wordComplet  = 0x74656c706d6f632e // ".complet"
+	wordEd       = 0x6465             // "ed"
+	wordIncompl  = 0x6c706d6f636e692e // ".incompl"
+	wordEte      = 0x657465           // "ete"
+)
+
+// kindOfWords is the kind the plain name of n bytes (n < 24) names, its
+// bytes and those after it in the little-endian words x0, x1 and x2: the
+// switch in eventKind, by words.
+func kindOfWords(n int, x0, x1, x2 uint64) eventKind {
+	switch n {
+	case 13: // message_start, message_delta
+		if x0 == wordMessage_ {
+			switch x1 & (1<<40 - 1) {
+			case wordStart:
+				return kindMessageStart
+			case wordDelta:
+				return kindMessageDelta
+			}
+		}
+	case 15: // response.failed
+		if x0 == wordResponse && x1&(1<<56-1) == wordFailed {
+			return kindResponseFinal
+		}
+	case 18: // response.completed
+		if x0 == wordResponse && x1 == wordComplet && x2&(1<<16-1) == wordEd {
+			return kindResponseFinal
+		}
+	case 19: // response.incomplete
+		if x0 == wordResponse && x1 == wordIncompl && x2&(1<<24-1) == wordEte {
+			return kindResponseFinal
+		}
+	}
+	return kindOther
 }
 
 // message reads Anthropic's message object (message_start), its usage into

@@ -92,7 +92,31 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 	}
 	hit := notKey8(binary.LittleEndian.Uint64(w[o+1 : o+9]))
 	if hit == 0 {
-		return s.longMember(k, i+o)
+		// Many keys are 9 to 16 bytes long (output_tokens, created_at):
+		// their second word is read here, without longMember's call. (A
+		// tail of its own: one shared with shorter keys would bounds-check
+		// a window of either length.)
+		if len(b)-i < 22 {
+			return s.longMember(k, i+o)
+		}
+		w := b[i : i+22 : i+22] // as above, with 16 bytes of key
+		if hit = notKey8(binary.LittleEndian.Uint64(w[o+9 : o+17])); hit == 0 {
+			return s.longMember(k, i+o)
+		}
+		n := o + bits.TrailingZeros64(hit)>>3 + 9
+		if binary.LittleEndian.Uint16(w[n:n+2]) != '"'|':'<<8 {
+			return s.memberAnyForm(k)
+		}
+		v := n + 2
+		if c = w[v]; c == ' ' {
+			v++
+			c = w[v]
+		}
+		if c <= ' ' {
+			return s.memberAnyForm(k)
+		}
+		s.i = i + v
+		return w[o+1 : n], true
 	}
 	n := o + bits.TrailingZeros64(hit)>>3 + 1 // the end of the key in w
 	if binary.LittleEndian.Uint16(w[n:n+2]) != '"'|':'<<8 {
@@ -653,7 +677,13 @@ func (s *scanner) skip(depth int) {
 	case 'n':
 		s.literal("null")
 	default:
-		s.skipNumber()
+		// Most skipped numbers are one digit, an index or a sequence
+		// number, followed by ',' or '}': they save skipNumber's call.
+		if b := s.b; start+1 < len(b) && b[start]-'0' <= 9 && (b[start+1] == ',' || b[start+1] == '}') {
+			s.i = start + 1
+		} else {
+			s.skipNumber()
+		}
 		if s.tmpl != nil {
 			s.tmpl.skipped(start, s.i, true)
 		}

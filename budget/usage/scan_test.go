@@ -162,3 +162,58 @@ func TestNumberMatchesParseInt(t *testing.T) {
 		}
 	}
 }
+
+// TestKindWords: the word constants spell the names, and eventKind reads
+// a type alike whether it scans it by words (followed by 24 bytes or more)
+// or with str (at the text's end).
+func TestKindWords(t *testing.T) {
+	for w, name := range map[uint64]string{
+		wordMessage_: "message_", wordStart: "start", wordDelta: "delta", wordResponse: "response",
+		wordFailed: ".failed", wordComplet: ".complet", wordEd: "ed", wordIncompl: ".incompl", wordEte: "ete",
+	} {
+		var b [8]byte
+		copy(b[:], name)
+		if got := binary.LittleEndian.Uint64(b[:]); got != w {
+			t.Errorf("word of %q = %#x, want %#x", name, got, w)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		want eventKind
+	}{
+		{"message_start", kindMessageStart},
+		{"message_delta", kindMessageDelta},
+		{"response.completed", kindResponseFinal},
+		{"response.incomplete", kindResponseFinal},
+		{"response.failed", kindResponseFinal},
+		{`message_\u0073tart`, kindMessageStart},
+		{"message_stop", kindOther},
+		{"message_starts", kindOther},
+		{"Message_start", kindOther},
+		{"message-delta", kindOther},
+		{"message_deltA", kindOther},
+		{"response.complete", kindOther},
+		{"response.completeD", kindOther},
+		{"response.incompletE", kindOther},
+		{"response.xncomplete", kindOther},
+		{"response.failes", kindOther},
+		{"responsE.failed", kindOther},
+		{"response.created", kindOther},
+		{"content_block_delta", kindOther},
+		{"content_block_stop", kindOther},
+		{"ping", kindOther},
+		{"", kindOther},
+		{"response.output_text.delta", kindOther},
+		{"réponse", kindOther},
+		{"response.reasoning_summary_text.delta", kindOther},
+		{`response.reasoning_summary_\u0074ext.delta`, kindOther},
+	} {
+		for _, pad := range []string{"", "}", `,"index":0,"delta":{"type":"text"}}`} {
+			s := scanner{b: []byte(`"` + c.name + `"` + pad)}
+			got, ok := s.eventKind()
+			if !ok || s.failed || got != c.want || s.i != len(c.name)+2 {
+				t.Errorf("eventKind(%q + %q) = %d, %v at %d; want %d, true at %d", c.name, pad, got, ok, s.i, c.want, len(c.name)+2)
+			}
+		}
+	}
+}
