@@ -104,34 +104,37 @@ func (s *scanner) member(k int) (key []byte, ok bool) {
 			return s.longMember(k, i+o)
 		}
 		n := o + bits.TrailingZeros64(hit)>>3 + 9
-		if binary.LittleEndian.Uint16(w[n:n+2]) != '"'|':'<<8 {
-			return s.memberAnyForm(k)
-		}
-		v := n + 2
-		if c = w[v]; c == ' ' {
-			v++
-			c = w[v]
-		}
-		if c <= ' ' {
+		v, fast := valueAfterKey(w, n)
+		if !fast {
 			return s.memberAnyForm(k)
 		}
 		s.i = i + v
 		return w[o+1 : n], true
 	}
 	n := o + bits.TrailingZeros64(hit)>>3 + 1 // the end of the key in w
-	if binary.LittleEndian.Uint16(w[n:n+2]) != '"'|':'<<8 {
-		return s.memberAnyForm(k)
-	}
-	v := n + 2
-	if c = w[v]; c == ' ' {
-		v++
-		c = w[v]
-	}
-	if c <= ' ' {
+	v, fast := valueAfterKey(w, n)
+	if !fast {
 		return s.memberAnyForm(k)
 	}
 	s.i = i + v
 	return w[o+1 : n], true
+}
+
+// valueAfterKey is where the value starts in w, a member's bytes, when the
+// key ends at w[n] with `":` and at most one space before a value byte (the
+// fast form); w holds at least n+4 bytes. (Inlined: each caller's window
+// length bounds its checks.)
+func valueAfterKey(w []byte, n int) (v int, fast bool) {
+	if binary.LittleEndian.Uint16(w[n:n+2]) != '"'|':'<<8 {
+		return 0, false
+	}
+	v = n + 2
+	c := w[v]
+	if c == ' ' {
+		v++
+		c = w[v]
+	}
+	return v, c > ' '
 }
 
 // longMember is member past a key's first 8 bytes, all word bytes; the
@@ -155,17 +158,11 @@ func (s *scanner) longMember(k, q int) (key []byte, ok bool) {
 		j += 8
 	}
 	// The key ends at b[j] if it is a quote.
-	w := b[j:]
-	if len(w) < 4 || binary.LittleEndian.Uint16(w[:2]) != '"'|':'<<8 {
+	if len(b)-j < 4 {
 		return s.memberAnyForm(k)
 	}
-	v := 2
-	c := w[v]
-	if c == ' ' {
-		v++
-		c = w[v]
-	}
-	if c <= ' ' {
+	v, fast := valueAfterKey(b[j:j+4:j+4], 0)
+	if !fast {
 		return s.memberAnyForm(k)
 	}
 	s.i = j + v
