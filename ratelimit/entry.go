@@ -77,24 +77,38 @@ func (e *entry) advance(ring []uint32, slot int64) {
 }
 
 // scan sums the ring (the key's count in the window at head) and finds its
-// oldest slot that holds a count (head when none does), in one walk.
+// oldest slot that holds a count (head when none does). It runs on every
+// request: the sum is a loop of loads and adds over the ring's two halves
+// (oldest first: ring[i:] then ring[:i]), and the search for the oldest
+// count mostly stops at its first slot, which steady traffic fills.
 func (e *entry) scan(ring []uint32) (used, oldest int64) {
 	n := int64(len(ring))
 	i := slotIndex(e.head+1, n) // the oldest slot's place
-	oldest = e.head
-	found := false
-	for slot := e.head - n + 1; slot <= e.head; slot++ {
-		if c := ring[i]; c != 0 {
-			used += int64(c)
-			if !found {
-				oldest, found = slot, true
-			}
+	older, newer := ring[i:], ring[:i]
+	sum := sumCounts(older) + sumCounts(newer)
+	oldest = e.head - n + 1
+	for _, c := range older {
+		if c != 0 {
+			return int64(sum), oldest
 		}
-		if i++; i == n {
-			i = 0
-		}
+		oldest++
 	}
-	return used, oldest
+	for _, c := range newer {
+		if c != 0 {
+			return int64(sum), oldest
+		}
+		oldest++
+	}
+	return int64(sum), e.head
+}
+
+// sumCounts is the sum of counts, four at a time.
+func sumCounts(counts []uint32) uint64 {
+	var sum uint64
+	for _, c := range counts {
+		sum += uint64(c)
+	}
+	return sum
 }
 
 // pending reports whether the entry holds admits the store has not seen, or
