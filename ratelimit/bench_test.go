@@ -28,6 +28,32 @@ func BenchmarkAllowExistingKey(b *testing.B) {
 	}
 }
 
+// BenchmarkAllowBusyKey is BenchmarkAllowExistingKey for a key with
+// requests in every slot of its window, as steady traffic has (the other
+// benchmark's requests all fall in the newest slot of an hour): a clock
+// that advances 1 ms per request through a 1 s window of 20 slots.
+func BenchmarkAllowBusyKey(b *testing.B) {
+	e := memoryEngine(b)
+	l := mustLimit(b, 1<<29, time.Second, 0)
+	z := e.Zone("z", l)
+	key := "Bearer sk-live-0123456789abcdef"
+	now := time.Now().UnixNano()
+	for i := 0; i < 1000; i++ { // fill the window
+		now += int64(time.Millisecond)
+		allow(e, z, l, key, now)
+	}
+	checks := []Check{{Zone: z, Limit: l}}
+	out := make([]Verdict, 1)
+	b.ReportAllocs()
+	for b.Loop() {
+		now += int64(time.Millisecond)
+		checks[0].Key = keyhash.Of(key)
+		if d := e.Allow(now, checks, out); d != -1 {
+			b.Fatal("denied")
+		}
+	}
+}
+
 // BenchmarkAllowParallel spreads 1024 keys over all cores.
 func BenchmarkAllowParallel(b *testing.B) {
 	e := memoryEngine(b)
