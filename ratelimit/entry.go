@@ -102,7 +102,8 @@ func (e *entry) scan(ring []uint32) (used, oldest int64) {
 	return int64(sum), e.head
 }
 
-// sumCounts is the sum of counts, four at a time.
+// sumCounts is the sum of counts (a plain loop: unrolled by four, it measured
+// no better).
 func sumCounts(counts []uint32) uint64 {
 	var sum uint64
 	for _, c := range counts {
