@@ -23,8 +23,8 @@ const (
 	// recordTTL is how long a reservation can wait for its settle (a long
 	// stream); a settle after it keeps the whole reservation, never frees it.
 	recordTTL = 2 * time.Hour
-	// settledTTL keeps a settled record or a tombstone long enough for every
-	// retry, and for a reserve stalled on a server to arrive and be cancelled.
+	// settledTTL keeps a tombstone long enough for every retry, and for a
+	// reserve stalled on a server to arrive and be cancelled.
 	settledTTL = 10 * time.Minute
 	// resolveAttempts and resolveBackoff bound the background release of a
 	// reserve whose outcome is unknown (about half a minute in all).
@@ -133,7 +133,18 @@ type Hold struct {
 type Reservation struct {
 	ID    string
 	Holds []Hold
+	// settle is what this engine knows of the reservation's settle: a
+	// settle that found no record is only lost if none was applied or left
+	// unsure before it.
+	settle atomic.Uint32
 }
+
+// What an engine knows of a reservation's settle.
+const (
+	settleNone    = iota
+	settleApplied // a settle applied it
+	settleUnsure  // a settle attempt failed: it may have applied
+)
 
 // Denial says which budget refused a request.
 type Denial struct {
@@ -279,10 +290,17 @@ func releaseOf(r *Reservation) []Adjustment {
 // (see OnResolve) applies it, if the store returns in time.
 var ErrDrift = errors.New("budget settle failed; counters drifted by the unsettled difference")
 
+// ErrReservationLost is the error of a settle that found no reservation to
+// apply to: its record expired (a response longer than recordTTL) or the
+// store lost its data (a Redis restarted empty). Nothing was applied.
+var ErrReservationLost = errors.New("budget settle: the reservation's record is gone; nothing was applied")
+
 // Settle moves each budget from the reserved amount to what actual costs in
 // its unit, flooring counters at 0. It applies once per reservation however
 // often it is called, retries a failing store, and reports a final failure
-// wrapping ErrDrift.
+// wrapping ErrDrift. An answer that finds no reservation is
+// ErrReservationLost, unless a settle of r applied before or failed in a way
+// that may have applied (then it is the repeat the record guards against).
 func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error {
 	adjs := make([]Adjustment, 0, len(r.Holds))
 	for _, h := range r.Holds {
@@ -291,7 +309,7 @@ func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error
 		delta := max(h.Budget.Amount(actual), 0) - h.Amount
 		adjs = append(adjs, Adjustment{Key: h.Key, Delta: delta, TTL: 2 * h.Budget.Window})
 	}
-	var err error
+	var lastErr error
 	for attempt := 0; attempt < settleAttempts; attempt++ {
 		if attempt > 0 {
 			select {
@@ -300,13 +318,22 @@ func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error
 			case <-time.After(settleBackoff << (attempt - 1)):
 			}
 		}
-		if _, err = e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs); e.failed(err) == nil {
-			return nil
+		applied, err := e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs)
+		if e.failed(err) != nil {
+			r.settle.CompareAndSwap(settleNone, settleUnsure)
+			lastErr = err
+			continue
 		}
+		if applied {
+			r.settle.Store(settleApplied)
+		} else if r.settle.Load() == settleNone {
+			return ErrReservationLost
+		}
+		return nil
 	}
 	e.trip()
 	e.resolve(r, adjs, "settle", "applied", "applied_before")
-	return fmt.Errorf("%w: %w", ErrDrift, err)
+	return fmt.Errorf("%w: %w", ErrDrift, lastErr)
 }
 
 // Release returns a reservation in full, as when nothing was used.

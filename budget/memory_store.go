@@ -21,8 +21,8 @@ type memoryValue struct {
 	expires time.Time
 }
 
-// memoryRecord is a reservation's record: 'r' reserved, 's' settled, 'x'
-// released before its reserve ran.
+// memoryRecord is a reservation's record: 'r' reserved, 'x' released before
+// its reserve ran. A settle deletes the record it applies to.
 type memoryRecord struct {
 	state   byte
 	expires time.Time
@@ -67,8 +67,10 @@ func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.D
 		return res, nil
 	}
 	for i, c := range charges {
-		res.Used[i] += c.Amount
-		m.counters[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
+		if c.Amount != 0 {
+			res.Used[i] += c.Amount
+			m.counters[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
+		}
 	}
 	m.records[record] = memoryRecord{state: 'r', expires: now.Add(recordTTL)}
 	res.Admitted = true
@@ -88,10 +90,13 @@ func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration
 	if rec.state != 'r' {
 		return false, nil
 	}
-	m.records[record] = memoryRecord{state: 's', expires: now.Add(ttl)}
+	delete(m.records, record)
 	for _, a := range adjs {
-		v := max(m.get(a.Key, now)+a.Delta, 0)
-		m.counters[a.Key] = memoryValue{value: v, expires: now.Add(a.TTL)}
+		if v := m.get(a.Key, now) + a.Delta; v > 0 {
+			m.counters[a.Key] = memoryValue{value: v, expires: now.Add(a.TTL)}
+		} else {
+			delete(m.counters, a.Key)
+		}
 	}
 	return true, nil
 }

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -89,11 +90,49 @@ func (pb *PriceBook) Find(model string) (name string, p Price, ok bool) {
 	return "", Price{}, false
 }
 
+// Ranges of what a settle accepts from an upstream: no request reads or
+// writes 2^40 (about 10^12) tokens, and no request costs 2^53 micro-dollars
+// (about 9 billion dollars). Counters stay far from int64's end, so no sum
+// of settled amounts can wrap, in Go or in a Redis INCRBY.
+const (
+	MaxUsageTokens = 1 << 40
+	MaxSpendMicros = 1 << 53
+)
+
+// ErrUsageOutOfRange is the error of a usage report no upstream can truly
+// send: a negative count, or one past MaxUsageTokens or MaxSpendMicros. Such
+// a report is usage unknown, never a charge of 0 or a wrapped-around one.
+var ErrUsageOutOfRange = errors.New("usage out of range")
+
+// SpendOf is what u costs in both units, checked: a count that is negative
+// or out of range, or a cost past MaxSpendMicros, fails with
+// ErrUsageOutOfRange.
+func (p Price) SpendOf(u Usage) (Spend, error) {
+	for _, c := range [...]struct {
+		name string
+		v    int64
+	}{{"input", u.InputTokens}, {"cached input", u.CachedInputTokens}, {"output", u.OutputTokens}} {
+		if c.v < 0 || c.v > MaxUsageTokens {
+			return Spend{}, fmt.Errorf("%w: %s tokens %d", ErrUsageOutOfRange, c.name, c.v)
+		}
+	}
+	cost := p.CostMicros(u)
+	if cost < 0 || cost > MaxSpendMicros {
+		return Spend{}, fmt.Errorf("%w: cost of %d input and %d output tokens", ErrUsageOutOfRange, u.InputTokens, u.OutputTokens)
+	}
+	return Spend{Tokens: u.Tokens(), CostMicros: cost}, nil
+}
+
 // CostMicros is the cost of usage in micro-dollars, rounded up: a budget never
 // undercharges by rounding. (USD per 1M tokens equals micro-USD per token.)
+// The result of counts past MaxUsageTokens is undefined: use SpendOf for
+// counts an upstream reported.
 func (p Price) CostMicros(u Usage) int64 {
 	cached := min(max(u.CachedInputTokens, 0), u.InputTokens)
 	uncached := u.InputTokens - cached
 	c := float64(uncached)*p.Input + float64(cached)*p.CachedInput + float64(u.OutputTokens)*p.Output
+	if c >= math.MaxInt64 {
+		return math.MaxInt64 // converting it would give an implementation-defined value
+	}
 	return int64(math.Ceil(c - 1e-9))
 }

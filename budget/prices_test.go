@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -94,5 +95,40 @@ func TestBudgetValidateAndWindows(t *testing.T) {
 	}
 	if USDToMicros(250.00) != 250_000_000 {
 		t.Error("USDToMicros")
+	}
+}
+
+func TestSpendOfRefusesWhatNoUpstreamReports(t *testing.T) {
+	p := Price{Input: 10, Output: 10}
+	tests := []struct {
+		name string
+		u    Usage
+		ok   bool
+	}{
+		{"an ordinary report", Usage{InputTokens: 1000, OutputTokens: 500}, true},
+		{"nothing used", Usage{}, true},
+		{"the largest count", Usage{InputTokens: MaxUsageTokens}, true},
+		{"past the largest count", Usage{OutputTokens: MaxUsageTokens + 1}, false},
+		{"a sum that overflows int64", Usage{InputTokens: 5e18, OutputTokens: 5e18}, false},
+		{"a negative output", Usage{InputTokens: 10, OutputTokens: -5}, false},
+		{"a negative input", Usage{InputTokens: -10}, false},
+		{"a negative cached input", Usage{InputTokens: 10, CachedInputTokens: -1}, false},
+		{"a cost that overflows", Usage{OutputTokens: 1e18}, false},
+	}
+	for _, tt := range tests {
+		spend, err := p.SpendOf(tt.u)
+		if tt.ok != (err == nil) {
+			t.Errorf("%s: SpendOf(%+v) = %+v, %v; want ok %v", tt.name, tt.u, spend, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrUsageOutOfRange) {
+			t.Errorf("%s: error %v does not wrap ErrUsageOutOfRange", tt.name, err)
+		}
+		if err == nil && (spend.Tokens < 0 || spend.CostMicros < 0) {
+			t.Errorf("%s: negative spend %+v", tt.name, spend)
+		}
+	}
+	// Tokens alone in range, at a price of 0: within both bounds.
+	if _, err := (Price{}).SpendOf(Usage{InputTokens: MaxUsageTokens, OutputTokens: MaxUsageTokens}); err != nil {
+		t.Errorf("free model at the largest counts: %v", err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 // the reservation's record, in one server-side step: no other client can run
 // between the check and the charge, and a denial charges nothing. A record
 // that exists already means the reservation was released before this script
-// ran: nothing is charged.
+// ran: nothing is charged. A charge of 0 writes no counter.
 //
 // KEYS[1]: the record; KEYS[2..]: the counters. ARGV[1]: record ttl_ms; then
 // amount, limit, ttl_ms for each counter in order. Returns {admitted (0|1|-1
@@ -34,20 +34,23 @@ if denied > 0 then
   return {0, denied, unpack(used)}
 end
 for i = 2, #KEYS do
-  used[i-1] = redis.call('INCRBY', KEYS[i], ARGV[3*i-4])
-  redis.call('PEXPIRE', KEYS[i], ARGV[3*i-2])
+  if tonumber(ARGV[3*i-4]) ~= 0 then
+    used[i-1] = redis.call('INCRBY', KEYS[i], ARGV[3*i-4])
+    redis.call('PEXPIRE', KEYS[i], ARGV[3*i-2])
+  end
 end
 redis.call('SET', KEYS[1], 'r', 'PX', ARGV[1])
 return {1, 0, unpack(used)}
 `)
 
 // settleScript applies a reservation's adjustments once, to a reserved record
-// only: a repeat after a lost reply is a no-op, and a release that arrives
-// before its reserve leaves a tombstone that cancels the reserve.
+// only, and deletes the record: a repeat after a lost reply finds none and is
+// a no-op, and a release that arrives before its reserve leaves a tombstone
+// that cancels the reserve. A counter that falls to 0 is deleted, so a
+// released request (an upstream's 401 to a stranger) leaves no key behind.
 //
-// KEYS[1]: the record; KEYS[2..]: counters. ARGV[1]: ttl_ms of the settled
-// record or tombstone; then delta, ttl_ms for each counter. Returns 1 if
-// applied, 0 otherwise.
+// KEYS[1]: the record; KEYS[2..]: counters. ARGV[1]: ttl_ms of a tombstone;
+// then delta, ttl_ms for each counter. Returns 1 if applied, 0 otherwise.
 var settleScript = redis.NewScript(`
 local state = redis.call('GET', KEYS[1])
 if state ~= 'r' then
@@ -58,12 +61,13 @@ if state ~= 'r' then
 end
 for i = 2, #KEYS do
   local v = redis.call('INCRBY', KEYS[i], ARGV[2*i-2])
-  if v < 0 then
-    redis.call('SET', KEYS[i], 0)
+  if v <= 0 then
+    redis.call('DEL', KEYS[i])
+  else
+    redis.call('PEXPIRE', KEYS[i], ARGV[2*i-1])
   end
-  redis.call('PEXPIRE', KEYS[i], ARGV[2*i-1])
 end
-redis.call('SET', KEYS[1], 's', 'PX', ARGV[1])
+redis.call('DEL', KEYS[1])
 return 1
 `)
 

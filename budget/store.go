@@ -25,7 +25,8 @@ type ReserveResult struct {
 	Used []int64
 }
 
-// Adjustment moves one counter by Delta (floored at 0) and re-arms its TTL.
+// Adjustment moves one counter by Delta and re-arms its TTL; a counter that
+// falls to 0 or below is deleted (it reads 0).
 type Adjustment struct {
 	Key   string
 	Delta int64
@@ -41,11 +42,13 @@ type Adjustment struct {
 type Store interface {
 	// Reserve adds every charge if each counter stays within its limit, and
 	// adds none otherwise, in one atomic step; when it adds, it writes the
-	// record (kept for recordTTL).
+	// record (kept for recordTTL). A charge of 0 writes no counter.
 	Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error)
 	// Settle applies every adjustment in one atomic step if the record is
-	// reserved, and marks it settled (kept for ttl); applied is false when it
-	// was settled already or never reserved (then it is tombstoned for ttl).
+	// reserved, deletes the record and every counter that falls to 0 or
+	// below; applied is false when there was no reserved record (settled
+	// already, expired, lost with the store's data, or never reserved: then
+	// a tombstone is kept for ttl, which cancels a reserve arriving late).
 	Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (applied bool, err error)
 	// Get reads counters; a missing one reads 0.
 	Get(ctx context.Context, keys []string) ([]int64, error)
