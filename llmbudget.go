@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -76,8 +77,10 @@ type LLMBudget struct {
 	// forwarded) or "pass" (forwarded unbudgeted). Default "deny": a budget is
 	// a hard ceiling, so nothing the upstream might bill passes unbudgeted
 	// unless the config says so. Paths are recognised on their normalized form
-	// (case, trailing "/.", spaces and ";parameters" do not matter). Other
-	// methods (GET /v1/models…) always pass.
+	// (case, trailing "/.", spaces and ";parameters" do not matter). Reads
+	// (GET, HEAD, OPTIONS: GET /v1/models…) always pass; POST is matched in
+	// any case ("post" is budgeted too); any other method to a path llmbudget
+	// budgets is refused with 405.
 	UnknownPaths string `json:"unknown_paths,omitempty"`
 	// StoreTimeout bounds how long a request waits for its reservation. A
 	// reserve that times out is answered 503 (or admitted with fail_open) and
@@ -287,8 +290,17 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	if format == usage.Unknown {
 		format = usage.FormatFromPath(r.URL.Path)
 	}
-	if r.Method != http.MethodPost {
-		return next.ServeHTTP(w, r) // not an LLM call: reads are free
+	// Methods are compared without regard to case: some upstream frameworks
+	// upper-case the method and serve a "post" like a POST.
+	if !strings.EqualFold(r.Method, http.MethodPost) {
+		if format == usage.Unknown || isRead(r.Method) {
+			return next.ServeHTTP(w, r) // not an LLM call: reads are free
+		}
+		if !h.Shadow {
+			w.Header().Set("Allow", "GET, HEAD, OPTIONS, POST")
+		}
+		return h.refuse(w, r, next, format, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
+			fmt.Sprintf("llmbudget budgets %s with POST and passes reads (GET, HEAD, OPTIONS); it does not forward %s", usage.NormalizePath(r.URL.Path), r.Method))
 	}
 	if format == usage.Unknown {
 		if h.UnknownPaths == "pass" {
@@ -426,6 +438,13 @@ func apiCredential(r *http.Request, f usage.Format) string {
 		}
 	}
 	return r.Header.Get("Authorization")
+}
+
+// isRead reports whether method is one that reads (GET, HEAD, OPTIONS, in any
+// case): such requests to an API's paths (listing stored completions, say)
+// are not billed as generation.
+func isRead(method string) bool {
+	return strings.EqualFold(method, http.MethodGet) || strings.EqualFold(method, http.MethodHead) || strings.EqualFold(method, http.MethodOptions)
 }
 
 func (h *LLMBudget) injectStreamUsage() bool {

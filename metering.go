@@ -75,6 +75,9 @@ func (w *meteringWriter) Write(p []byte) (int, error) {
 	}
 	if w.stripUsage && w.meter != nil {
 		w.observe(p)
+		if len(w.pending)+len(p) > usage.MaxEventBytes {
+			return len(p), w.giveUpStripping(p)
+		}
 		return len(p), w.passEvents(p)
 	}
 	n, err := w.ResponseWriter.Write(p)
@@ -106,6 +109,23 @@ func (w *meteringWriter) passEvents(p []byte) error {
 			w.pending = w.pending[:0]
 		}
 	}
+}
+
+// giveUpStripping ends the usage chunk's removal when an event grows past
+// usage.MaxEventBytes without ending: what is held and p pass to the client
+// at once, and so does the rest of the response. No usage chunk is that
+// large, and holding an event that never ends would grow without bound. The
+// meter still reads the whole stream.
+func (w *meteringWriter) giveUpStripping(p []byte) error {
+	metrics.llmOversizedEvents.Inc()
+	w.stripUsage, w.scanned = false, 0
+	pending := w.pending
+	w.pending = nil
+	if _, err := w.ResponseWriter.Write(pending); err != nil {
+		return err
+	}
+	_, err := w.ResponseWriter.Write(p)
+	return err
 }
 
 // ReadFrom copies through Write so that the body is observed; the wrapped

@@ -12,21 +12,24 @@ import (
 // registry, so their values survive a reload. No label carries a user key; a
 // model label only takes a model named in a price book (else "other").
 var metrics = struct {
-	fleetDecisions    *prometheus.CounterVec
-	reconcilePasses   *prometheus.CounterVec
-	reconcileDuration prometheus.Histogram
-	earlySyncs        prometheus.Counter
-	storeErrors       *prometheus.CounterVec
-	engineState       prometheus.Collector
-	llmCharged        *prometheus.CounterVec
-	llmRequests       *prometheus.CounterVec
-	llmTokens         *prometheus.CounterVec
-	llmCost           *prometheus.CounterVec
-	llmSettles        *prometheus.CounterVec
-	llmSettleOutcomes *prometheus.CounterVec
-	llmSettleFailures prometheus.Counter
-	llmResolved       *prometheus.CounterVec
-	llmUsageRatio     prometheus.Histogram
+	fleetDecisions     *prometheus.CounterVec
+	reconcilePasses    *prometheus.CounterVec
+	reconcileDuration  prometheus.Histogram
+	earlySyncs         prometheus.Counter
+	storeErrors        *prometheus.CounterVec
+	engineState        prometheus.Collector
+	llmCharged         *prometheus.CounterVec
+	llmRequests        *prometheus.CounterVec
+	llmTokens          *prometheus.CounterVec
+	llmCost            *prometheus.CounterVec
+	llmSettles         *prometheus.CounterVec
+	llmSettleOutcomes  *prometheus.CounterVec
+	llmSettleFailures  prometheus.Counter
+	llmResolved        *prometheus.CounterVec
+	llmUsageRatio      prometheus.Histogram
+	llmInvalidUsage    prometheus.Counter
+	llmOversizedEvents prometheus.Counter
+	panics             *prometheus.CounterVec
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
@@ -93,7 +96,7 @@ var metrics = struct {
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
 		Name:      "settle_outcomes_total",
-		Help:      "What became of settles and releases: ok (applied), unknown (the store's reply was lost; resolved in the background, see resolved_total), failed (the background gave up: the counters keep the reservation).",
+		Help:      "What became of settles and releases: ok (applied), lost (no reservation was found to apply to: its record expired or the store lost its data; nothing was applied), unknown (the store's reply was lost; resolved in the background, see resolved_total), failed (the background gave up: the counters keep the reservation).",
 	}, []string{"outcome"}),
 	llmSettleFailures: prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "fleetguard",
@@ -114,6 +117,23 @@ var metrics = struct {
 		Help:      "Reported tokens over reserved tokens per settled request: how close the estimates are (1 = exact; low = max_tokens far above what responses use).",
 		Buckets:   []float64{.01, .02, .05, .1, .2, .3, .5, .7, .9, 1, 1.1, 1.5, 2, 5},
 	}),
+	llmInvalidUsage: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "invalid_usage_total",
+		Help:      "Responses whose reported usage no request can have (a negative count, or one past 2^40 tokens or 2^53 micro-dollars): settled as usage unknown, keeping the reservation.",
+	}),
+	llmOversizedEvents: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "oversized_events_total",
+		Help:      "Streamed responses with an event larger than 1 MiB while llmbudget was taking the usage chunk out of the stream: from there on the stream passes unchanged (a usage chunk may reach the client), and it is still metered.",
+	}),
+	panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Name:      "panics_total",
+		Help:      "Panics recovered in fleetguard's background work, by where (llmbudget settle, reconciler pass, budget resolve...): each is logged with its stack, and Caddy keeps serving.",
+	}, []string{"where"}),
 }
 
 func registerMetrics(reg *prometheus.Registry) error {
@@ -135,7 +155,8 @@ func registerMetrics(reg *prometheus.Registry) error {
 func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.engineState,
-		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio}
+		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio,
+		m.llmInvalidUsage, m.llmOversizedEvents, m.panics}
 }
 
 // observePass counts a reconcile pass.

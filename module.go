@@ -23,6 +23,7 @@ import (
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/safego"
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
@@ -432,6 +433,10 @@ type engine struct {
 	// Destruct waits for them.
 	settleSlots chan struct{}
 	settles     sync.WaitGroup
+
+	// logger is the logger of the config that built the engine, for what
+	// happens in the background, outside any config.
+	logger *zap.Logger
 }
 
 // maxPendingSettles bounds the settles running in the background.
@@ -443,14 +448,23 @@ func (e *engine) settleLater(settle func()) {
 	select {
 	case e.settleSlots <- struct{}{}:
 	default:
+		defer safego.Recover("llmbudget settle", e.reportPanic)
 		settle()
 		return
 	}
 	e.settles.Add(1)
 	go func() {
 		defer func() { <-e.settleSlots; e.settles.Done() }()
+		defer safego.Recover("llmbudget settle", e.reportPanic)
 		settle()
 	}()
+}
+
+// reportPanic logs and counts a panic recovered in background work.
+func (e *engine) reportPanic(where string, value any, stack []byte) {
+	metrics.panics.WithLabelValues(where).Inc()
+	e.logger.Error("recovered a panic in fleetguard's background work; Caddy keeps serving",
+		zap.String("where", where), zap.Any("panic", value), zap.ByteString("stack", stack))
 }
 
 // waitSettles waits at most timeout for the pending settles.
@@ -484,7 +498,7 @@ func (e *engine) budgetStoreOK(log *zap.Logger) {
 // newEngine builds and starts an engine; connect is nil for the embedded
 // memory store.
 func newEngine(connect func() redis.UniversalClient, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {
-	e := &engine{settleSlots: make(chan struct{}, maxPendingSettles)}
+	e := &engine{settleSlots: make(chan struct{}, maxPendingSettles), logger: logger}
 	var store ratelimit.SlotStore = ratelimit.NewMemoryStore()
 	var budgetStore budget.Store = budget.NewMemoryStore()
 	if connect != nil {
@@ -494,6 +508,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 		budgetStore = budget.NewRedisStore(e.client)
 	}
 	e.budgets = budget.NewEngine(budgetStore, prefix)
+	e.budgets.OnPanic = e.reportPanic
 	budgetLog := logger.Named("budgets")
 	e.budgets.OnResolve = func(r *budget.Reservation, kind, outcome string) {
 		observeResolve(kind, outcome)
@@ -512,6 +527,7 @@ func newEngine(connect func() redis.UniversalClient, prefix string, interval tim
 		Logger:       logger.Named("reconciler"),
 		OnPass:       observePass,
 		OnEarlySync:  metrics.earlySyncs.Inc,
+		OnPanic:      e.reportPanic,
 	})
 	if err != nil {
 		return nil, err

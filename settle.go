@@ -2,7 +2,9 @@ package fleetguard
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -15,7 +17,16 @@ import (
 func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price, model string) {
 	mw.drain()
 	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
-	spend := budget.Spend{Tokens: out.usage.Tokens(), CostMicros: price.CostMicros(out.usage)}
+	spend, err := price.SpendOf(out.usage)
+	if err != nil {
+		// No request uses that much, or less than nothing: the report is
+		// broken or hostile, so the usage is unknown and the reservation
+		// stands, as for a response that reports none.
+		metrics.llmInvalidUsage.Inc()
+		h.logger.Warn("the upstream reported usage out of range; the reservation is kept",
+			zap.String("reservation", res.ID), zap.Error(err))
+		out, spend = outcome{source: "reserved"}, budget.Spend{}
+	}
 	reserved := promptEstimate + outputCap
 	// The response reaches the client first: the settle runs after this
 	// handler has returned, off the response path.
@@ -27,6 +38,9 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 // config that admitted it). model is the price book's name for the model
 // ("" when unpriced).
 func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Spend, reservedTokens int64, model string) {
+	if fault := settleFault.Load(); fault != nil {
+		(*fault)()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
 	var err error
@@ -38,8 +52,18 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 	case "reserved", "abandoned":
 		// No readable usage, or a client that left after the upstream had the
 		// request: the upstream bills it, so the reservation stands. Never free.
+		err = h.engine.budgets.Keep(ctx, res)
 	default:
 		err = h.engine.budgets.Settle(ctx, res, spend)
+	}
+	if errors.Is(err, budget.ErrReservationLost) {
+		// Nothing was applied: the record expired (a response longer than
+		// a reservation lives) or the store lost its data (a Redis restarted
+		// empty). What the counters hold is what the store kept.
+		metrics.llmSettleOutcomes.WithLabelValues("lost").Inc()
+		h.logger.Warn("settling a budget reservation found no reservation to apply to; nothing was applied",
+			zap.String("reservation", res.ID), zap.Strings("budgets", holdNames(res.Holds)), zap.String("usage_source", out.source))
+		return
 	}
 	if err != nil {
 		// The settle's outcome is unknown (it may apply late); it is resolved
@@ -70,6 +94,10 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 		}
 	}
 }
+
+// settleFault, when set, runs at the start of every settle: a test makes a
+// settle panic with it, to show that Caddy survives one.
+var settleFault atomic.Pointer[func()]
 
 // observeUsage counts the tokens and cost of a settled request.
 func observeUsage(model string, u budget.Usage, spend budget.Spend) {

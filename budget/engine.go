@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/safego"
 )
 
 const (
@@ -58,6 +59,9 @@ type Engine struct {
 	// (the failed attempt had applied after all) or failed (drift remains).
 	// r is the reservation resolved.
 	OnResolve func(r *Reservation, kind, outcome string)
+	// OnPanic, when set, is told of a panic in a background resolution or
+	// probe, which is stopped there instead of ending the process.
+	OnPanic safego.Report
 	// background tracks resolves and probes, so Close can wait for them.
 	background sync.WaitGroup
 	closed     chan struct{}
@@ -220,6 +224,7 @@ func (e *Engine) resolve(r *Reservation, adjs []Adjustment, kind, applied, notAp
 	e.background.Add(1)
 	go func() {
 		defer e.background.Done()
+		defer safego.Recover("budget resolve", e.OnPanic)
 		outcome := "failed"
 		for attempt := 0; attempt < resolveAttempts; attempt++ {
 			closing := false
@@ -258,6 +263,7 @@ func (e *Engine) trip() {
 	go func() {
 		defer e.background.Done()
 		defer e.probing.Store(false)
+		defer safego.Recover("budget probe", e.OnPanic)
 		for {
 			select {
 			case <-time.After(probeEvery):
@@ -304,11 +310,26 @@ var ErrReservationLost = errors.New("budget settle: the reservation's record is 
 func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error {
 	adjs := make([]Adjustment, 0, len(r.Holds))
 	for _, h := range r.Holds {
-		// Every budget is named, even with a delta of 0: the script marks the
-		// record settled in the same step.
+		// Every budget is named, even with a delta of 0: the script ends the
+		// record in the same step.
 		delta := max(h.Budget.Amount(actual), 0) - h.Amount
 		adjs = append(adjs, Adjustment{Key: h.Key, Delta: delta, TTL: 2 * h.Budget.Window})
 	}
+	return e.settle(ctx, r, adjs)
+}
+
+// Keep settles a reservation at what it reserved, in every budget: for a
+// response whose usage is unknown, which the upstream still bills. It ends
+// the reservation's record like any settle.
+func (e *Engine) Keep(ctx context.Context, r *Reservation) error {
+	adjs := make([]Adjustment, 0, len(r.Holds))
+	for _, h := range r.Holds {
+		adjs = append(adjs, Adjustment{Key: h.Key, TTL: 2 * h.Budget.Window})
+	}
+	return e.settle(ctx, r, adjs)
+}
+
+func (e *Engine) settle(ctx context.Context, r *Reservation, adjs []Adjustment) error {
 	var lastErr error
 	for attempt := 0; attempt < settleAttempts; attempt++ {
 		if attempt > 0 {

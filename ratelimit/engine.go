@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/safego"
 )
 
 // Options configure an Engine.
@@ -40,6 +41,9 @@ type Options struct {
 	OnPass func(took time.Duration, err error)
 	// OnEarlySync, when set, is told of every early pass, for metrics.
 	OnEarlySync func()
+	// OnPanic, when set, is told of a panic in the reconciler. The pass that
+	// panicked is given up; the reconciler goes on with the next one.
+	OnPanic safego.Report
 }
 
 // DefaultSyncInterval is used when Options.SyncInterval is zero.
@@ -63,6 +67,7 @@ type Engine struct {
 	log       *zap.Logger
 	onPass    func(time.Duration, error)
 	onEarly   func()
+	onPanic   safego.Report
 	solo      bool
 	nearLimit atomic.Bool
 
@@ -113,6 +118,7 @@ func NewEngine(o Options) (*Engine, error) {
 		log:     o.Logger,
 		onPass:  o.OnPass,
 		onEarly: o.OnEarlySync,
+		onPanic: o.OnPanic,
 		solo:    o.Solo,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),

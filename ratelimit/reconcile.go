@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/safego"
 )
 
 // evictEvery spaces out eviction sweeps, which take each shard's lock.
@@ -68,7 +69,7 @@ func (e *Engine) run() {
 			return
 		case <-tick.C:
 			if time.Since(lastEvict) >= evictEvery {
-				e.evict(time.Now().UnixNano())
+				e.safely("evict", func() { e.evict(time.Now().UnixNano()) })
 				lastEvict = time.Now()
 			}
 			e.timedPass(false)
@@ -105,7 +106,15 @@ func (e *Engine) earlySpacing() time.Duration {
 // earlySyncsPerInterval bounds the early passes per sync interval.
 const earlySyncsPerInterval = 20
 
+// safely runs one unit of the reconciler's work, so that a panic in it
+// costs that unit, not the reconciler (and with it the process).
+func (e *Engine) safely(where string, work func()) {
+	defer safego.Recover("reconciler "+where, e.onPanic)
+	work()
+}
+
 func (e *Engine) timedPass(early bool) {
+	defer safego.Recover("reconciler pass", e.onPanic)
 	// A pass bounded by one interval: a dead or black-holed store is known
 	// down by the time the next pass is due (a floor keeps short intervals
 	// from calling a briefly busy store dead).
@@ -201,16 +210,23 @@ func (e *Engine) claimActive(now int64) ([]plan, []Step) {
 	var steps []Step
 	for _, z := range *e.zones.Load() {
 		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			for h, idx := range s.entries {
-				en, _ := z.arena.at(idx)
-				if en.pending() || en.demand > 0 || now-en.lastSeen < staleAfter {
-					p, st := claim(z, h, en, now)
-					plans, steps = append(plans, p), append(steps, st)
-				}
-			}
-			s.mu.Unlock()
+			plans, steps = claimShard(z, &z.shards[i], now, staleAfter, plans, steps)
+		}
+	}
+	return plans, steps
+}
+
+// claimShard appends the active keys of one shard. The unlock is deferred so
+// that a recovered panic (see safely) never leaves the shard locked for the
+// request path.
+func claimShard(z *Zone, s *shard, now, staleAfter int64, plans []plan, steps []Step) ([]plan, []Step) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for h, idx := range s.entries {
+		en, _ := z.arena.at(idx)
+		if en.pending() || en.demand > 0 || now-en.lastSeen < staleAfter {
+			p, st := claim(z, h, en, now)
+			plans, steps = append(plans, p), append(steps, st)
 		}
 	}
 	return plans, steps
@@ -225,15 +241,23 @@ func (e *Engine) claimQueued(now int64) ([]plan, []Step) {
 	plans := make([]plan, 0, len(q))
 	steps := make([]Step, 0, len(q))
 	for _, k := range q {
-		s := k.zone.shardOf(k.hash)
-		s.mu.Lock()
-		if en, _ := k.zone.lookup(s, k.hash); en != nil && en.flags&flagQueued != 0 {
-			p, st := claim(k.zone, k.hash, en, now)
+		if p, st, ok := claimQueuedKey(k, now); ok {
 			plans, steps = append(plans, p), append(steps, st)
 		}
-		s.mu.Unlock()
 	}
 	return plans, steps
+}
+
+// claimQueuedKey claims one queued key if it is still queued.
+func claimQueuedKey(k queued, now int64) (plan, Step, bool) {
+	s := k.zone.shardOf(k.hash)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if en, _ := k.zone.lookup(s, k.hash); en != nil && en.flags&flagQueued != 0 {
+		p, st := claim(k.zone, k.hash, en, now)
+		return p, st, true
+	}
+	return plan{}, Step{}, false
 }
 
 // claim takes the key's unpushed admits and demand into a step. The caller
