@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -45,10 +46,10 @@ func (h *LLMBudget) deny(w http.ResponseWriter, r *http.Request, format usage.Fo
 	now := time.Now()
 	retry := ceilSeconds(d.WindowEnd.Sub(now))
 	status, code := http.StatusTooManyRequests, "token_budget_exceeded"
-	unit := "tokens"
 	if d.Budget.Unit == budget.USD {
-		status, code, unit = http.StatusPaymentRequired, "usd_budget_exceeded", "micro-USD"
+		status, code = http.StatusPaymentRequired, "usd_budget_exceeded"
 	}
+	amount := func(n int64) string { return formatAmount(d.Budget.Unit, n) }
 	hdr := w.Header()
 	h.setRateLimitHeaders(hdr, d.Holds, now)
 	repl.Set("http.llmbudget.budget", d.Budget.Name)
@@ -66,8 +67,8 @@ func (h *LLMBudget) deny(w http.ResponseWriter, r *http.Request, format usage.Fo
 		// to retry (they would sleep Retry-After and fail again).
 		hdr.Set("X-Should-Retry", "false")
 		return h.reject(w, format, status, "budget_exceeded", "request_exceeds_budget", fmt.Sprintf(
-			"this request alone needs up to %d %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%d %s per %s): lower max_tokens or shorten the prompt",
-			d.Amount, unit, d.Budget.Name, d.Budget.Limit, unit, time.Duration(d.Budget.Window)))
+			"this request alone needs up to %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%s per %s): lower max_tokens or shorten the prompt",
+			amount(d.Amount), d.Budget.Name, amount(d.Budget.Limit), time.Duration(d.Budget.Window)))
 	}
 	hdr.Set("Retry-After", strconv.FormatInt(retry, 10))
 	repl.Set("http.llmbudget.retry_after", retry)
@@ -76,9 +77,34 @@ func (h *LLMBudget) deny(w http.ResponseWriter, r *http.Request, format usage.Fo
 		// call would block for hours. They honour x-should-retry.
 		hdr.Set("X-Should-Retry", "false")
 	}
+	if d.Used >= d.Budget.Limit {
+		return h.reject(w, format, status, "budget_exceeded", code, fmt.Sprintf(
+			"budget %q (%s, per %s) is exhausted for this window: %s of %s used; it resets in %ds",
+			d.Budget.Name, d.Budget.Scope, time.Duration(d.Budget.Window), amount(d.Used), amount(d.Budget.Limit), retry))
+	}
+	// Headroom remains, but not enough: the request does not fit. It may
+	// once requests in flight settle below what they reserved.
 	return h.reject(w, format, status, "budget_exceeded", code, fmt.Sprintf(
-		"budget %q (%s, per %s) is exhausted for this window: %d of %d %s used, this request needs up to %d; it resets in %ds",
-		d.Budget.Name, d.Budget.Scope, time.Duration(d.Budget.Window), d.Used, d.Budget.Limit, unit, d.Amount, retry))
+		"this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s); it may fit once requests in flight settle, or when the window resets in %ds",
+		amount(d.Amount), d.Budget.Name, d.Budget.Scope, time.Duration(d.Budget.Window), amount(d.Budget.Limit-d.Used), amount(d.Budget.Limit), amount(d.Used), retry))
+}
+
+// formatAmount writes n in the budget's unit, as its users count it: tokens,
+// or dollars (a USD budget counts micro-dollars) with at least two decimals
+// and no rounding, so a denial never reads as if it fit.
+func formatAmount(u budget.Unit, n int64) string {
+	if u != budget.USD {
+		return strconv.FormatInt(n, 10) + " tokens"
+	}
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	fraction := strings.TrimRight(fmt.Sprintf("%06d", n%budget.MicrosPerUSD), "0")
+	for len(fraction) < 2 {
+		fraction += "0"
+	}
+	return sign + "$" + strconv.FormatInt(n/budget.MicrosPerUSD, 10) + "." + fraction
 }
 
 // emitDenied emits llmbudget_denied for d.

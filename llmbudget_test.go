@@ -160,8 +160,12 @@ func TestLLMBudgetUSDBudget(t *testing.T) {
 	if admitted != 3 || last.StatusCode != http.StatusPaymentRequired {
 		t.Fatalf("admitted %d then %d %s; want 3 then 402", admitted, last.StatusCode, lastBody)
 	}
-	if e := decodeError(t, lastBody); e.Error.Code != "usd_budget_exceeded" {
-		t.Fatalf("code %q", e.Error.Code)
+	// Dollars read as dollars; with $0.001675 left the request does not fit,
+	// which is not "exhausted".
+	if e := decodeError(t, lastBody); e.Error.Code != "usd_budget_exceeded" ||
+		!strings.Contains(e.Error.Message, "$0.001675 of $0.004 left") || !strings.Contains(e.Error.Message, "does not fit") ||
+		strings.Contains(e.Error.Message, "micro") || strings.Contains(e.Error.Message, "exhausted") {
+		t.Fatalf("code %q, message %q: want dollars and \"does not fit\"", e.Error.Code, e.Error.Message)
 	}
 	if last.Header.Get("Retry-After") == "" {
 		t.Fatal("402 carries Retry-After")
