@@ -357,14 +357,27 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	before := remaining()
 	// A client that goes away after its request was forwarded, before the
 	// upstream answers, keeps its reservation: the upstream bills it.
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
+	// It gives up once the upstream has the request.
+	ctx, giveUp := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
 	req.Header.Set("Authorization", "Bearer json")
 	req.Header.Set("X-Fake-Delay", "700ms")
-	client := &http.Client{Timeout: 150 * time.Millisecond}
-	if _, err := client.Do(req); err == nil {
+	hits, abandoned := up.Hits(), settles("abandoned")
+	go func() {
+		for up.Hits() == hits {
+			time.Sleep(time.Millisecond)
+		}
+		giveUp()
+	}()
+	if _, err := http.DefaultClient.Do(req); err == nil {
 		t.Fatal("the client was meant to give up")
 	}
-	time.Sleep(900 * time.Millisecond) // the upstream finishes; the handler settles
+	for deadline := time.Now().Add(5 * time.Second); settles("abandoned") == abandoned; {
+		if time.Now().After(deadline) {
+			t.Fatal("no settle after the client gave up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	// The 100 tokens of the first remaining() call, and the abandoned
 	// request's reservation: 200 max_tokens and 5 of prompt.
 	if after := remaining(); after != before-100-205 {
@@ -525,8 +538,13 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 	url, _, counter := budgetOnRedis(t, srv, "stall")
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
 	defer rc.Close()
+	// The stall begins once a few requests were admitted, so that it spares
+	// some and catches the ones that follow.
+	var okBeforeStall atomic.Int64
 	go func() {
-		time.Sleep(300 * time.Millisecond)
+		for okBeforeStall.Load() < 5 {
+			time.Sleep(time.Millisecond)
+		}
 		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "0.8").Err()
 	}()
 	type answer struct {
@@ -540,6 +558,9 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			resp, _ := chat(t, url, chatBody)
+			if resp.StatusCode == http.StatusOK {
+				okBeforeStall.Add(1)
+			}
 			answers <- answer{resp.StatusCode, resp.Header.Get("Retry-After")}
 		}()
 		time.Sleep(25 * time.Millisecond)

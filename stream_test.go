@@ -271,7 +271,7 @@ func TestStreamClientCancelSettlesOnce(t *testing.T) {
 	if got < prompt+2 || got > prompt+8 {
 		t.Fatalf("counter %d after a cancel, want the prompt %d plus 2..8 output tokens", got, prompt)
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitSettles() // a second settle, were there one, would be pending now
 	if settles("estimated") != before+1 || s.counter() != got {
 		t.Fatalf("settled %v times (counter %d then %d), want once", settles("estimated")-before, got, s.counter())
 	}

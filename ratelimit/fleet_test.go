@@ -194,7 +194,7 @@ func TestStalledStoreNeverCountsTwice(t *testing.T) {
 	defer admin.Close()
 	stalled := make(chan error, 1)
 	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1").Err() }()
-	time.Sleep(100 * time.Millisecond)
+	srv.WaitStalled(t)
 	if err := a.pass(context.Background(), time.Now().UnixNano(), false); err == nil {
 		t.Fatal("a pass during a stall longer than the client timeout must fail")
 	}

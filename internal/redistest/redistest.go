@@ -7,6 +7,7 @@ package redistest
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"os/exec"
@@ -214,4 +215,23 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 		MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// WaitStalled waits until the server has begun a stall (a DEBUG SLEEP sent on
+// another connection): a PING on a new connection goes unanswered. A test
+// that stalls the server from a goroutine calls it before it acts, rather
+// than sleeping and hoping the stall has begun.
+func (s *Server) WaitStalled(t testing.TB) {
+	t.Helper()
+	answers := func() bool {
+		probe := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 20 * time.Millisecond})
+		defer probe.Close()
+		return probe.Ping(context.Background()).Err() == nil
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for answers() {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s never stalled", s.Addr())
+		}
+	}
 }
