@@ -106,15 +106,20 @@ func (b *Budget) Validate() error {
 	return nil
 }
 
-// WindowIndex is the index of the fixed window containing now.
+// WindowIndex is the index of the fixed window containing now: windows are
+// numbered from the Unix epoch, so every instance agrees on them.
 func (b *Budget) WindowIndex(now time.Time) int64 {
 	return now.Unix() / int64(b.Window/time.Second)
 }
 
+// WindowStart is when the window containing now began.
+func (b *Budget) WindowStart(now time.Time) time.Time {
+	return time.Unix(b.WindowIndex(now)*int64(b.Window/time.Second), 0)
+}
+
 // WindowEnd is when the window containing now ends.
 func (b *Budget) WindowEnd(now time.Time) time.Time {
-	secs := int64(b.Window / time.Second)
-	return time.Unix((now.Unix()/secs+1)*secs, 0)
+	return b.WindowStart(now).Add(b.Window)
 }
 
 // Amount is what spend costs in this budget's unit.

@@ -385,8 +385,7 @@ type Standing struct {
 // ScopeID) in the current window.
 func (e *Engine) Standing(ctx context.Context, b *Budget, scopeID string) (Standing, error) {
 	now := e.now()
-	st := Standing{End: b.WindowEnd(now)}
-	st.Start = st.End.Add(-b.Window)
+	st := Standing{Start: b.WindowStart(now), End: b.WindowEnd(now)}
 	used, err := e.store.Get(ctx, []string{e.scopedKey(b, scopeID, now)})
 	if e.failed(err) != nil {
 		return Standing{}, err
@@ -401,8 +400,7 @@ func (e *Engine) Standing(ctx context.Context, b *Budget, scopeID string) (Stand
 // estimate, floors at 0; a settle above it adds the difference.
 func (e *Engine) Reset(ctx context.Context, b *Budget, scopeID string) (Standing, error) {
 	now := e.now()
-	st := Standing{End: b.WindowEnd(now)}
-	st.Start = st.End.Add(-b.Window)
+	st := Standing{Start: b.WindowStart(now), End: b.WindowEnd(now)}
 	if err := e.failed(e.store.Reset(ctx, []string{e.scopedKey(b, scopeID, now)})); err != nil {
 		return Standing{}, err
 	}

@@ -144,3 +144,28 @@ func TestKillAndRestartMidFlight(t *testing.T) {
 	}
 	assertUsed(t, e, b, Dims{}, 30)
 }
+
+// A settle against a killed store fails after its retries with ErrDrift, and
+// is applied in the background once the store is back (it restarts empty
+// here, so the background finds no reservation: nothing is applied twice).
+func TestSettleAgainstAKilledStoreIsDrift(t *testing.T) {
+	srv := redistest.Start(t)
+	e := NewEngine(NewRedisStore(srv.Client(t)), "drift")
+	var outcomes sync.Map
+	e.OnResolve = func(_ *Reservation, kind, o string) { outcomes.Store(kind, o) }
+	b := []Budget{tokenBudget("daily", Global, 100_000)}
+	r := mustReserve(t, e, b, Dims{}, 500)
+	srv.Stop()
+	err := e.Settle(context.Background(), r, Spend{Tokens: 120})
+	if !errors.Is(err, ErrDrift) {
+		t.Fatalf("a settle against a killed store: %v, want ErrDrift", err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, e)
+	if o, _ := outcomes.Load("settle"); o != "applied_before" {
+		t.Fatalf("the background resolution of the settle: %v, want applied_before (no reservation left to apply to)", o)
+	}
+	assertUsed(t, e, b, Dims{}, 0)
+}

@@ -66,12 +66,6 @@ func NewPriceBook(prices map[string]Price) (*PriceBook, error) {
 	return pb, nil
 }
 
-// Lookup finds the price of model.
-func (pb *PriceBook) Lookup(model string) (Price, bool) {
-	_, p, ok := pb.Find(model)
-	return p, ok
-}
-
 // Find is Lookup that also returns the price book's name for the entry that
 // priced model: the model itself, or a prefix entry such as "gpt-4o*". It is
 // a bounded set, fit for a metric label.

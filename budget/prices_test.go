@@ -29,9 +29,9 @@ func TestPriceBookLookup(t *testing.T) {
 		{"", 0, false},
 	}
 	for _, tt := range tests {
-		p, ok := pb.Lookup(tt.model)
+		_, p, ok := pb.Find(tt.model)
 		if ok != tt.found || p.Input != tt.want {
-			t.Errorf("Lookup(%q) = %v %v, want input %v found %v", tt.model, p, ok, tt.want, tt.found)
+			t.Errorf("Find(%q) = %v %v, want input %v found %v", tt.model, p, ok, tt.want, tt.found)
 		}
 	}
 }
