@@ -3,6 +3,7 @@ package fleetguard
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -44,5 +45,36 @@ func TestExamplesLoad(t *testing.T) {
 				t.Fatalf("validating: %v", err)
 			}
 		})
+	}
+}
+
+// xcaddy.md shows what `caddy list-modules` prints of fleetguard: every
+// module this package registers.
+func TestXcaddyDocListsEveryModule(t *testing.T) {
+	doc, err := os.ReadFile("xcaddy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkg := reflect.TypeOf(App{}).PkgPath()
+	found := 0
+	for _, id := range caddy.Modules() {
+		info, err := caddy.GetModule(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		typ := reflect.TypeOf(info.New())
+		if typ.Kind() == reflect.Pointer {
+			typ = typ.Elem()
+		}
+		if typ.PkgPath() != pkg {
+			continue
+		}
+		found++
+		if !strings.Contains(string(doc), "# "+id+"\n") {
+			t.Errorf("xcaddy.md's list-modules output lacks %s", id)
+		}
+	}
+	if found < 4 {
+		t.Fatalf("found %d fleetguard modules, want at least 4", found)
 	}
 }
