@@ -19,6 +19,12 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("fleetlimit", httpcaddyfile.Before, "basic_auth")
 	httpcaddyfile.RegisterHandlerDirective("llmbudget", parseLLMBudget)
 	httpcaddyfile.RegisterDirectiveOrder("llmbudget", httpcaddyfile.After, "encode")
+	// A `fleetguard { … }` block inside a site is a common slip: say where it
+	// goes instead of Caddy's "unrecognized directive".
+	httpcaddyfile.RegisterDirective("fleetguard", func(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
+		h.Next() // the directive: the error names its position
+		return nil, h.Err("fleetguard is a global option: move the block into the global options block at the top of the Caddyfile ({ fleetguard { … } })")
+	})
 }
 
 var (
