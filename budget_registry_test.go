@@ -28,7 +28,8 @@ func registryEngine(t *testing.T, key string) *engine {
 
 func handlerWith(t *testing.T, e *engine, budgets ...BudgetConfig) *LLMBudget {
 	t.Helper()
-	h := &LLMBudget{Budgets: budgets}
+	// A team and a price, which team and usd budgets need.
+	h := &LLMBudget{Budgets: budgets, Team: "{http.request.header.X-Team}", Prices: map[string]PriceConfig{"m": {Input: 1, Output: 1}}}
 	if err := h.compile(); err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	}
 
 	// Two sites that define g two ways.
-	other := fmt.Sprintf("\n:%d {\n llmbudget {\n budget g {\n scope team\n limit 500\n window 1h\n }\n }\n respond ok\n }", freePort(t))
+	other := fmt.Sprintf("\n:%d {\n llmbudget {\n team {http.request.header.X-Team}\n budget g {\n scope team\n limit 500\n window 1h\n }\n }\n respond ok\n }", freePort(t))
 	if code, body := reload(withLimit("2000", other)); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}

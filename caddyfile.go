@@ -1,7 +1,9 @@
 package fleetguard
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -382,8 +384,16 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 	if d.NextArg() {
 		return bc, d.ArgErr()
 	}
+	at := position(d) // the budget's line, for what it lacks
+	var decimalLimit string
+	seen := make(map[string]bool)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		switch field := d.Val(); field {
+		field := d.Val()
+		if seen[field] {
+			return bc, d.Errf("llmbudget: budget %q: %s is set twice", bc.Name, field)
+		}
+		seen[field] = true
+		switch field {
 		case "scope":
 			if !d.AllArgs(&bc.Scope) {
 				return bc, d.Errf("llmbudget: budget %q: scope takes one value", bc.Name)
@@ -401,18 +411,41 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 			if err != nil {
 				return bc, d.Errf("llmbudget: budget %q: limit %q is not a number", bc.Name, s)
 			}
+			if !(v > 0) {
+				return bc, d.Errf("llmbudget: budget %q: limit must be > 0", bc.Name)
+			}
 			bc.Limit = v
+			if strings.ContainsAny(s, ".eE") {
+				decimalLimit = position(d)
+			}
 		case "window":
 			dur, err := parseDurationArg(d)
 			if err != nil {
-				return bc, d.Errf("llmbudget: budget %q: window: %v", bc.Name, err)
+				return bc, fmt.Errorf("llmbudget: budget %q: window: %w", bc.Name, err)
 			}
 			bc.Window = dur
 		default:
 			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit or window)", bc.Name, field)
 		}
 	}
+	for _, required := range []string{"limit", "window"} {
+		if !seen[required] {
+			return bc, fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
+		}
+	}
+	// "limit 25.00" reads as 25 once adapted to JSON: a token budget of 25
+	// that denies everything. Written with a decimal point, it was meant in
+	// dollars.
+	if decimalLimit != "" && !strings.EqualFold(bc.Unit, "usd") {
+		return bc, fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
+	}
 	return bc, nil
+}
+
+// position is where the dispenser's current token is, as Caddy's errors
+// print it.
+func position(d *caddyfile.Dispenser) string {
+	return d.File() + ":" + strconv.Itoa(d.Line())
 }
 
 func parseIntArg(d *caddyfile.Dispenser) (int64, error) {

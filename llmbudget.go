@@ -238,11 +238,19 @@ func (h *LLMBudget) compile() error {
 			return fmt.Errorf("llmbudget: budget %q: defined twice", b.Name)
 		}
 		seen[b.Name] = true
+		if b.Scope == budget.PerTeam && h.Team == "" {
+			// Without it every request would share one team's budget.
+			return fmt.Errorf("llmbudget: budget %q: scope team needs the handler's team option, e.g. team {http.request.header.X-Team}", b.Name)
+		}
 		h.hasUSD = h.hasUSD || b.Unit == budget.USD
 		h.budgets = append(h.budgets, b)
 		policies = append(policies, policyItem(b.Name, b.Limit, b.Window))
 	}
 	h.policy = joinItems(policies)
+	if h.hasUSD && len(h.Prices) == 0 {
+		// Every request would be refused as unpriced.
+		return errors.New("llmbudget: price: a usd budget needs the price of each model it admits (price <model>[*] <input> <output> [<cached_input>], USD per 1M tokens)")
+	}
 	prices := make(map[string]budget.Price, len(h.Prices))
 	for model, p := range h.Prices {
 		prices[model] = budget.Price{Input: p.Input, Output: p.Output, CachedInput: p.CachedInput}
@@ -269,7 +277,9 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 		}
 	}
 	switch {
-	case bc.Limit <= 0 || bc.Limit != bc.Limit:
+	case bc.Limit == 0:
+		return b, fmt.Errorf("llmbudget: budget %q: limit is required (a number > 0)", bc.Name)
+	case bc.Limit < 0 || bc.Limit != bc.Limit:
 		return b, fmt.Errorf("llmbudget: budget %q: limit must be > 0", bc.Name)
 	case b.Unit == budget.Tokens && bc.Limit != float64(int64(bc.Limit)):
 		return b, fmt.Errorf("llmbudget: budget %q: a token limit must be a whole number", bc.Name)
@@ -277,6 +287,9 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 		b.Limit = budget.USDToMicros(bc.Limit)
 	default:
 		b.Limit = int64(bc.Limit)
+	}
+	if bc.Window == 0 {
+		return b, fmt.Errorf("llmbudget: budget %q: window is required", bc.Name)
 	}
 	if err := b.Validate(); err != nil {
 		return b, fmt.Errorf("llmbudget: %w", err)
