@@ -190,44 +190,31 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 	}
 	switch {
 	case a.Redis != "":
-		if err := checkRedisURL("redis", a.Redis); err != nil {
+		opts, err := parseRedisURL("redis", a.Redis, redis.ParseURL)
+		if err != nil {
 			return "", nil, err
 		}
-		opts, err := redis.ParseURL(a.Redis)
-		if err != nil {
-			return "", nil, fmt.Errorf("fleetguard: redis: %w", err)
-		}
-		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
-		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
-		opts.ContextTimeoutEnabled = true // a reserve waits at most store_timeout
+		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
 		key := fmt.Sprintf("redis|%s|%s|%d|%s|%s", opts.Addr, opts.Username, opts.DB, a.Prefix, connectionSecrets(opts.Password, opts.TLSConfig != nil))
 		return key, func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case a.RedisCluster != "":
-		if err := checkRedisURL("redis_cluster", a.RedisCluster); err != nil {
+		opts, err := parseRedisURL("redis_cluster", a.RedisCluster, redis.ParseClusterURL)
+		if err != nil {
 			return "", nil, err
 		}
-		opts, err := redis.ParseClusterURL(a.RedisCluster)
-		if err != nil {
-			return "", nil, fmt.Errorf("fleetguard: redis_cluster: %w", err)
-		}
-		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
-		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
-		opts.ContextTimeoutEnabled = true
+		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
 		addrs := append([]string(nil), opts.Addrs...)
 		sort.Strings(addrs)
 		key := fmt.Sprintf("cluster|%s|%s|%s|%s", strings.Join(addrs, ","), opts.Username, a.Prefix, connectionSecrets(opts.Password, opts.TLSConfig != nil))
 		return key, func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
 	case a.RedisSentinel != "":
-		opts, err := parseSentinelURL(a.RedisSentinel)
+		opts, err := parseRedisURL("redis_sentinel", a.RedisSentinel, parseSentinelURL)
 		if err != nil {
 			return "", nil, err
 		}
-		// The same settings as the other forms; they apply to the sentinel
-		// queries too, which need no retry of their own: a master lookup
-		// that fails asks every sentinel at once.
-		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = redisTimeout, redisTimeout, redisTimeout
-		opts.MaxRetries, opts.DialerRetries = redisMaxRetries, redisDialAttempts
-		opts.ContextTimeoutEnabled = true
+		// The limits apply to the sentinel queries too, which need no retry
+		// of their own: a master lookup that fails asks every sentinel at once.
+		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
 		addrs := append([]string(nil), opts.SentinelAddrs...)
 		sort.Strings(addrs)
 		sentinelAuth := opts.SentinelUsername
@@ -239,6 +226,14 @@ func (a *App) store() (string, func() redis.UniversalClient, error) {
 		return key, func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
 	}
 	return "memory|" + a.Prefix, nil, nil
+}
+
+// limitClient gives a client of any of go-redis's three kinds the settings
+// above, whatever its URL says.
+func limitClient(dialTimeout, readTimeout, writeTimeout *time.Duration, maxRetries, dialAttempts *int, contextTimeout *bool) {
+	*dialTimeout, *readTimeout, *writeTimeout = redisTimeout, redisTimeout, redisTimeout
+	*maxRetries, *dialAttempts = redisMaxRetries, redisDialAttempts
+	*contextTimeout = true // a reserve waits at most store_timeout
 }
 
 // storeFields names the store options that are set.
@@ -262,29 +257,44 @@ func joinNames(names []string) string {
 	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
 
-// parseSentinelURL reads redis_sentinel strictly: a parameter other than
-// addr given twice is refused (go-redis would take the last), and so are the
-// routing options that send commands to replicas, which fleetguard's writes
-// cannot use (NewFailoverClient panics on two of them).
+// parseRedisURL reads the URL of the store option named option with parse,
+// go-redis's parser for its kind of client. Its errors name the option and
+// never echo a password.
+func parseRedisURL[Options any](option, raw string, parse func(string) (*Options, error)) (*Options, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+		return nil, fmt.Errorf("fleetguard: %s: %q is not a redis:// or rediss:// URL with a host", option, redactURL(raw))
+	}
+	opts, err := parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("fleetguard: %s: %w", option, err)
+	}
+	return opts, nil
+}
+
+// parseSentinelURL is redis.ParseFailoverURL made strict: a parameter other
+// than addr given twice is refused (go-redis would take the last), and so are
+// the routing options that send commands to replicas, which fleetguard's
+// writes cannot use (NewFailoverClient panics on two of them).
 func parseSentinelURL(raw string) (*redis.FailoverOptions, error) {
-	if err := checkRedisURL("redis_sentinel", raw); err != nil {
+	u, err := url.Parse(raw)
+	if err != nil {
 		return nil, err
 	}
-	u, _ := url.Parse(raw) // checkRedisURL parsed it
 	for name, values := range u.Query() {
 		if name != "addr" && len(values) > 1 {
-			return nil, fmt.Errorf("fleetguard: redis_sentinel: the URL parameter %s is given %d times", name, len(values))
+			return nil, fmt.Errorf("the URL parameter %s is given %d times", name, len(values))
 		}
 	}
 	opts, err := redis.ParseFailoverURL(raw)
 	if err != nil {
-		return nil, fmt.Errorf("fleetguard: redis_sentinel: %w", err)
+		return nil, err
 	}
 	switch {
 	case opts.MasterName == "":
-		return nil, errors.New("fleetguard: redis_sentinel: the URL parameter master_name is required (the name the sentinels monitor, as in ?master_name=mymaster)")
+		return nil, errors.New("the URL parameter master_name is required (the name the sentinels monitor, as in ?master_name=mymaster)")
 	case opts.ReplicaOnly || opts.RouteByLatency || opts.RouteRandomly:
-		return nil, errors.New("fleetguard: redis_sentinel: replica_only, route_by_latency and route_randomly are not supported: every fleetguard command writes, so it goes to the master")
+		return nil, errors.New("replica_only, route_by_latency and route_randomly are not supported: every fleetguard command writes, so it goes to the master")
 	}
 	if opts.TLSConfig != nil {
 		// go-redis names the first sentinel's host as the server for every
@@ -311,16 +321,6 @@ func connectionSecrets(password string, tls bool) string {
 // secretHash stands for a password in a store's identity.
 func secretHash(password string) string {
 	return keyhash.Of(password).String()[:16]
-}
-
-// checkRedisURL gives a clear error, naming the field and never echoing a
-// password, for what is not a redis:// or rediss:// URL with a host.
-func checkRedisURL(field, raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-		return fmt.Errorf("fleetguard: %s: %q is not a redis:// or rediss:// URL with a host", field, redactURL(raw))
-	}
-	return nil
 }
 
 // redactURL shows a store URL in an error without its secrets: the user
