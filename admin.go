@@ -57,7 +57,8 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 }
 
 type storeStatus struct {
-	// Store is memory, or the Redis address(es), database and prefix.
+	// Store names the store as the store label of the metrics does, without
+	// its credentials (storeName.String).
 	Store string `json:"store"`
 	// Healthy is false while the reconciler cannot reach the store: fleet
 	// limits are then per instance.
@@ -97,10 +98,10 @@ func handleStatus(w http.ResponseWriter, r *http.Request) error {
 		Stores []storeStatus `json:"stores"`
 	}{Stores: []storeStatus{}}
 	now := time.Now()
-	engines.Range(func(key, value any) bool {
+	engines.Range(func(_, value any) bool {
 		e := value.(*engine)
 		st := storeStatus{
-			Store:             key.(string),
+			Store:             e.identity.String(),
 			Healthy:           e.limiter.Healthy(),
 			SyncInterval:      e.limiter.SyncInterval().String(),
 			ReconcileErrors:   e.limiter.SyncErrors(),

@@ -69,9 +69,9 @@ func budgetWindowAt(t *testing.T, method, url string) budgetWindow {
 func engineWithPrefix(t *testing.T, prefix string) *engine {
 	t.Helper()
 	var found *engine
-	engines.Range(func(k, v any) bool {
-		if strings.Contains(k.(string), "|"+prefix) {
-			found = v.(*engine)
+	engines.Range(func(_, v any) bool {
+		if e := v.(*engine); e.identity.name.prefix == prefix {
+			found = e
 		}
 		return found == nil
 	})

@@ -34,7 +34,7 @@ func BenchmarkFleetLimitServeHTTPReplacerKey(b *testing.B) {
 // cleared between requests as a new response's would be (a map that already
 // holds Caddy's Server header, so its storage is there).
 func benchServeHTTP(b *testing.B, keys map[string]string) {
-	eng, err := newEngine(nil, "bench", time.Second, zap.NewNop())
+	eng, err := newEngine(memoryIdentity("bench"), nil, time.Second, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -292,9 +292,9 @@ func TestFailedLoadChangesNothing(t *testing.T) {
 	tc := startCaddy(t, fleetCaddyfile(port, "fleetguard {\n sync_interval 100ms\n }", ""))
 	memoryEngine := func() *engine {
 		var found *engine
-		engines.Range(func(k, v any) bool {
-			if k == "memory|"+DefaultPrefix {
-				found = v.(*engine)
+		engines.Range(func(_, v any) bool {
+			if e := v.(*engine); e.identity == memoryIdentity(DefaultPrefix) {
+				found = e
 			}
 			return true
 		})

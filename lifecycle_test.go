@@ -75,9 +75,9 @@ func TestTenReloadsKeepCountersAndLeakNothing(t *testing.T) {
 		}
 	}()
 	var store *engine
-	engines.Range(func(k, v any) bool {
-		if strings.HasSuffix(storeLabel(k.(string)), "|life") {
-			store = v.(*engine)
+	engines.Range(func(_, v any) bool {
+		if e := v.(*engine); e.identity.name.prefix == "life" {
+			store = e
 		}
 		return true
 	})

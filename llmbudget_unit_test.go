@@ -22,7 +22,7 @@ import (
 // that drive ServeHTTP with a next handler of their own.
 func directHandler(t testing.TB) *LLMBudget {
 	t.Helper()
-	eng, err := newEngine(nil, "direct", time.Second, zap.NewNop())
+	eng, err := newEngine(memoryIdentity("direct"), nil, time.Second, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package fleetguard
 
 import (
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -181,8 +180,8 @@ func (engineCollector) Collect(ch chan<- prometheus.Metric) {
 	keys := make(map[string]int64)
 	engines.Range(func(_, value any) bool {
 		e := value.(*engine)
-		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(e.limiter.Healthy()), e.label, "fleetlimit")
-		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(!e.budgets.Down()), e.label, "llmbudget")
+		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(e.limiter.Healthy()), e.identity.String(), "fleetlimit")
+		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(!e.budgets.Down()), e.identity.String(), "llmbudget")
 		for _, z := range e.limiter.Zones() {
 			keys[z.Name()] += z.Keys()
 		}
@@ -198,15 +197,4 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-// storeLabel is a store's pool identity without its connection secrets
-// (TLS, password hashes, which come last): what a metric label may show.
-func storeLabel(poolKey string) string {
-	public := map[string]int{"memory": 2, "redis": 5, "cluster": 4, "sentinel": 5}
-	parts := strings.Split(poolKey, "|")
-	if n, ok := public[parts[0]]; ok && len(parts) > n {
-		parts = parts[:n]
-	}
-	return strings.Join(parts, "|")
 }

@@ -62,7 +62,6 @@ type App struct {
 	NearLimit string `json:"near_limit,omitempty"`
 
 	engine   *engine
-	poolKey  string
 	acquired bool
 
 	// What this config sets on the shared engine, applied in Start (after
@@ -124,22 +123,18 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	logger := ctx.Logger()
 
-	key, connect, err := a.store()
+	id, connect, err := a.configuredStore()
 	if err != nil {
 		return err
 	}
-	val, _, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
-		e, err := newEngine(connect, a.Prefix, interval, logger)
-		if e != nil {
-			e.label = storeLabel(key)
-		}
-		return e, err
+	val, _, err := engines.LoadOrNew(id, func() (caddy.Destructor, error) {
+		return newEngine(id, connect, interval, logger)
 	})
 	if err != nil {
 		return fmt.Errorf("fleetguard: starting the engine: %w", err)
 	}
 	a.engine = val.(*engine)
-	a.poolKey, a.acquired = key, true
+	a.acquired = true
 	a.interval = interval
 	return nil
 }
@@ -208,7 +203,7 @@ func (a *App) Cleanup() error {
 		return nil
 	}
 	a.acquired = false
-	_, err := engines.Delete(a.poolKey)
+	_, err := engines.Delete(a.engine.identity)
 	return err
 }
 

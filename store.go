@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,14 +20,121 @@ import (
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
+// storeIdentity tells stores apart: the configs whose stores have equal
+// identities share one pool entry (one client, one reconciler), so the
+// identity holds everything that changes the connection. It is comparable,
+// so it keys the pool itself.
+type storeIdentity struct {
+	// name is the public part: what the status, the logs and the store label
+	// of the metrics show.
+	name storeName
+	// credentials are the secret part, only compared: a reload that rotates a
+	// password gets a new client. They are never shown, not even hashed: a
+	// hash of a password is material for offline guessing.
+	credentials storeCredentials
+}
+
+// storeKind is the kind of store a config names, one per store option.
+type storeKind string
+
+const (
+	storeMemory   storeKind = "memory"
+	storeRedis    storeKind = "redis"    // redis
+	storeCluster  storeKind = "cluster"  // redis_cluster
+	storeSentinel storeKind = "sentinel" // redis_sentinel
+)
+
+// storeName is the public part of a store's identity.
+type storeName struct {
+	kind storeKind
+	// addrs are where the client starts: the server, the cluster's seed
+	// nodes or the sentinels; sorted, since their order in the URL does not
+	// make another store, and comma-joined, which keeps the identity
+	// comparable.
+	addrs  string
+	master string // the name the sentinels monitor
+	db     int
+	prefix string
+	tls    bool
+}
+
+// storeCredentials are the secret part of a store's identity: who the
+// client logs in as, to the server and to the sentinels.
+type storeCredentials struct {
+	user             string
+	password         keyhash.Hash
+	sentinelUser     string
+	sentinelPassword keyhash.Hash
+}
+
+// String is the one form in which a store is shown: the store of
+// /fleetguard/status, the store label of /metrics and the store field of the
+// logs. It is memory|<prefix>, or
+// <kind>|[<master name>@]<addresses>|<db>|<prefix>|<tls or plain>.
+func (n storeName) String() string {
+	if n.kind == storeMemory {
+		return string(n.kind) + "|" + n.prefix
+	}
+	addrs := n.addrs
+	if n.master != "" {
+		addrs = n.master + "@" + addrs
+	}
+	transport := "plain"
+	if n.tls {
+		transport = "tls"
+	}
+	return fmt.Sprintf("%s|%s|%d|%s|%s", n.kind, addrs, n.db, n.prefix, transport)
+}
+
+// String is the public part alone, so that printing an identity (%v in a
+// log or an error) cannot show its credentials.
+func (id storeIdentity) String() string { return id.name.String() }
+
+// memoryIdentity is the identity of the embedded memory store.
+func memoryIdentity(prefix string) storeIdentity {
+	return storeIdentity{name: storeName{kind: storeMemory, prefix: prefix}}
+}
+
+// redisIdentity is the identity of the store of a redis URL.
+func redisIdentity(opts *redis.Options, prefix string) storeIdentity {
+	return storeIdentity{
+		name:        storeName{kind: storeRedis, addrs: opts.Addr, db: opts.DB, prefix: prefix, tls: opts.TLSConfig != nil},
+		credentials: storeCredentials{user: opts.Username, password: keyhash.Of(opts.Password)},
+	}
+}
+
+// clusterIdentity is the identity of the store of a redis_cluster URL. A
+// cluster has database 0 only.
+func clusterIdentity(opts *redis.ClusterOptions, prefix string) storeIdentity {
+	return storeIdentity{
+		name:        storeName{kind: storeCluster, addrs: sortedAddrs(opts.Addrs), prefix: prefix, tls: opts.TLSConfig != nil},
+		credentials: storeCredentials{user: opts.Username, password: keyhash.Of(opts.Password)},
+	}
+}
+
+// sentinelIdentity is the identity of the store of a redis_sentinel URL.
+func sentinelIdentity(opts *redis.FailoverOptions, prefix string) storeIdentity {
+	return storeIdentity{
+		name: storeName{kind: storeSentinel, addrs: sortedAddrs(opts.SentinelAddrs), master: opts.MasterName,
+			db: opts.DB, prefix: prefix, tls: opts.TLSConfig != nil},
+		credentials: storeCredentials{user: opts.Username, password: keyhash.Of(opts.Password),
+			sentinelUser: opts.SentinelUsername, sentinelPassword: keyhash.Of(opts.SentinelPassword)},
+	}
+}
+
+// sortedAddrs is addrs in one order, comma-joined.
+func sortedAddrs(addrs []string) string {
+	return strings.Join(slices.Sorted(slices.Values(addrs)), ",")
+}
+
 // shutdownFlushTimeout bounds the last push of pending counts when an engine
 // is destroyed, so a dead Redis cannot hold up a Caddy shutdown.
 const shutdownFlushTimeout = 2 * time.Second
 
-// engines holds one engine per store identity. Configs acquire it in
-// Provision and release it in Cleanup; a reload acquires the same engine
-// before the old config releases it, so counters survive and no reconciler
-// goroutine leaks.
+// engines holds one engine per store, keyed by its storeIdentity. Configs
+// acquire it in Provision and release it in Cleanup; a reload acquires the
+// same engine before the old config releases it, so counters survive and no
+// reconciler goroutine leaks.
 var engines = caddy.NewUsagePool()
 
 // engine is what the configs of one store share across reloads.
@@ -35,7 +142,8 @@ type engine struct {
 	limiter *ratelimit.Engine
 	budgets *budget.Engine
 	client  redis.UniversalClient // nil for the embedded memory store
-	label   string                // the store as metrics name it (no secrets)
+	// identity is the engine's key in the pool.
+	identity storeIdentity
 
 	// budgetStoreDown makes a budget store outage one log line, not one per
 	// request.
@@ -102,10 +210,13 @@ func (e *engine) budgetStoreOK(log *zap.Logger) {
 	}
 }
 
-// newEngine builds and starts an engine; connect is nil for the embedded
-// memory store.
-func newEngine(connect func() redis.UniversalClient, prefix string, interval time.Duration, logger *zap.Logger) (*engine, error) {
-	e := &engine{settleSlots: make(chan struct{}, maxPendingSettles)}
+// newEngine builds and starts the engine of the store id; connect is nil for
+// the embedded memory store. Its logs name the store: it outlives the config
+// whose logger it has.
+func newEngine(id storeIdentity, connect func() redis.UniversalClient, interval time.Duration, logger *zap.Logger) (*engine, error) {
+	e := &engine{identity: id, settleSlots: make(chan struct{}, maxPendingSettles)}
+	prefix := id.name.prefix
+	logger = logger.With(zap.Stringer("store", id))
 	var store ratelimit.SlotStore = ratelimit.NewMemoryStore()
 	var budgetStore budget.Store = budget.NewMemoryStore()
 	if connect != nil {
@@ -177,63 +288,51 @@ const (
 	redisDialAttempts = 1
 )
 
-// store validates the store options and returns the identity the engine is
-// shared under (never containing a password) and how to connect; connect is
-// nil for the embedded memory store.
-func (a *App) store() (string, func() redis.UniversalClient, error) {
-	if set := a.storeFields(); len(set) > 1 {
-		both := "both"
-		if len(set) > 2 {
-			both = "all"
-		}
-		return "", nil, fmt.Errorf("fleetguard: %s are %s set; set one of redis, redis_cluster and redis_sentinel", joinNames(set), both)
-	}
-	switch {
-	case a.Redis != "":
-		opts, err := parseRedisURL("redis", a.Redis, redis.ParseURL)
-		if err != nil {
-			return "", nil, err
-		}
-		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
-		key := fmt.Sprintf("redis|%s|%s|%d|%s|%s", opts.Addr, opts.Username, opts.DB, a.Prefix, connectionSecrets(opts.Password, opts.TLSConfig != nil))
-		return key, func() redis.UniversalClient { return redis.NewClient(opts) }, nil
-	case a.RedisCluster != "":
-		opts, err := parseRedisURL("redis_cluster", a.RedisCluster, redis.ParseClusterURL)
-		if err != nil {
-			return "", nil, err
-		}
-		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
-		addrs := append([]string(nil), opts.Addrs...)
-		sort.Strings(addrs)
-		key := fmt.Sprintf("cluster|%s|%s|%s|%s", strings.Join(addrs, ","), opts.Username, a.Prefix, connectionSecrets(opts.Password, opts.TLSConfig != nil))
-		return key, func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
-	case a.RedisSentinel != "":
-		opts, err := parseRedisURL("redis_sentinel", a.RedisSentinel, parseSentinelURL)
-		if err != nil {
-			return "", nil, err
-		}
-		// The limits apply to the sentinel queries too, which need no retry
-		// of their own: a master lookup that fails asks every sentinel at once.
-		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
-		addrs := append([]string(nil), opts.SentinelAddrs...)
-		sort.Strings(addrs)
-		sentinelAuth := opts.SentinelUsername
-		if opts.SentinelPassword != "" {
-			sentinelAuth += ":" + secretHash(opts.SentinelPassword)
-		}
-		key := fmt.Sprintf("sentinel|%s@%s|%s|%d|%s|%s|%s", opts.MasterName, strings.Join(addrs, ","), opts.Username, opts.DB, a.Prefix,
-			connectionSecrets(opts.Password, opts.TLSConfig != nil), sentinelAuth)
-		return key, func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
-	}
-	return "memory|" + a.Prefix, nil, nil
-}
-
 // limitClient gives a client of any of go-redis's three kinds the settings
 // above, whatever its URL says.
 func limitClient(dialTimeout, readTimeout, writeTimeout *time.Duration, maxRetries, dialAttempts *int, contextTimeout *bool) {
 	*dialTimeout, *readTimeout, *writeTimeout = redisTimeout, redisTimeout, redisTimeout
 	*maxRetries, *dialAttempts = redisMaxRetries, redisDialAttempts
 	*contextTimeout = true // a reserve waits at most store_timeout
+}
+
+// configuredStore validates the store options and returns the identity of
+// the store they name and how to connect to it; connect is nil for the
+// embedded memory store.
+func (a *App) configuredStore() (storeIdentity, func() redis.UniversalClient, error) {
+	if set := a.storeFields(); len(set) > 1 {
+		both := "both"
+		if len(set) > 2 {
+			both = "all"
+		}
+		return storeIdentity{}, nil, fmt.Errorf("fleetguard: %s are %s set; set one of redis, redis_cluster and redis_sentinel", joinNames(set), both)
+	}
+	switch {
+	case a.Redis != "":
+		opts, err := parseRedisURL("redis", a.Redis, redis.ParseURL)
+		if err != nil {
+			return storeIdentity{}, nil, err
+		}
+		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
+		return redisIdentity(opts, a.Prefix), func() redis.UniversalClient { return redis.NewClient(opts) }, nil
+	case a.RedisCluster != "":
+		opts, err := parseRedisURL("redis_cluster", a.RedisCluster, redis.ParseClusterURL)
+		if err != nil {
+			return storeIdentity{}, nil, err
+		}
+		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
+		return clusterIdentity(opts, a.Prefix), func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
+	case a.RedisSentinel != "":
+		opts, err := parseRedisURL("redis_sentinel", a.RedisSentinel, parseSentinelURL)
+		if err != nil {
+			return storeIdentity{}, nil, err
+		}
+		// The limits apply to the sentinel queries too, which need no retry
+		// of their own: a master lookup that fails asks every sentinel at once.
+		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
+		return sentinelIdentity(opts, a.Prefix), func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
+	}
+	return memoryIdentity(a.Prefix), nil, nil
 }
 
 // storeFields names the store options that are set.
@@ -302,25 +401,6 @@ func parseSentinelURL(raw string) (*redis.FailoverOptions, error) {
 		opts.TLSConfig.ServerName = ""
 	}
 	return opts, nil
-}
-
-// connectionSecrets is the part of a store's identity that changes the
-// connection without naming a server: a reload that rotates the password or
-// turns TLS on gets a new client. The password appears only as a hash.
-func connectionSecrets(password string, tls bool) string {
-	id := "plain"
-	if tls {
-		id = "tls"
-	}
-	if password != "" {
-		id += ":" + secretHash(password)
-	}
-	return id
-}
-
-// secretHash stands for a password in a store's identity.
-func secretHash(password string) string {
-	return keyhash.Of(password).String()[:16]
 }
 
 // redactURL shows a store URL in an error without its secrets: the user
