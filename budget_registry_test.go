@@ -13,11 +13,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// registryEngine puts an engine of its own, on the memory store of prefix,
-// into the pool for the test.
-func registryEngine(t *testing.T, prefix string) *engine {
+// poolEngine puts an engine of its own, under id and on a memory store
+// whatever id's kind, into the pool for the test.
+func poolEngine(t *testing.T, id storeIdentity) *engine {
 	t.Helper()
-	id := memoryIdentity(prefix)
 	v, _, err := engines.LoadOrNew(id, func() (caddy.Destructor, error) {
 		return newEngine(id, nil, time.Second, zap.NewNop())
 	})
@@ -52,7 +51,7 @@ func limitOf(t *testing.T, name string) int64 {
 // leaves the old one's; handlers of one config that disagree are refused.
 func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	hour := caddy.Duration(time.Hour)
-	memory := registryEngine(t, "registry-test")
+	memory := poolEngine(t, memoryIdentity("registry-test"))
 	old, next := &App{}, &App{}
 	hOld := handlerWith(t, memory, BudgetConfig{Name: "reg_b", Limit: 100, Window: hour})
 	memory.budgetDefs.add(hOld, old)
@@ -61,7 +60,7 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	}
 
 	// A reload that changes the limit, on another engine (another store).
-	another := registryEngine(t, "registry-test-another")
+	another := poolEngine(t, memoryIdentity("registry-test-another"))
 	hNew := handlerWith(t, another, BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
 	another.budgetDefs.add(hNew, next)
 	if e, b, err := lookupBudget("reg_b"); err != nil || b.Limit != 200 || e != another {

@@ -177,16 +177,29 @@ func (engineCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (engineCollector) Collect(ch chan<- prometheus.Metric) {
+	// Engines that differ only by credentials share a name (a reload that
+	// rotates a password overlaps two); each name is one series, healthy
+	// while all of its engines are, since a duplicate fails the scrape.
+	type health struct{ fleetlimit, llmbudget bool }
+	stores := make(map[string]health)
 	keys := make(map[string]int64)
 	engines.Range(func(_, value any) bool {
 		e := value.(*engine)
-		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(e.limiter.Healthy()), e.identity.String(), "fleetlimit")
-		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(!e.budgets.Down()), e.identity.String(), "llmbudget")
+		name := e.identity.String()
+		h, seen := stores[name]
+		if !seen {
+			h = health{true, true}
+		}
+		stores[name] = health{h.fleetlimit && e.limiter.Healthy(), h.llmbudget && !e.budgets.Down()}
 		for _, z := range e.limiter.Zones() {
 			keys[z.Name()] += z.Keys()
 		}
 		return true
 	})
+	for name, h := range stores {
+		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(h.fleetlimit), name, "fleetlimit")
+		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(h.llmbudget), name, "llmbudget")
+	}
 	for zone, n := range keys {
 		ch <- prometheus.MustNewConstMetric(trackedKeysDesc, prometheus.GaugeValue, float64(n), zone)
 	}

@@ -459,6 +459,23 @@ func describedMetrics(t *testing.T) map[string][]string {
 	return out
 }
 
+// Two stores of one name (the same server under two passwords, while a
+// reload that rotates the password overlaps the old config and the new) are
+// one store_healthy series per component: a duplicate series would fail the
+// whole scrape.
+func TestStoreHealthyOncePerName(t *testing.T) {
+	for _, password := range []string{"pw-one", "pw-two"} {
+		poolEngine(t, redisIdentity(&redis.Options{Addr: "127.0.0.1:1", Password: password}, "onename"))
+	}
+	m := scrapeDefault(t)
+	for _, component := range []string{"fleetlimit", "llmbudget"} {
+		series := `fleetguard_store_healthy{component="` + component + `",store="redis|127.0.0.1:1|0|onename|plain"} `
+		if n := strings.Count(m, series); n != 1 {
+			t.Fatalf("%d series %s, want one:\n%s", n, series, grepLines(m, "store_healthy"))
+		}
+	}
+}
+
 // shadow forwards a body over max_request_body whole, whether its length was
 // announced (Content-Length) or found by reading (chunked).
 func TestShadowForwardsATooLargeBodyWhole(t *testing.T) {
