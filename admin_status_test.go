@@ -78,7 +78,7 @@ func waitStatus(t *testing.T, tc *testCaddy, prefix, what string, poke func(), o
 }
 
 // The status shows when the reconciler last reached the store and the errors
-// since the engine started, on the memory store and on Redis; when Redis is
+// since the store started, on the memory store and on Redis; when Redis is
 // killed the error counts grow and the last sync ages.
 func TestAdminStatusShowsSyncAgeAndErrors(t *testing.T) {
 	srv := redistest.Start(t)

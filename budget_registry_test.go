@@ -13,27 +13,27 @@ import (
 	"go.uber.org/zap"
 )
 
-// poolEngine puts an engine of its own, under id and on a memory store
+// poolStore puts a store of its own, under id and on a memory store
 // whatever id's kind, into the pool for the test.
-func poolEngine(t *testing.T, id storeIdentity) *engine {
+func poolStore(t *testing.T, id storeIdentity) *store {
 	t.Helper()
-	v, _, err := engines.LoadOrNew(id, func() (caddy.Destructor, error) {
-		return newEngine(id, nil, time.Second, zap.NewNop())
+	v, _, err := stores.LoadOrNew(id, func() (caddy.Destructor, error) {
+		return newStore(id, nil, time.Second, zap.NewNop())
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = engines.Delete(id) })
-	return v.(*engine)
+	t.Cleanup(func() { _, _ = stores.Delete(id) })
+	return v.(*store)
 }
 
-func handlerWith(t *testing.T, e *engine, budgets ...BudgetConfig) *LLMBudget {
+func handlerWith(t *testing.T, e *store, budgets ...BudgetConfig) *LLMBudget {
 	t.Helper()
 	h := &LLMBudget{Budgets: budgets}
 	if err := h.compile(); err != nil {
 		t.Fatal(err)
 	}
-	h.engine = e
+	h.store = e
 	return h
 }
 
@@ -51,7 +51,7 @@ func limitOf(t *testing.T, name string) int64 {
 // leaves the old one's; handlers of one config that disagree are refused.
 func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	hour := caddy.Duration(time.Hour)
-	memory := poolEngine(t, memoryIdentity("registry-test"))
+	memory := poolStore(t, memoryIdentity("registry-test"))
 	old, next := &App{}, &App{}
 	hOld := handlerWith(t, memory, BudgetConfig{Name: "reg_b", Limit: 100, Window: hour})
 	memory.budgetDefs.add(hOld, old)
@@ -59,12 +59,12 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 		t.Fatalf("one config: limit %d, want 100", got)
 	}
 
-	// A reload that changes the limit, on another engine (another store).
-	another := poolEngine(t, memoryIdentity("registry-test-another"))
+	// A reload that changes the limit, on another store.
+	another := poolStore(t, memoryIdentity("registry-test-another"))
 	hNew := handlerWith(t, another, BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
 	another.budgetDefs.add(hNew, next)
 	if e, b, err := lookupBudget("reg_b"); err != nil || b.Limit != 200 || e != another {
-		t.Fatalf("during the reload: %+v on %p, %v; want the new config's 200 on its engine", b, e, err)
+		t.Fatalf("during the reload: %+v on %p, %v; want the new config's 200 on its store", b, e, err)
 	}
 	// The new config fails to start: it is cleaned up, the old one stays.
 	another.budgetDefs.remove(hNew)

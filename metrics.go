@@ -16,7 +16,7 @@ var metrics = struct {
 	reconcileDuration prometheus.Histogram
 	earlySyncs        prometheus.Counter
 	storeErrors       *prometheus.CounterVec
-	engineState       prometheus.Collector
+	storeState        prometheus.Collector
 	llmCharged        *prometheus.CounterVec
 	llmRequests       *prometheus.CounterVec
 	llmTokens         *prometheus.CounterVec
@@ -57,7 +57,7 @@ var metrics = struct {
 		Name:      "store_errors_total",
 		Help:      "Store operations that failed, by operation: sync (a reconcile pass), reserve, settle, release (a budget reservation), resolve (a background release or settle that gave up: drift).",
 	}, []string{"op"}),
-	engineState: engineCollector{},
+	storeState: storeCollector{},
 	llmCharged: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
@@ -133,7 +133,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 // collectors are every fleetguard metric.
 func collectors() []prometheus.Collector {
 	m := &metrics
-	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.engineState,
+	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
 		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio}
 }
 
@@ -167,36 +167,36 @@ var (
 		[]string{"store", "component"}, nil)
 )
 
-// engineCollector reports the state of every running engine when scraped:
-// the engines outlive configs, so gauges are read, not kept.
-type engineCollector struct{}
+// storeCollector reports the state of every store in the pool when scraped:
+// the stores outlive configs, so gauges are read, not kept.
+type storeCollector struct{}
 
-func (engineCollector) Describe(ch chan<- *prometheus.Desc) {
+func (storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- trackedKeysDesc
 	ch <- storeHealthyDesc
 }
 
-func (engineCollector) Collect(ch chan<- prometheus.Metric) {
-	// Engines that differ only by credentials share a name (a reload that
+func (storeCollector) Collect(ch chan<- prometheus.Metric) {
+	// Stores that differ only by credentials share a name (a reload that
 	// rotates a password overlaps two); each name is one series, healthy
-	// while all of its engines are, since a duplicate fails the scrape.
+	// while all of its stores are, since a duplicate fails the scrape.
 	type health struct{ fleetlimit, llmbudget bool }
-	stores := make(map[string]health)
+	byName := make(map[string]health)
 	keys := make(map[string]int64)
-	engines.Range(func(_, value any) bool {
-		e := value.(*engine)
+	stores.Range(func(_, value any) bool {
+		e := value.(*store)
 		name := e.identity.String()
-		h, seen := stores[name]
+		h, seen := byName[name]
 		if !seen {
 			h = health{true, true}
 		}
-		stores[name] = health{h.fleetlimit && e.limiter.Healthy(), h.llmbudget && !e.budgets.Down()}
+		byName[name] = health{h.fleetlimit && e.limiter.Healthy(), h.llmbudget && !e.budgets.Down()}
 		for _, z := range e.limiter.Zones() {
 			keys[z.Name()] += z.Keys()
 		}
 		return true
 	})
-	for name, h := range stores {
+	for name, h := range byName {
 		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(h.fleetlimit), name, "fleetlimit")
 		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(h.llmbudget), name, "llmbudget")
 	}

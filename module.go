@@ -61,16 +61,16 @@ type App struct {
 	// shared store (Redis).
 	NearLimit string `json:"near_limit,omitempty"`
 
-	engine   *engine
+	store    *store
 	acquired bool
 
-	// What this config sets on the shared engine, applied in Start (after
+	// What this config sets on the shared store, applied in Start (after
 	// every app of the config has provisioned) and undone in Stop if the
 	// config never took over (a load that failed while starting).
 	interval time.Duration
 	maxKeys  map[*ratelimit.Zone]int64
 	zones    map[string]zoneDef // for refusing one zone defined two ways
-	undo     engineSettings
+	undo     storeSettings
 	applied  bool
 }
 
@@ -81,8 +81,8 @@ type zoneDef struct {
 	precision int
 }
 
-// engineSettings are the engine-wide settings a config applies.
-type engineSettings struct {
+// storeSettings are the store-wide settings a config applies.
+type storeSettings struct {
 	owner     *App
 	interval  time.Duration
 	nearLimit bool
@@ -103,7 +103,7 @@ var (
 	_ caddy.CleanerUpper = (*App)(nil)
 )
 
-// Provision acquires the engine for the configured store.
+// Provision acquires the shared store the config names.
 func (a *App) Provision(ctx caddy.Context) error {
 	if a.Prefix == "" {
 		a.Prefix = DefaultPrefix
@@ -127,13 +127,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	val, _, err := engines.LoadOrNew(id, func() (caddy.Destructor, error) {
-		return newEngine(id, connect, interval, logger)
+	val, _, err := stores.LoadOrNew(id, func() (caddy.Destructor, error) {
+		return newStore(id, connect, interval, logger)
 	})
 	if err != nil {
 		return fmt.Errorf("fleetguard: starting the engine: %w", err)
 	}
-	a.engine = val.(*engine)
+	a.store = val.(*store)
 	a.acquired = true
 	a.interval = interval
 	return nil
@@ -154,14 +154,14 @@ func (a *App) claimZone(name string, def zoneDef, z *ratelimit.Zone, maxKeys int
 	return nil
 }
 
-// Start implements caddy.App: the config's engine-wide settings (sync
+// Start implements caddy.App: the config's store-wide settings (sync
 // interval, near-limit mechanisms, zone key caps) take effect now that the
 // whole config has provisioned, so a load that fails earlier changes nothing.
 func (a *App) Start() error {
-	e := a.engine
+	e := a.store
 	e.settingsMu.Lock()
 	defer e.settingsMu.Unlock()
-	a.undo = engineSettings{owner: e.settingsOwner, interval: e.limiter.SyncInterval(), nearLimit: e.limiter.NearLimit(),
+	a.undo = storeSettings{owner: e.settingsOwner, interval: e.limiter.SyncInterval(), nearLimit: e.limiter.NearLimit(),
 		maxKeys: make(map[*ratelimit.Zone]int64, len(a.maxKeys))}
 	for z, n := range a.maxKeys {
 		a.undo.maxKeys[z] = z.MaxKeys()
@@ -173,12 +173,12 @@ func (a *App) Start() error {
 	return nil
 }
 
-// Stop implements caddy.App. The engine outlives the config (see Cleanup);
-// but if this config's settings are still the engine's, no newer config took
+// Stop implements caddy.App. The store outlives the config (see Cleanup);
+// but if this config's settings are still the store's, no newer config took
 // over: the load failed after Start (another app did not start), so they are
 // undone.
 func (a *App) Stop() error {
-	e := a.engine
+	e := a.store
 	if e == nil || !a.applied {
 		return nil
 	}
@@ -196,14 +196,14 @@ func (a *App) Stop() error {
 	return nil
 }
 
-// Cleanup releases this config's hold on the engine; the last holder's
+// Cleanup releases this config's hold on the store; the last holder's
 // release stops it.
 func (a *App) Cleanup() error {
 	if !a.acquired {
 		return nil
 	}
 	a.acquired = false
-	_, err := engines.Delete(a.engine.identity)
+	_, err := stores.Delete(a.store.identity)
 	return err
 }
 

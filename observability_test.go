@@ -465,7 +465,7 @@ func describedMetrics(t *testing.T) map[string][]string {
 // whole scrape.
 func TestStoreHealthyOncePerName(t *testing.T) {
 	for _, password := range []string{"pw-one", "pw-two"} {
-		poolEngine(t, redisIdentity(&redis.Options{Addr: "127.0.0.1:1", Password: password}, "onename"))
+		poolStore(t, redisIdentity(&redis.Options{Addr: "127.0.0.1:1", Password: password}, "onename"))
 	}
 	m := scrapeDefault(t)
 	for _, component := range []string{"fleetlimit", "llmbudget"} {

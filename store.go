@@ -127,22 +127,22 @@ func sortedAddrs(addrs []string) string {
 	return strings.Join(slices.Sorted(slices.Values(addrs)), ",")
 }
 
-// shutdownFlushTimeout bounds the last push of pending counts when an engine
+// shutdownFlushTimeout bounds the last push of pending counts when a store
 // is destroyed, so a dead Redis cannot hold up a Caddy shutdown.
 const shutdownFlushTimeout = 2 * time.Second
 
-// engines holds one engine per store, keyed by its storeIdentity. Configs
-// acquire it in Provision and release it in Cleanup; a reload acquires the
-// same engine before the old config releases it, so counters survive and no
-// reconciler goroutine leaks.
-var engines = caddy.NewUsagePool()
+// stores holds one store per storeIdentity. Configs acquire it in Provision
+// and release it in Cleanup; a reload acquires the same store before the old
+// config releases it, so counters survive and no reconciler goroutine leaks.
+var stores = caddy.NewUsagePool()
 
-// engine is what the configs of one store share across reloads.
-type engine struct {
+// store is what the configs that name one store share across reloads: the
+// client and the two engines on it.
+type store struct {
 	limiter *ratelimit.Engine
 	budgets *budget.Engine
 	client  redis.UniversalClient // nil for the embedded memory store
-	// identity is the engine's key in the pool.
+	// identity is the store's key in the pool.
 	identity storeIdentity
 
 	// budgetStoreDown makes a budget store outage one log line, not one per
@@ -152,7 +152,7 @@ type engine struct {
 	// budgetDefs are the budgets of the running configs, for the admin API.
 	budgetDefs budgetRegistry
 
-	// settingsOwner is the config whose engine-wide settings are in force.
+	// settingsOwner is the config whose store-wide settings are in force.
 	settingsMu    sync.Mutex
 	settingsOwner *App
 
@@ -168,7 +168,7 @@ const maxPendingSettles = 1024
 
 // settleLater runs settle in the background, or now when too many are
 // pending.
-func (e *engine) settleLater(settle func()) {
+func (e *store) settleLater(settle func()) {
 	select {
 	case e.settleSlots <- struct{}{}:
 	default:
@@ -183,7 +183,7 @@ func (e *engine) settleLater(settle func()) {
 }
 
 // waitSettles waits at most timeout for the pending settles.
-func (e *engine) waitSettles(timeout time.Duration) {
+func (e *store) waitSettles(timeout time.Duration) {
 	done := make(chan struct{})
 	go func() { e.settles.Wait(); close(done) }()
 	select {
@@ -193,7 +193,7 @@ func (e *engine) waitSettles(timeout time.Duration) {
 }
 
 // budgetStoreFailed logs the first failure of an outage.
-func (e *engine) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
+func (e *store) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
 	if e.budgetStoreDown.CompareAndSwap(false, true) {
 		msg := "budget store unreachable; denying budgeted requests with 503 until it returns"
 		if failOpen {
@@ -204,25 +204,25 @@ func (e *engine) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
 }
 
 // budgetStoreOK logs the end of an outage.
-func (e *engine) budgetStoreOK(log *zap.Logger) {
+func (e *store) budgetStoreOK(log *zap.Logger) {
 	if e.budgetStoreDown.Load() && e.budgetStoreDown.CompareAndSwap(true, false) {
 		log.Info("budget store reachable again")
 	}
 }
 
-// newEngine builds and starts the engine of the store id; connect is nil for
+// newStore builds and starts the store of id; connect is nil for
 // the embedded memory store. Its logs name the store: it outlives the config
 // whose logger it has.
-func newEngine(id storeIdentity, connect func() redis.UniversalClient, interval time.Duration, logger *zap.Logger) (*engine, error) {
-	e := &engine{identity: id, settleSlots: make(chan struct{}, maxPendingSettles)}
+func newStore(id storeIdentity, connect func() redis.UniversalClient, interval time.Duration, logger *zap.Logger) (*store, error) {
+	e := &store{identity: id, settleSlots: make(chan struct{}, maxPendingSettles)}
 	prefix := id.name.prefix
 	logger = logger.With(zap.Stringer("store", id))
-	var store ratelimit.SlotStore = ratelimit.NewMemoryStore()
+	var slots ratelimit.SlotStore = ratelimit.NewMemoryStore()
 	var budgetStore budget.Store = budget.NewMemoryStore()
 	if connect != nil {
 		routeRedisLog()
 		e.client = connect()
-		store = ratelimit.NewRedisStore(e.client)
+		slots = ratelimit.NewRedisStore(e.client)
 		budgetStore = budget.NewRedisStore(e.client)
 	}
 	e.budgets = budget.NewEngine(budgetStore, prefix)
@@ -237,7 +237,7 @@ func newEngine(id storeIdentity, connect func() redis.UniversalClient, interval 
 		}
 	}
 	lim, err := ratelimit.NewEngine(ratelimit.Options{
-		Store:        store,
+		Store:        slots,
 		Prefix:       prefix,
 		SyncInterval: interval,
 		Solo:         connect == nil,
@@ -254,7 +254,7 @@ func newEngine(id storeIdentity, connect func() redis.UniversalClient, interval 
 }
 
 // Destruct stops the reconciler after a last push and closes the client.
-func (e *engine) Destruct() error {
+func (e *store) Destruct() error {
 	e.limiter.Close(shutdownFlushTimeout)
 	e.waitSettles(settleTimeout)
 	e.budgets.Close(shutdownFlushTimeout)
@@ -266,14 +266,14 @@ func (e *engine) Destruct() error {
 	return nil
 }
 
-// engineFrom returns the engine of the config's fleetguard app, loading an
+// storeFrom returns the store of the config's fleetguard app, loading an
 // empty app (embedded memory store) when the config has none.
-func engineFrom(ctx caddy.Context) (*engine, error) {
+func storeFrom(ctx caddy.Context) (*store, error) {
 	a, err := appFrom(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return a.engine, nil
+	return a.store, nil
 }
 
 // Short dial and I/O timeouts: the reconciler runs every few hundred ms, and a
