@@ -148,12 +148,11 @@ func TestAdminStatusShowsNoPassword(t *testing.T) {
 	port := freePort(t)
 	global := "metrics\n fleetguard {\n redis redis://:" + password + "@" + srv.Addr() + "/0\n prefix statuspw\n sync_interval 50ms\n }"
 	tc := startCaddy(t, statusCaddyfile(port, up.URL, global))
-	request := func() {
-		resp, body := chat(t, fmt.Sprintf("http://127.0.0.1:%d", port), chatBody, "X-API-Key: statuspw-key")
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("request: %d %s; want 200: the budget's store takes the password", resp.StatusCode, body)
-		}
-	}
+	// A fleet-limit key in use makes the reconciler sync, and a sync that
+	// reaches the store has logged in with the password. (What the budget
+	// answers does not matter here: on a loaded machine a reserve may take
+	// longer than its 100ms.)
+	request := func() { chat(t, fmt.Sprintf("http://127.0.0.1:%d", port), chatBody, "X-API-Key: statuspw-key") }
 	request()
 	st := waitStatus(t, tc, "statuspw", "a pass that logs in", request, func(st storeStatus) bool { return st.Healthy && st.LastSyncAgeMS != nil })
 	if want := "redis|" + srv.Addr() + "|0|statuspw|plain"; st.Store != want {
