@@ -210,8 +210,8 @@ func (e *store) budgetStoreOK(log *zap.Logger) {
 	}
 }
 
-// newStore builds and starts the store of id; connect is nil for
-// the embedded memory store. Its logs name the store: it outlives the config
+// newStore builds and starts the store of id; connect is nil for the
+// embedded memory store. Its logs name the store: it outlives the config
 // whose logger it has.
 func newStore(id storeIdentity, connect func() redis.UniversalClient, interval time.Duration, logger *zap.Logger) (*store, error) {
 	e := &store{identity: id, settleSlots: make(chan struct{}, maxPendingSettles)}
