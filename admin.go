@@ -18,9 +18,9 @@ func init() {
 // AdminAPI is `admin.api.fleetguard`, on Caddy's admin endpoint:
 //
 //   - GET /fleetguard/status shows every store this process uses, whether
-//     the fleet view is current, the errors met since the store's engine
-//     started, how many keys each zone tracks and which budgets are defined.
-//     It shows no user keys.
+//     the fleet view is current, the errors met since the store started,
+//     how many keys each zone tracks and which budgets are defined. It shows
+//     no user keys, and no user, password or hash of one.
 //   - GET /fleetguard/budgets/<name>?<scope>=<value> shows a budget's
 //     current window for one scope value, and POST
 //     /fleetguard/budgets/<name>/reset?<scope>=<value> zeroes it (see
@@ -57,7 +57,8 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 }
 
 type storeStatus struct {
-	// Store is memory, or the Redis address(es), database and prefix.
+	// Store names the store as the store label of the metrics does, without
+	// its credentials (storeName.String).
 	Store string `json:"store"`
 	// Healthy is false while the reconciler cannot reach the store: fleet
 	// limits are then per instance.
@@ -68,10 +69,10 @@ type storeStatus struct {
 	// store only while some key is active, so it grows on an idle instance.
 	LastSyncAgeMS *int64 `json:"last_sync_age_ms"`
 	// ReconcileErrors counts the reconcile passes that failed to reach the
-	// store since the engine started.
+	// store since the store started.
 	ReconcileErrors uint64 `json:"reconcile_errors"`
 	// BudgetStoreErrors counts the budget store calls that failed since the
-	// engine started (reserves, settle and release attempts, admin reads and
+	// store started (reserves, settle and release attempts, admin reads and
 	// resets).
 	BudgetStoreErrors uint64 `json:"budget_store_errors"`
 	// BudgetStoreDown is true while budgeted requests are answered without
@@ -97,10 +98,10 @@ func handleStatus(w http.ResponseWriter, r *http.Request) error {
 		Stores []storeStatus `json:"stores"`
 	}{Stores: []storeStatus{}}
 	now := time.Now()
-	engines.Range(func(key, value any) bool {
-		e := value.(*engine)
+	stores.Range(func(_, value any) bool {
+		e := value.(*store)
 		st := storeStatus{
-			Store:             key.(string),
+			Store:             e.identity.String(),
 			Healthy:           e.limiter.Healthy(),
 			SyncInterval:      e.limiter.SyncInterval().String(),
 			ReconcileErrors:   e.limiter.SyncErrors(),

@@ -65,18 +65,18 @@ func budgetWindowAt(t *testing.T, method, url string) budgetWindow {
 	return bw
 }
 
-// engineWithPrefix is the pool's engine whose store identity has prefix.
-func engineWithPrefix(t *testing.T, prefix string) *engine {
+// storeWithPrefix is the store in the pool whose identity has prefix.
+func storeWithPrefix(t *testing.T, prefix string) *store {
 	t.Helper()
-	var found *engine
-	engines.Range(func(k, v any) bool {
-		if strings.Contains(k.(string), "|"+prefix) {
-			found = v.(*engine)
+	var found *store
+	stores.Range(func(_, v any) bool {
+		if e := v.(*store); e.identity.name.prefix == prefix {
+			found = e
 		}
 		return found == nil
 	})
 	if found == nil {
-		t.Fatalf("no engine with prefix %q in the pool", prefix)
+		t.Fatalf("no store with prefix %q in the pool", prefix)
 	}
 	return found
 }
@@ -86,7 +86,7 @@ func engineWithPrefix(t *testing.T, prefix string) *engine {
 func storeCounter(t *testing.T, prefix string, b budget.Budget, dims budget.Dims) int64 {
 	t.Helper()
 	waitSettles()
-	used, err := engineWithPrefix(t, prefix).budgets.Used(context.Background(), []budget.Budget{b}, dims)
+	used, err := storeWithPrefix(t, prefix).budgets.Used(context.Background(), []budget.Budget{b}, dims)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			// bob by his raw key.
 			const aliceKey, bobKey = "Bearer sk-admin-alice-3141", "Bearer sk-admin-bob-2718"
 			aliceHash := keyhash.Of(aliceKey).String()
-			perKey := engineWithPrefix(t, prefix).budgetDefsFor(t, "per_key")
+			perKey := storeWithPrefix(t, prefix).budgetDefsFor(t, "per_key")
 			for i := 1; i <= 8; i++ {
 				waitSettles()
 				for _, key := range []string{aliceKey, bobKey} {
@@ -265,11 +265,11 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 
 // budgetDefsFor is the running definition of a budget, as the admin API
 // finds it.
-func (e *engine) budgetDefsFor(t *testing.T, name string) budget.Budget {
+func (e *store) budgetDefsFor(t *testing.T, name string) budget.Budget {
 	t.Helper()
 	eng, b, err := lookupBudget(name)
 	if err != nil || eng != e {
-		t.Fatalf("budget %q: %v (engine %p, want %p)", name, err, eng, e)
+		t.Fatalf("budget %q: %v (store %p, want %p)", name, err, eng, e)
 	}
 	return b
 }

@@ -1,6 +1,10 @@
 package fleetguard
 
 import (
+	"crypto/md5"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
@@ -73,7 +78,7 @@ func waitStatus(t *testing.T, tc *testCaddy, prefix, what string, poke func(), o
 }
 
 // The status shows when the reconciler last reached the store and the errors
-// since the engine started, on the memory store and on Redis; when Redis is
+// since the store started, on the memory store and on Redis; when Redis is
 // killed the error counts grow and the last sync ages.
 func TestAdminStatusShowsSyncAgeAndErrors(t *testing.T) {
 	srv := redistest.Start(t)
@@ -131,4 +136,55 @@ func TestAdminStatusShowsSyncAgeAndErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A Redis that requires a password: the status names the store exactly as
+// the store label of /metrics does, and neither shows the password or any
+// hash of it, the one the pool compares included.
+func TestAdminStatusShowsNoPassword(t *testing.T) {
+	const password = "status-pw-8Zq2"
+	srv := redistest.StartWith(t, "--requirepass", password)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	global := "metrics\n fleetguard {\n redis redis://:" + password + "@" + srv.Addr() + "/0\n prefix statuspw\n sync_interval 50ms\n }"
+	tc := startCaddy(t, statusCaddyfile(port, up.URL, global))
+	// A fleet-limit key in use makes the reconciler sync, and a sync that
+	// reaches the store has logged in with the password. (What the budget
+	// answers does not matter here: on a loaded machine a reserve may take
+	// longer than its 100ms.)
+	request := func() { chat(t, fmt.Sprintf("http://127.0.0.1:%d", port), chatBody, "X-API-Key: statuspw-key") }
+	request()
+	st := waitStatus(t, tc, "statuspw", "a pass that logs in", request, func(st storeStatus) bool { return st.Healthy && st.LastSyncAgeMS != nil })
+	if want := "redis|" + srv.Addr() + "|0|statuspw|plain"; st.Store != want {
+		t.Fatalf("status store %q, want %q", st.Store, want)
+	}
+	m := scrape(t, tc)
+	if v, ok := metricValue(m, `fleetguard_store_healthy{component="fleetlimit",store="`+st.Store+`"}`); !ok || v != 1 {
+		t.Fatalf("no healthy series with the status's store %q in /metrics:\n%s", st.Store, grepLines(m, "store_healthy"))
+	}
+	_, status := get(t, "http://"+tc.admin+"/fleetguard/status")
+	for _, trace := range passwordTraces(password) {
+		if strings.Contains(status, trace) {
+			t.Fatalf("the status shows %q, the password or a hash of it: %s", trace, status)
+		}
+		if strings.Contains(m, trace) {
+			t.Fatalf("/metrics shows %q, the password or a hash of it:\n%s", trace, grepLines(m, trace))
+		}
+	}
+}
+
+// passwordTraces are the password and its hashes in the forms a status could
+// show: hex of keyhash (the store identity's hash; any 16 digits of it, as the
+// status once showed), SHA-256 (as Redis ACLs keep it), SHA-1 and MD5.
+func passwordTraces(password string) []string {
+	traces := []string{password}
+	kh := keyhash.Of(password).String()
+	for i := 0; i+16 <= len(kh); i += 16 {
+		traces = append(traces, kh[i:i+16])
+	}
+	sha256Sum, sha1Sum, md5Sum := sha256.Sum256([]byte(password)), sha1.Sum([]byte(password)), md5.Sum([]byte(password))
+	for _, sum := range [][]byte{sha256Sum[:], sha1Sum[:], md5Sum[:]} {
+		traces = append(traces, hex.EncodeToString(sum)[:16])
+	}
+	return traces
 }

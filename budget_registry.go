@@ -15,7 +15,7 @@ import (
 )
 
 // budgetRegistry is what the admin API knows of the budgets defined by the
-// llmbudget handlers of the running configs on one engine. A handler adds its
+// llmbudget handlers of the running configs on one store. A handler adds its
 // budgets in Provision and removes them in Cleanup. A reload provisions the
 // new config before it cleans up the old one, so for a while both are there:
 // the newest registration's config is the one whose definition counts.
@@ -29,7 +29,7 @@ type budgetDef struct {
 	budget  budget.Budget
 	handler *LLMBudget
 	config  *App   // identifies the handler's config
-	seq     uint64 // registration order across engines: higher is newer
+	seq     uint64 // registration order across stores: higher is newer
 }
 
 // registrations numbers registrations in the order they happen.
@@ -60,7 +60,7 @@ func (reg *budgetRegistry) remove(h *LLMBudget) {
 	}
 }
 
-// names lists the budgets defined on the engine, sorted.
+// names lists the budgets defined on the store, sorted.
 func (reg *budgetRegistry) names() []string {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
@@ -73,22 +73,22 @@ func (reg *budgetRegistry) names() []string {
 }
 
 // lookupBudget finds the running definition of the budget called name, and
-// the engine that keeps its counters: the definition of the newest config
+// the store that keeps its counters: the definition of the newest config
 // that defines it. Two handlers of that config that define it differently
 // share one counter under two limits; the admin API does not pick one, and
 // says so (errBudgetConflict). errUnknownBudget: no running handler defines it.
-func lookupBudget(name string) (*engine, budget.Budget, error) {
+func lookupBudget(name string) (*store, budget.Budget, error) {
 	var newest *budgetDef
-	var newestEngine *engine
-	var candidates []budgetDef // the defs of one engine, copied under its lock
-	engines.Range(func(_, v any) bool {
-		e := v.(*engine)
+	var newestStore *store
+	var candidates []budgetDef // the defs of one store, copied under its lock
+	stores.Range(func(_, v any) bool {
+		e := v.(*store)
 		e.budgetDefs.mu.Lock()
 		defs := slices.Clone(e.budgetDefs.defs[name])
 		e.budgetDefs.mu.Unlock()
 		for i := range defs {
 			if newest == nil || defs[i].seq > newest.seq {
-				newest, newestEngine, candidates = &defs[i], e, defs
+				newest, newestStore, candidates = &defs[i], e, defs
 			}
 		}
 		return true
@@ -106,7 +106,7 @@ func lookupBudget(name string) (*engine, budget.Budget, error) {
 		return nil, budget.Budget{}, fmt.Errorf("%w: budget %q is defined differently by llmbudget handlers of the running config (%s and %s), so they share one counter under different rules; give each definition its own name",
 			errBudgetConflict, name, describeBudget(newest.budget), strings.Join(differ, " and "))
 	}
-	return newestEngine, newest.budget, nil
+	return newestStore, newest.budget, nil
 }
 
 var (
@@ -127,7 +127,7 @@ func (h *LLMBudget) registerBudgets(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.engine.budgetDefs.add(h, app)
+	h.store.budgetDefs.add(h, app)
 	h.registered = true
 	return nil
 }
@@ -136,7 +136,7 @@ func (h *LLMBudget) registerBudgets(ctx caddy.Context) error {
 // not get that far.
 func (h *LLMBudget) unregisterBudgets() {
 	if h.registered {
-		h.engine.budgetDefs.remove(h)
+		h.store.budgetDefs.remove(h)
 		h.registered = false
 	}
 }

@@ -13,27 +13,28 @@ import (
 	"go.uber.org/zap"
 )
 
-// registryEngine puts an engine of its own into the pool for the test.
-func registryEngine(t *testing.T, key string) *engine {
+// poolStore puts a store of its own, under id and on a memory store
+// whatever id's kind, into the pool for the test.
+func poolStore(t *testing.T, id storeIdentity) *store {
 	t.Helper()
-	v, _, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newEngine(nil, "registry", time.Second, zap.NewNop())
+	v, _, err := stores.LoadOrNew(id, func() (caddy.Destructor, error) {
+		return newStore(id, nil, time.Second, zap.NewNop())
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = engines.Delete(key) })
-	return v.(*engine)
+	t.Cleanup(func() { _, _ = stores.Delete(id) })
+	return v.(*store)
 }
 
-func handlerWith(t *testing.T, e *engine, budgets ...BudgetConfig) *LLMBudget {
+func handlerWith(t *testing.T, e *store, budgets ...BudgetConfig) *LLMBudget {
 	t.Helper()
 	// A team and a price, which team and usd budgets need.
 	h := &LLMBudget{Budgets: budgets, Team: "{http.request.header.X-Team}", Prices: map[string]PriceConfig{"m": {Input: 1, Output: 1}}}
 	if err := h.compile(); err != nil {
 		t.Fatal(err)
 	}
-	h.engine = e
+	h.store = e
 	return h
 }
 
@@ -51,7 +52,7 @@ func limitOf(t *testing.T, name string) int64 {
 // leaves the old one's; handlers of one config that disagree are refused.
 func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	hour := caddy.Duration(time.Hour)
-	memory := registryEngine(t, "memory|registry-test")
+	memory := poolStore(t, memoryIdentity("registry-test"))
 	old, next := &App{}, &App{}
 	hOld := handlerWith(t, memory, BudgetConfig{Name: "reg_b", Limit: 100, Window: hour})
 	memory.budgetDefs.add(hOld, old)
@@ -59,42 +60,42 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 		t.Fatalf("one config: limit %d, want 100", got)
 	}
 
-	// A reload that changes the limit, on another engine (another store).
-	redisLike := registryEngine(t, "redis|registry-test")
-	hNew := handlerWith(t, redisLike, BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
-	redisLike.budgetDefs.add(hNew, next)
-	if e, b, err := lookupBudget("reg_b"); err != nil || b.Limit != 200 || e != redisLike {
-		t.Fatalf("during the reload: %+v on %p, %v; want the new config's 200 on its engine", b, e, err)
+	// A reload that changes the limit, on another store.
+	another := poolStore(t, memoryIdentity("registry-test-another"))
+	hNew := handlerWith(t, another, BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
+	another.budgetDefs.add(hNew, next)
+	if e, b, err := lookupBudget("reg_b"); err != nil || b.Limit != 200 || e != another {
+		t.Fatalf("during the reload: %+v on %p, %v; want the new config's 200 on its store", b, e, err)
 	}
 	// The new config fails to start: it is cleaned up, the old one stays.
-	redisLike.budgetDefs.remove(hNew)
+	another.budgetDefs.remove(hNew)
 	if got := limitOf(t, "reg_b"); got != 100 {
 		t.Fatalf("after a failed reload: limit %d, want the running 100", got)
 	}
 	// A reload that succeeds: the old config is cleaned up after.
-	redisLike.budgetDefs.add(hNew, next)
+	another.budgetDefs.add(hNew, next)
 	memory.budgetDefs.remove(hOld)
 	if got := limitOf(t, "reg_b"); got != 200 {
 		t.Fatalf("after the reload: limit %d, want 200", got)
 	}
 
 	// A second handler of the running config with another definition.
-	hOther := handlerWith(t, redisLike, BudgetConfig{Name: "reg_b", Scope: "team", Unit: "usd", Limit: 2.5, Window: hour})
-	redisLike.budgetDefs.add(hOther, next)
+	hOther := handlerWith(t, another, BudgetConfig{Name: "reg_b", Scope: "team", Unit: "usd", Limit: 2.5, Window: hour})
+	another.budgetDefs.add(hOther, next)
 	_, _, err := lookupBudget("reg_b")
 	if !errors.Is(err, errBudgetConflict) || !strings.Contains(err.Error(), "scope global, limit 200 tokens per 1h0m0s") ||
 		!strings.Contains(err.Error(), "scope team, limit 2.5 usd per 1h0m0s") {
 		t.Fatalf("two definitions in one config: %v, want a conflict naming both", err)
 	}
 	// The same definition twice is no conflict.
-	redisLike.budgetDefs.remove(hOther)
-	hSame := handlerWith(t, redisLike, BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
-	redisLike.budgetDefs.add(hSame, next)
+	another.budgetDefs.remove(hOther)
+	hSame := handlerWith(t, another, BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
+	another.budgetDefs.add(hSame, next)
 	if got := limitOf(t, "reg_b"); got != 200 {
 		t.Fatalf("one definition twice: limit %d", got)
 	}
-	redisLike.budgetDefs.remove(hNew)
-	redisLike.budgetDefs.remove(hSame)
+	another.budgetDefs.remove(hNew)
+	another.budgetDefs.remove(hSame)
 	if _, _, err := lookupBudget("reg_b"); !errors.Is(err, errUnknownBudget) {
 		t.Fatalf("no handler left: %v, want errUnknownBudget", err)
 	}

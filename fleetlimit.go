@@ -41,7 +41,7 @@ type FleetLimit struct {
 	policy string        // RateLimit-Policy header, the same for every response
 	// headersOnAdmit and headersOnDeny: RateLimitHeaders compiled.
 	headersOnAdmit, headersOnDeny bool
-	engine                        *engine
+	store                         *store
 	logger                        *zap.Logger
 	events                        emitter
 }
@@ -158,7 +158,7 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("fleetlimit: %w", err)
 	}
-	h.engine = app.engine
+	h.store = app.store
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("fleetlimit: metrics: %w", err)
 	}
@@ -190,7 +190,7 @@ func (h *FleetLimit) resolveZones() error {
 		if err != nil {
 			return fmt.Errorf("fleetlimit: zone %q: %w", name, err)
 		}
-		zone := h.engine.limiter.Zone(name, &limit)
+		zone := h.store.limiter.Zone(name, &limit)
 		h.zones = append(h.zones, zoneRuntime{
 			name:         name,
 			quotedName:   strconv.Quote(name),
@@ -255,7 +255,7 @@ func (h *FleetLimit) decide(w http.ResponseWriter, r *http.Request, checks []rat
 		z := &h.zones[i]
 		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: z.key.hash(r)}
 	}
-	denied := h.engine.limiter.Allow(time.Now().UnixNano(), checks, verdicts)
+	denied := h.store.limiter.Allow(time.Now().UnixNano(), checks, verdicts)
 	// A dry-run denial is an admitted response.
 	if refused := denied >= 0 && !h.DryRun; refused && h.headersOnDeny || !refused && h.headersOnAdmit {
 		h.setRateLimitHeaders(w.Header(), verdicts)

@@ -290,20 +290,20 @@ func grepLines(s, sub string) string {
 func TestFailedLoadChangesNothing(t *testing.T) {
 	port := freePort(t)
 	tc := startCaddy(t, fleetCaddyfile(port, "fleetguard {\n sync_interval 100ms\n }", ""))
-	memoryEngine := func() *engine {
-		var found *engine
-		engines.Range(func(k, v any) bool {
-			if k == "memory|"+DefaultPrefix {
-				found = v.(*engine)
+	memoryStore := func() *store {
+		var found *store
+		stores.Range(func(_, v any) bool {
+			if e := v.(*store); e.identity == memoryIdentity(DefaultPrefix) {
+				found = e
 			}
 			return true
 		})
 		if found == nil {
-			t.Fatal("no memory engine in the pool")
+			t.Fatal("no memory store in the pool")
 		}
 		return found
 	}
-	e := memoryEngine()
+	e := memoryStore()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -313,8 +313,8 @@ func TestFailedLoadChangesNothing(t *testing.T) {
 	if code, _ := tc.load("text/caddyfile", bad); code == http.StatusOK {
 		t.Fatal("a config whose port is taken must fail to load")
 	}
-	if got := memoryEngine(); got != e || e.limiter.SyncInterval() != 100*time.Millisecond {
-		t.Fatalf("after the failed load the engine syncs every %s, want 100ms", e.limiter.SyncInterval())
+	if got := memoryStore(); got != e || e.limiter.SyncInterval() != 100*time.Millisecond {
+		t.Fatalf("after the failed load the store syncs every %s, want 100ms", e.limiter.SyncInterval())
 	}
 	for _, z := range e.limiter.Zones() {
 		if z.MaxKeys() != ratelimit.DefaultMaxKeys {

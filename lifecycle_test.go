@@ -74,15 +74,15 @@ func TestTenReloadsKeepCountersAndLeakNothing(t *testing.T) {
 			_ = caddy.Stop()
 		}
 	}()
-	var store *engine
-	engines.Range(func(k, v any) bool {
-		if strings.HasSuffix(storeLabel(k.(string)), "|life") {
-			store = v.(*engine)
+	var shared *store
+	stores.Range(func(_, v any) bool {
+		if e := v.(*store); e.identity.name.prefix == "life" {
+			shared = e
 		}
 		return true
 	})
-	if store == nil || store.client == nil {
-		t.Fatal("no Redis engine for prefix life")
+	if shared == nil || shared.client == nil {
+		t.Fatal("no Redis store for prefix life")
 	}
 
 	for i := 1; i <= 11; i++ {
@@ -110,9 +110,9 @@ func TestTenReloadsKeepCountersAndLeakNothing(t *testing.T) {
 			t.Fatalf("reload %d: %d %s", i, code, body)
 		}
 		var same bool
-		engines.Range(func(_, v any) bool { same = same || v.(*engine) == store; return true })
+		stores.Range(func(_, v any) bool { same = same || v.(*store) == shared; return true })
 		if !same {
-			t.Fatalf("reload %d replaced the engine: counters and the client would start over", i)
+			t.Fatalf("reload %d replaced the store: counters and the client would start over", i)
 		}
 	}
 
@@ -120,7 +120,7 @@ func TestTenReloadsKeepCountersAndLeakNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped = true
-	if err := store.client.Ping(t.Context()).Err(); !errors.Is(err, redis.ErrClosed) {
+	if err := shared.client.Ping(t.Context()).Err(); !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("after stop, the Redis client answers %v, want %v", err, redis.ErrClosed)
 	}
 	goleak.VerifyNone(t, ignore,

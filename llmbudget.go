@@ -112,7 +112,7 @@ type LLMBudget struct {
 	hasUSD        bool
 	format        usage.Format
 	policy        string
-	engine        *engine
+	store         *store
 	logger        *zap.Logger
 	events        emitter
 	registered    bool // its budgets are in the engine's registry (budget_registry.go)
@@ -165,11 +165,11 @@ func (h *LLMBudget) Provision(ctx caddy.Context) error {
 	if err := h.compile(); err != nil {
 		return err
 	}
-	eng, err := engineFrom(ctx)
+	eng, err := storeFrom(ctx)
 	if err != nil {
 		return fmt.Errorf("llmbudget: %w", err)
 	}
-	h.engine = eng
+	h.store = eng
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("llmbudget: metrics: %w", err)
 	}
@@ -381,12 +381,12 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 
 	reserveCtx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
-	res, denial, err := h.engine.budgets.Reserve(reserveCtx, h.budgets, dims, spend)
+	res, denial, err := h.store.budgets.Reserve(reserveCtx, h.budgets, dims, spend)
 	if denial != nil && h.Shadow {
 		h.shadowDenied(r, denial, dims)
 		// Record what it uses all the same: the numbers a real limit would
 		// have seen.
-		res, err = h.engine.budgets.ReserveOverLimit(reserveCtx, h.budgets, dims, spend)
+		res, err = h.store.budgets.ReserveOverLimit(reserveCtx, h.budgets, dims, spend)
 		denial = nil
 	}
 	cancel()
@@ -394,9 +394,9 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		if !errors.Is(err, budget.ErrStoreDown) {
 			metrics.storeErrors.WithLabelValues("reserve").Inc()
 		}
-		h.engine.budgetStoreFailed(h.logger, h.FailOpen || h.Shadow, err)
+		h.store.budgetStoreFailed(h.logger, h.FailOpen || h.Shadow, err)
 	} else {
-		h.engine.budgetStoreOK(h.logger)
+		h.store.budgetStoreOK(h.logger)
 	}
 	switch {
 	case err != nil && (h.FailOpen || h.Shadow):

@@ -22,7 +22,7 @@ import (
 // that drive ServeHTTP with a next handler of their own.
 func directHandler(t testing.TB) *LLMBudget {
 	t.Helper()
-	eng, err := newEngine(nil, "direct", time.Second, zap.NewNop())
+	eng, err := newStore(memoryIdentity("direct"), nil, time.Second, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,15 +31,15 @@ func directHandler(t testing.TB) *LLMBudget {
 	if err := h.compile(); err != nil {
 		t.Fatal(err)
 	}
-	h.engine, h.logger = eng, zap.NewNop()
+	h.store, h.logger = eng, zap.NewNop()
 	h.bindCounters()
 	return h
 }
 
 func (h *LLMBudget) usedForTest(t testing.TB) int64 {
 	t.Helper()
-	h.engine.waitSettles(5 * time.Second)
-	used, err := h.engine.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
+	h.store.waitSettles(5 * time.Second)
+	used, err := h.store.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,8 +49,8 @@ func (h *LLMBudget) usedForTest(t testing.TB) int64 {
 // waitSettles waits for the background settles of every engine in the pool,
 // so a test reads counters after the settles of the responses it has.
 func waitSettles() {
-	engines.Range(func(_, v any) bool {
-		v.(*engine).waitSettles(5 * time.Second)
+	stores.Range(func(_, v any) bool {
+		v.(*store).waitSettles(5 * time.Second)
 		return true
 	})
 }
@@ -147,12 +147,12 @@ func FuzzLLMBudgetBodies(f *testing.F) {
 	}
 	h := directHandler(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		h.engine.waitSettles(5 * time.Second)
+		h.store.waitSettles(5 * time.Second)
 		before := h.usedForTest(t)
 		forwarded, held := false, false
 		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 			forwarded = true
-			used, err := h.engine.budgets.Used(context.Background(), h.budgets, budget.Dims{})
+			used, err := h.store.budgets.Used(context.Background(), h.budgets, budget.Dims{})
 			held = err == nil && used[0] > before
 			w.WriteHeader(http.StatusInternalServerError) // released after
 			return nil

@@ -2,7 +2,6 @@ package fleetguard
 
 import (
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,7 +16,7 @@ var metrics = struct {
 	reconcileDuration  prometheus.Histogram
 	earlySyncs         prometheus.Counter
 	storeErrors        *prometheus.CounterVec
-	engineState        prometheus.Collector
+	storeState         prometheus.Collector
 	llmCharged         *prometheus.CounterVec
 	llmRequests        *prometheus.CounterVec
 	llmTokens          *prometheus.CounterVec
@@ -61,7 +60,7 @@ var metrics = struct {
 		Name:      "store_errors_total",
 		Help:      "Store operations that failed, by operation: sync (a reconcile pass), reserve, settle, release (a budget reservation), resolve (a background release or settle that gave up: drift).",
 	}, []string{"op"}),
-	engineState: engineCollector{},
+	storeState: storeCollector{},
 	llmCharged: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
@@ -154,7 +153,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 // collectors are every fleetguard metric.
 func collectors() []prometheus.Collector {
 	m := &metrics
-	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.engineState,
+	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
 		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio,
 		m.llmInvalidUsage, m.llmOversizedEvents, m.panics}
 }
@@ -189,26 +188,39 @@ var (
 		[]string{"store", "component"}, nil)
 )
 
-// engineCollector reports the state of every running engine when scraped:
-// the engines outlive configs, so gauges are read, not kept.
-type engineCollector struct{}
+// storeCollector reports the state of every store in the pool when scraped:
+// the stores outlive configs, so gauges are read, not kept.
+type storeCollector struct{}
 
-func (engineCollector) Describe(ch chan<- *prometheus.Desc) {
+func (storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- trackedKeysDesc
 	ch <- storeHealthyDesc
 }
 
-func (engineCollector) Collect(ch chan<- prometheus.Metric) {
+func (storeCollector) Collect(ch chan<- prometheus.Metric) {
+	// Stores that differ only by credentials share a name (a reload that
+	// rotates a password overlaps two); each name is one series, healthy
+	// while all of its stores are, since a duplicate fails the scrape.
+	type health struct{ fleetlimit, llmbudget bool }
+	byName := make(map[string]health)
 	keys := make(map[string]int64)
-	engines.Range(func(_, value any) bool {
-		e := value.(*engine)
-		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(e.limiter.Healthy()), e.label, "fleetlimit")
-		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(!e.budgets.Down()), e.label, "llmbudget")
+	stores.Range(func(_, value any) bool {
+		e := value.(*store)
+		name := e.identity.String()
+		h, seen := byName[name]
+		if !seen {
+			h = health{true, true}
+		}
+		byName[name] = health{h.fleetlimit && e.limiter.Healthy(), h.llmbudget && !e.budgets.Down()}
 		for _, z := range e.limiter.Zones() {
 			keys[z.Name()] += z.Keys()
 		}
 		return true
 	})
+	for name, h := range byName {
+		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(h.fleetlimit), name, "fleetlimit")
+		ch <- prometheus.MustNewConstMetric(storeHealthyDesc, prometheus.GaugeValue, boolGauge(h.llmbudget), name, "llmbudget")
+	}
 	for zone, n := range keys {
 		ch <- prometheus.MustNewConstMetric(trackedKeysDesc, prometheus.GaugeValue, float64(n), zone)
 	}
@@ -219,15 +231,4 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-// storeLabel is a store's pool identity without its connection secrets
-// (TLS, password hashes, which come last): what a metric label may show.
-func storeLabel(poolKey string) string {
-	public := map[string]int{"memory": 2, "redis": 5, "cluster": 4, "sentinel": 5}
-	parts := strings.Split(poolKey, "|")
-	if n, ok := public[parts[0]]; ok && len(parts) > n {
-		parts = parts[:n]
-	}
-	return strings.Join(parts, "|")
 }

@@ -30,7 +30,7 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 	reserved := promptEstimate + outputCap
 	// The response reaches the client first: the settle runs after this
 	// handler has returned, off the response path.
-	h.engine.settleLater(func() { h.settle(res, out, spend, reserved, model) })
+	h.store.settleLater(func() { h.settle(res, out, spend, reserved, model) })
 }
 
 // settle applies the outcome of a response to its reservation, on a context
@@ -48,13 +48,13 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 	switch out.source {
 	case "released":
 		op = "release"
-		err = h.engine.budgets.Release(ctx, res)
+		err = h.store.budgets.Release(ctx, res)
 	case "reserved", "abandoned":
 		// No readable usage, or a client that left after the upstream had the
 		// request: the upstream bills it, so the reservation stands. Never free.
-		err = h.engine.budgets.Keep(ctx, res)
+		err = h.store.budgets.Keep(ctx, res)
 	default:
-		err = h.engine.budgets.Settle(ctx, res, spend)
+		err = h.store.budgets.Settle(ctx, res, spend)
 	}
 	if errors.Is(err, budget.ErrReservationLost) {
 		// Nothing was applied: the record expired (a response longer than
