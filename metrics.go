@@ -23,7 +23,6 @@ var metrics = struct {
 	llmCost            *prometheus.CounterVec
 	llmSettles         *prometheus.CounterVec
 	llmSettleOutcomes  *prometheus.CounterVec
-	llmSettleFailures  prometheus.Counter
 	llmResolved        *prometheus.CounterVec
 	llmUsageRatio      prometheus.Histogram
 	llmInvalidUsage    prometheus.Counter
@@ -97,12 +96,6 @@ var metrics = struct {
 		Name:      "settle_outcomes_total",
 		Help:      "What became of settles and releases: ok (applied), lost (no reservation was found to apply to: its record expired or the store lost its data; nothing was applied), unknown (the store's reply was lost; resolved in the background, see resolved_total), failed (the background gave up: the counters keep the reservation).",
 	}, []string{"outcome"}),
-	llmSettleFailures: prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "fleetguard",
-		Subsystem: "llmbudget",
-		Name:      "settle_failures_total",
-		Help:      "Settles that failed after retries and were handed to the background (settle_outcomes_total{outcome=\"unknown\"}).",
-	}),
 	llmResolved: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
@@ -154,7 +147,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
-		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmSettleFailures, m.llmResolved, m.llmUsageRatio,
+		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
 		m.llmInvalidUsage, m.llmOversizedEvents, m.panics}
 }
 

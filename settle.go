@@ -69,7 +69,6 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 		// The settle's outcome is unknown (it may apply late); it is resolved
 		// in the background and counted there, never as charged here.
 		metrics.storeErrors.WithLabelValues(op).Inc()
-		metrics.llmSettleFailures.Inc()
 		metrics.llmSettleOutcomes.WithLabelValues("unknown").Inc()
 		h.logger.Warn("settling a budget reservation failed; it is retried in the background, and the counters keep the reservation meanwhile",
 			zap.String("reservation", res.ID), zap.Strings("budgets", holdNames(res.Holds)), zap.Error(err))
