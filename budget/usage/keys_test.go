@@ -28,6 +28,16 @@ func TestAmbiguousBodiesAreRefused(t *testing.T) {
 		{"nested generationConfig duplicate", Gemini, gemini, `{"contents":[],"generationConfig":{"maxOutputTokens":5,"maxOutputTokens":9000}}`, false},
 		{"nested options variant", OpenAIChat, chat, `{"model":"m","options":{"NUM_PREDICT":5}}`, false},
 		{"keys inside strings are text", OpenAIChat, chat, `{"model":"m","messages":[{"role":"user","content":"\"MODEL\": \"x\", \"model\":"}]}`, true},
+		{"gemini snake_case alone", Gemini, gemini, `{"system_instruction":{"parts":[]},"generation_config":{"max_output_tokens":5,"candidate_count":2}}`, true},
+		{"generationConfig in both spellings", Gemini, gemini, `{"generationConfig":{"maxOutputTokens":9000},"generation_config":{"max_output_tokens":5}}`, false},
+		{"systemInstruction in both spellings", Gemini, gemini, `{"systemInstruction":{"parts":[{"text":"a"}]},"system_instruction":{"parts":[]}}`, false},
+		{"maxOutputTokens in both spellings", Gemini, gemini, `{"generation_config":{"maxOutputTokens":9000,"max_output_tokens":5}}`, false},
+		{"candidateCount in both spellings", Gemini, gemini, `{"generationConfig":{"candidate_count":1,"candidateCount":8}}`, false},
+		{"case-variant snake parent", Gemini, gemini, `{"Generation_Config":{"max_output_tokens":5}}`, false},
+		{"case-variant snake field", Gemini, gemini, `{"generation_config":{"Max_Output_Tokens":5}}`, false},
+		{"part with inlineData in both spellings", Gemini, gemini, `{"contents":[{"parts":[{"inlineData":{"data":"x"},"inline_data":{"data":"y"}}]}]}`, false},
+		{"part with fileData in both spellings", Gemini, gemini, `{"system_instruction":{"parts":[{"file_data":{},"fileData":{}}]}}`, false},
+		{"duplicate best_of", OpenAICompletions, "/v1/completions", `{"model":"m","best_of":1,"best_of":20}`, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,18 +134,18 @@ func BenchmarkCheckAmbiguousTokens(b *testing.B) {
 		if _, err := dec.Token(); err != nil {
 			b.Fatal(err)
 		}
-		seen := map[string]bool{}
+		seen := map[int]bool{}
 		for dec.More() {
 			tok, err := dec.Token()
 			if err != nil {
 				b.Fatal(err)
 			}
 			key := tok.(string)
-			if f, ok := matchField(key, topFields); ok {
-				if seen[f] || key != f {
+			if i, exact := matchField(key, topFields); i >= 0 {
+				if seen[i] || !exact {
 					b.Fatal("ambiguous")
 				}
-				seen[f] = true
+				seen[i] = true
 			}
 			var skip json.RawMessage
 			if err := dec.Decode(&skip); err != nil {
