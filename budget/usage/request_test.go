@@ -89,3 +89,30 @@ func TestGeminiSpellingsEstimateAlike(t *testing.T) {
 		t.Fatalf("prompt estimates: lowerCamel %d, snake_case %d, want %d each", a.PromptTokens, b.PromptTokens, want)
 	}
 }
+
+// The model of a Gemini request is read from the path the format was
+// recognised on: cleaned, without ;parameters, in lower case.
+func TestGeminiModelFromTheCleanedPath(t *testing.T) {
+	tests := []struct {
+		path   string
+		model  string
+		stream bool
+	}{
+		{"/v1beta/models/gemini-2.5-flash:generateContent", "gemini-2.5-flash", false},
+		{"/v1beta/models/gemini-2.0-flash/../gemini-2.5-pro:generateContent", "gemini-2.5-pro", false},
+		{"/v1beta/models/gemini-2.0-flash/./../gemini-2.5-pro:streamGenerateContent", "gemini-2.5-pro", true},
+		{"/v1beta//models/Gemini-2.5-Pro:StreamGenerateContent", "gemini-2.5-pro", true},
+		{"/v1beta/models;x=1/gemini-2.5-pro:generateContent", "gemini-2.5-pro", false},
+		{"/v1beta/models/ gemini-2.5-pro :generateContent", "gemini-2.5-pro", false},
+	}
+	for _, tt := range tests {
+		if f := FormatFromPath(tt.path); f != Gemini {
+			t.Errorf("%s: format %v", tt.path, f)
+			continue
+		}
+		req, err := ParseRequest(Gemini, tt.path, []byte(`{"contents":[]}`))
+		if err != nil || req.Model != tt.model || req.Stream != tt.stream {
+			t.Errorf("%s: model %q stream %v (%v), want %q %v", tt.path, req.Model, req.Stream, err, tt.model, tt.stream)
+		}
+	}
+}
