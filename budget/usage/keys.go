@@ -37,15 +37,21 @@ var (
 		{"model"}, {"stream"}, {"stream_options"}, {"n"}, {"best_of"},
 		{"max_tokens"}, {"max_completion_tokens"}, {"max_output_tokens"},
 		{"messages"}, {"input"}, {"instructions"}, {"system"}, {"tools"}, {"prompt"},
-		{"contents"}, {"systemInstruction", "system_instruction"}, {"generationConfig", "generation_config"},
-		{"options"},
+		{"contents"}, {"systemInstruction", "system_instruction"}, geminiConfig,
+		ollamaOptions,
 	}
 	// nestedFields are keyed by the parent's canonical spelling.
 	nestedFields = map[string][]field{
 		"stream_options":   {{"include_usage"}},
-		"generationConfig": {{"maxOutputTokens", "max_output_tokens"}, {"candidateCount", "candidate_count"}},
-		"options":          {{"num_predict"}},
+		"generationConfig": {geminiMaxOutputTokens, {"candidateCount", "candidate_count"}},
+		"options":          {ollamaNumPredict},
 	}
+
+	// The fields of a cap that lives in a nested object, for Rewrite.
+	geminiConfig          = field{"generationConfig", "generation_config"}
+	geminiMaxOutputTokens = field{"maxOutputTokens", "max_output_tokens"}
+	ollamaOptions         = field{"options"}
+	ollamaNumPredict      = field{"num_predict"}
 	// geminiPartFields are the keys of a Gemini part the prompt estimate
 	// reads (a media part counts a fixed amount, whatever its bytes).
 	geminiPartFields = []field{{"inlineData", "inline_data"}, {"fileData", "file_data"}}
@@ -124,6 +130,12 @@ func matchField(key string, fields []field) (i int, exact bool) {
 // valid JSON) and its raw value, until fn returns false. A value that is not
 // an object has no keys.
 func eachKey(obj []byte, fn func(key string, value []byte) bool) {
+	eachMember(obj, func(key string, start, end int) bool { return fn(key, obj[start:end]) })
+}
+
+// eachMember is eachKey with the value given by where it lies in obj, for
+// splicing.
+func eachMember(obj []byte, fn func(key string, start, end int) bool) {
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
 		return
@@ -143,7 +155,7 @@ func eachKey(obj []byte, fn func(key string, value []byte) bool) {
 		i = skipSpace(obj, end)
 		i = skipSpace(obj, i+1) // the colon
 		vEnd := valueEnd(obj, i)
-		if !fn(key, obj[i:vEnd]) {
+		if !fn(key, i, vEnd) {
 			return
 		}
 		i = vEnd
