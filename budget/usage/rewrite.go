@@ -298,8 +298,3 @@ func (o *objectEdits) bytes() []byte {
 	}
 	return append(out, o.b[at:]...)
 }
-
-// WithIncludeUsage is Rewrite asking an OpenAI chat stream for its usage.
-func WithIncludeUsage(body []byte) ([]byte, error) {
-	return Rewrite(OpenAIChat, body, Rewrites{IncludeUsage: true})
-}
