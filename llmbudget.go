@@ -106,7 +106,7 @@ type LLMBudget struct {
 	// "max_completion_tokens" (OpenAI's current field; its reasoning models
 	// refuse max_tokens) or "max_tokens", for OpenAI-compatible servers that
 	// read only that one (Ollama's OpenAI-compatible API, llama.cpp's server
-	// before 2026, llamafile): there a request that gives only
+	// before February 2026, llamafile): there a request that gives only
 	// max_completion_tokens is given max_tokens too. Every other API gets its
 	// own field (legacy completions max_tokens, Responses max_output_tokens,
 	// Gemini generationConfig.maxOutputTokens, Ollama options.num_predict).

@@ -47,7 +47,8 @@ var (
 		"options":          {ollamaNumPredict},
 	}
 
-	// The fields of a cap that lives in a nested object, for Rewrite.
+	// The objects that hold Gemini's and Ollama's caps, and the cap fields
+	// in them, which Rewrite writes too.
 	geminiConfig          = field{"generationConfig", "generation_config"}
 	geminiMaxOutputTokens = field{"maxOutputTokens", "max_output_tokens"}
 	ollamaOptions         = field{"options"}
