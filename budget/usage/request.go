@@ -110,9 +110,9 @@ func spelled(parent, camel, proto string, camelV, protoV *int64) intField {
 	return intField{parent + camel, camelV}
 }
 
-// geminiConfig returns generationConfig in the spelling the body gives it,
-// with the prefix that names its fields in messages.
-func (raw *rawRequest) geminiConfig() (*generationConfig, string) {
+// geminiGenerationConfig returns generationConfig in the spelling the body
+// gives it, with the prefix that names its fields in messages.
+func (raw *rawRequest) geminiGenerationConfig() (*generationConfig, string) {
 	if raw.GenerationConfigProto != nil {
 		return raw.GenerationConfigProto, "generation_config."
 	}
@@ -131,7 +131,7 @@ func (raw *rawRequest) outputCaps(f Format) []intField {
 	case OpenAIResponses:
 		return []intField{{"max_output_tokens", raw.MaxOutputTokens}}
 	case Gemini:
-		if g, parent := raw.geminiConfig(); g != nil {
+		if g, parent := raw.geminiGenerationConfig(); g != nil {
 			return []intField{spelled(parent, "maxOutputTokens", "max_output_tokens", g.MaxOutputTokens, g.MaxOutputTokensProto)}
 		}
 	case Ollama:
@@ -150,7 +150,7 @@ func (raw *rawRequest) choices(f Format) []intField {
 	n := intField{"n", raw.N}
 	switch f {
 	case Gemini:
-		if g, parent := raw.geminiConfig(); g != nil {
+		if g, parent := raw.geminiGenerationConfig(); g != nil {
 			if c := spelled(parent, "candidateCount", "candidate_count", g.CandidateCount, g.CandidateCountProto); c.v != nil {
 				n = c
 			}
