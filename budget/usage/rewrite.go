@@ -18,9 +18,10 @@ const (
 	// refuse max_tokens); OpenAI and vLLM read both.
 	MaxCompletionTokens ChatCapField = iota
 	// MaxTokens is the older field, the only one some OpenAI-compatible
-	// servers read (Ollama's OpenAI-compatible API, llama.cpp's server before
-	// February 2026, llamafile, llama-cpp-python). Against those a request with only
-	// max_completion_tokens is unbounded, so it is given max_tokens too.
+	// servers read (Ollama's OpenAI-compatible API, llama.cpp's server
+	// before February 2026, llamafile, llama-cpp-python). Against those a
+	// request with only max_completion_tokens is unbounded, so it is given
+	// max_tokens too.
 	MaxTokens
 )
 
