@@ -257,6 +257,8 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_request_body   <size>
 //		format             openai_chat|openai_responses|anthropic|gemini|ollama
 //		inject_stream_usage on|off
+//		chat_cap_field     max_completion_tokens|max_tokens
+//		max_output_tokens  <n> [lower|refuse]
 //		fail_open
 //		shadow
 //		store_timeout <duration>
@@ -363,8 +365,28 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			on := v == "on"
 			h.InjectStreamUsage = &on
+		case "chat_cap_field":
+			if !d.AllArgs(&h.ChatCapField) {
+				return d.Errf("llmbudget: chat_cap_field takes max_completion_tokens or max_tokens")
+			}
+		case "max_output_tokens":
+			args := d.RemainingArgs()
+			if len(args) < 1 || len(args) > 2 {
+				return d.Errf("llmbudget: max_output_tokens takes <n> [lower|refuse]")
+			}
+			n, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || n < 1 {
+				return d.Errf("llmbudget: max_output_tokens: %q is not a whole number above 0", args[0])
+			}
+			h.MaxOutputTokens = n
+			if len(args) == 2 {
+				if args[1] != overMaxOutputLower && args[1] != overMaxOutputRefuse {
+					return d.Errf("llmbudget: max_output_tokens %s %q: want lower or refuse", args[0], args[1])
+				}
+				h.OverMaxOutputTokens = args[1]
+			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line, on a copy so that the

@@ -78,3 +78,27 @@ func TestXcaddyDocListsEveryModule(t *testing.T) {
 		t.Fatalf("found %d fleetguard modules, want at least 4", found)
 	}
 }
+
+// Ollama's OpenAI-compatible API reads only max_tokens: an example in front
+// of it that forwarded max_completion_tokens would leave its requests
+// unbounded.
+func TestExamplesForOllamaForwardMaxTokens(t *testing.T) {
+	files, err := filepath.Glob("examples/*.Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgJSON, _, err := adaptCaddyfileFile(raw, f)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		cfg := string(cfgJSON)
+		if strings.Contains(cfg, `"handler":"llmbudget"`) && strings.Contains(cfg, `:11434"`) && !strings.Contains(cfg, `"chat_cap_field":"max_tokens"`) {
+			t.Errorf("%s proxies to Ollama (:11434) without chat_cap_field max_tokens", f)
+		}
+	}
+}

@@ -104,6 +104,28 @@ type LLMBudget struct {
 	// stream_options.include_usage to ask for it, so the stream reports its
 	// usage. Default true.
 	InjectStreamUsage *bool `json:"inject_stream_usage,omitempty"`
+	// ChatCapField is the field an OpenAI chat request that names no output
+	// cap is forwarded with, holding the cap it reserved:
+	// "max_completion_tokens" (OpenAI's current field; its reasoning models
+	// refuse max_tokens) or "max_tokens", for OpenAI-compatible servers that
+	// read only that one (Ollama's OpenAI-compatible API, llama.cpp's server
+	// before February 2026, llamafile): there a request that gives only
+	// max_completion_tokens is given max_tokens too. Every other API gets its
+	// own field (legacy completions max_tokens, Responses max_output_tokens,
+	// Gemini generationConfig.maxOutputTokens, Ollama options.num_predict).
+	// Default "max_completion_tokens".
+	ChatCapField string `json:"chat_cap_field,omitempty"`
+	// MaxOutputTokens is the largest output cap (per output) forwarded: a
+	// request that asks for more is lowered to it, in its own cap field, and
+	// reserves that (or is refused, see OverMaxOutputTokens); one that names
+	// no cap gets the smaller of this and DefaultMaxTokens. Default 0: no
+	// ceiling beyond the 1,000,000 a request may ask for.
+	MaxOutputTokens int64 `json:"max_output_tokens,omitempty"`
+	// OverMaxOutputTokens is what happens to a request whose own cap is over
+	// MaxOutputTokens: "lower" forwards it with MaxOutputTokens; "refuse"
+	// answers 400 (code output_cap_too_large) in the API's error shape and
+	// forwards nothing. Default "lower".
+	OverMaxOutputTokens string `json:"over_max_output_tokens,omitempty"`
 
 	budgets       []budget.Budget
 	storeTimeout  time.Duration
@@ -111,6 +133,7 @@ type LLMBudget struct {
 	prices        *budget.PriceBook
 	hasUSD        bool
 	format        usage.Format
+	chatCapField  usage.ChatCapField
 	policy        string
 	store         *store
 	logger        *zap.Logger
@@ -199,6 +222,9 @@ func (h *LLMBudget) compile() error {
 	}
 	if h.DefaultMaxTokens == 0 {
 		h.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if err := h.compileOutputCap(); err != nil {
+		return err
 	}
 	if h.MaxRequestBody < 0 {
 		return errors.New("llmbudget: max_request_body: must be > 0")
@@ -347,6 +373,16 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		h.restoreBody(r, body)
 		return h.refuse(w, r, next, format, http.StatusBadRequest, "invalid_request_error", code, err.Error())
 	}
+	outputCap, err := h.outputCap(req)
+	if err != nil {
+		h.restoreBody(r, body)
+		return h.refuse(w, r, next, format, http.StatusBadRequest, "invalid_request_error", "output_cap_too_large", err.Error())
+	}
+	forward, askedUsage, err := h.forwardBody(format, req, body, outputCap)
+	if err != nil {
+		h.restoreBody(r, body)
+		return h.refuse(w, r, next, format, http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+	}
 
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	dims := budget.Dims{Model: req.Model}
@@ -357,10 +393,6 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	if h.Team != "" {
 		dims.Team = repl.ReplaceAll(h.Team, "")
-	}
-	outputCap := req.MaxOutputTokens
-	if outputCap == 0 && !req.NoOutput {
-		outputCap = h.DefaultMaxTokens
 	}
 	estimate := budget.Usage{InputTokens: req.PromptTokens, OutputTokens: outputCap * req.N}
 	spend := budget.Spend{Tokens: estimate.Tokens()}
@@ -414,20 +446,12 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	h.countAll(admitted)
 	h.setRateLimitHeaders(w.Header(), res.Holds, time.Now())
-	injected := false
-	if (format == usage.OpenAIChat || format == usage.OpenAICompletions) && req.Stream && !req.IncludeUsage && h.injectStreamUsage() {
-		if rewritten, err := usage.WithIncludeUsage(body); err == nil {
-			body, injected = rewritten, true
-		} else {
-			h.logger.Debug("could not ask the stream for usage; it will be estimated", zap.Error(err))
-		}
-	}
-	h.restoreBody(r, body)
+	h.restoreBody(r, forward)
 
 	mw := newMeteringWriter(w, format)
 	// The client did not ask for the usage chunk (or said no): it still
 	// settles the budget, but the client does not see it.
-	mw.stripUsage = injected
+	mw.stripUsage = askedUsage
 	defer h.finish(r, res, mw, req.PromptTokens, outputCap*req.N, price, model)
 	return next.ServeHTTP(mw, r)
 }

@@ -1,6 +1,8 @@
 // Package usage reads the LLM wire formats fleetguard budgets: what a request
 // asks for (model, streaming, output cap, an estimate of its prompt tokens)
-// and what a response reports it used.
+// and what a response reports it used. Rewrite changes a request the way
+// the budget needs before it is forwarded (its output cap, a stream's usage),
+// splicing values into the client's bytes.
 //
 // Formats: OpenAI Chat Completions (/v1/chat/completions), OpenAI Responses
 // (/v1/responses) and Anthropic Messages (/v1/messages), and servers

@@ -100,12 +100,20 @@ func NormalizePath(p string) string {
 }
 
 // geminiModel is the model named by a Gemini path such as
-// /v1beta/models/gemini-2.5-flash:streamGenerateContent.
+// /v1beta/models/gemini-2.5-flash:streamGenerateContent, read from the
+// normalized path, the one FormatFromPath recognised the format on: the
+// upstream resolves "." and ".." before it routes, so
+// /models/gemini-2.0-flash/../gemini-2.5-pro:generateContent is served, and
+// priced, as gemini-2.5-pro. The model comes out in lower case: Google's
+// model ids are lower case, so a variant in another case is either served as
+// that model or not found, and in both cases budgeted as that model (a
+// `model` budget cannot be stepped around by changing case).
 func geminiModel(path string) (model string, stream bool) {
-	i := strings.LastIndex(path, "/models/")
+	p := NormalizePath(path)
+	i := strings.LastIndex(p, "/models/")
 	if i < 0 {
 		return "", false
 	}
-	model, method, _ := strings.Cut(path[i+len("/models/"):], ":")
-	return model, strings.HasPrefix(method, "streamGenerateContent")
+	model, method, _ := strings.Cut(p[i+len("/models/"):], ":")
+	return strings.TrimSpace(model), method == "streamgeneratecontent"
 }

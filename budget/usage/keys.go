@@ -3,6 +3,8 @@ package usage
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -11,91 +13,130 @@ import (
 // A body with "MODEL" next to "model", or "Max_Tokens" beside "max_tokens",
 // would be priced and capped by one value and served by another. So every
 // object whose fields the budget reads is checked first: a field that appears
-// twice, or in another case than its own, makes the request ambiguous.
+// twice (in one spelling or two), or in another case than its own, makes the
+// request ambiguous.
 
 // ErrAmbiguous is the reason of a body with a field the budget reads given
-// twice or in another case; it wraps ErrBadRequest.
+// twice, in both its spellings, or in another case; it wraps ErrBadRequest.
 var ErrAmbiguous = fmt.Errorf("%w: ambiguous request", ErrBadRequest)
+
+// A field is one field the budget reads, by its spellings. Most fields have
+// one; Gemini's have two, because Google's JSON API parses requests as proto
+// JSON, which accepts a field's lowerCamel JSON name and its original
+// snake_case proto name alike ("generationConfig" and "generation_config").
+// A body that gives both spellings of one field is as ambiguous as one that
+// gives a field twice: which one the upstream serves is not defined.
+type field []string
+
+// name is the field's canonical spelling, the one the budget writes.
+func (f field) name() string { return f[0] }
 
 // readFields are the fields the budget reads, per object.
 var (
-	topFields = []string{
-		"model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "max_output_tokens",
-		"messages", "input", "instructions", "system", "tools", "prompt",
-		"contents", "systemInstruction", "generationConfig", "options",
+	topFields = []field{
+		{"model"}, {"stream"}, {"stream_options"}, {"n"}, {"best_of"},
+		{"max_tokens"}, {"max_completion_tokens"}, {"max_output_tokens"},
+		{"messages"}, {"input"}, {"instructions"}, {"system"}, {"tools"}, {"prompt"},
+		{"contents"}, {"systemInstruction", "system_instruction"}, geminiConfig,
+		ollamaOptions,
 	}
-	nestedFields = map[string][]string{
-		"stream_options":   {"include_usage"},
-		"generationConfig": {"maxOutputTokens", "candidateCount"},
-		"options":          {"num_predict"},
+	// nestedFields are keyed by the parent's canonical spelling.
+	nestedFields = map[string][]field{
+		"stream_options":   {{"include_usage"}},
+		"generationConfig": {geminiMaxOutputTokens, {"candidateCount", "candidate_count"}},
+		"options":          {ollamaNumPredict},
 	}
+
+	// The objects that hold Gemini's and Ollama's caps, and the cap fields
+	// in them, which Rewrite writes too.
+	geminiConfig          = field{"generationConfig", "generation_config"}
+	geminiMaxOutputTokens = field{"maxOutputTokens", "max_output_tokens"}
+	ollamaOptions         = field{"options"}
+	ollamaNumPredict      = field{"num_predict"}
+	// geminiPartFields are the keys of a Gemini part the prompt estimate
+	// reads (a media part counts a fixed amount, whatever its bytes).
+	geminiPartFields = []field{{"inlineData", "inline_data"}, {"fileData", "file_data"}}
 )
 
 // checkAmbiguous reports the first field the budget reads that body (a valid
-// JSON object) gives twice or in another case, at the top or in one of the
-// nested objects the budget reads.
+// JSON object) gives twice, in two spellings, or in another case than its
+// own, at the top or in one of the nested objects the budget reads.
 func checkAmbiguous(body []byte) error {
-	var bad string
-	nested := make(map[string][]byte, 4)
-	eachKey(body, func(key string, value []byte) bool {
-		if f, ok := matchField(key, topFields); ok {
-			if _, again := nested[f]; again || key != f {
-				bad = key
-				return false
-			}
-			nested[f] = value
-		}
-		return true
-	})
-	if bad != "" {
+	type member struct {
+		key   string // as the body spells it
+		value []byte
+	}
+	nested := make(map[string]member, 4)
+	if bad := checkObject(body, topFields, func(f field, key string, value []byte) { nested[f.name()] = member{key, value} }); bad != "" {
 		return ambiguous(bad, "")
 	}
 	for parent, fields := range nestedFields {
-		value := nested[parent]
-		if len(value) == 0 {
-			continue
-		}
-		seen := make(map[string]bool, len(fields))
-		eachKey(value, func(key string, _ []byte) bool {
-			if f, ok := matchField(key, fields); ok {
-				if seen[f] || key != f {
-					bad = key
-					return false
-				}
-				seen[f] = true
+		if m := nested[parent]; len(m.value) > 0 {
+			if bad := checkObject(m.value, fields, nil); bad != "" {
+				return ambiguous(bad, strconv.Quote(m.key))
 			}
-			return true
-		})
-		if bad != "" {
-			return ambiguous(bad, parent)
 		}
 	}
 	return nil
 }
 
-func ambiguous(key, parent string) error {
-	where := "the body"
-	if parent != "" {
-		where = `"` + parent + `"`
-	}
-	return fmt.Errorf("%w: %s: key %q repeats a field or differs from it only in case; upstream APIs read keys by exact case", ErrAmbiguous, where, key)
+// checkObject returns the first key of obj that gives one of fields again
+// (twice, or in its other spelling) or in another case than a spelling of
+// its own, or "" when there is none. found, if set, is called with each
+// field obj gives, its key and its raw value.
+func checkObject(obj []byte, fields []field, found func(f field, key string, value []byte)) (bad string) {
+	seen := make([]bool, len(fields))
+	eachKey(obj, func(key string, value []byte) bool {
+		i, exact := matchField(key, fields)
+		if i < 0 {
+			return true
+		}
+		if seen[i] || !exact {
+			bad = key
+			return false
+		}
+		seen[i] = true
+		if found != nil {
+			found(fields[i], key, value)
+		}
+		return true
+	})
+	return bad
 }
 
-// matchField returns the field of fields that key names without regard to
-// case (as encoding/json would match it).
-func matchField(key string, fields []string) (string, bool) {
-	for _, f := range fields {
-		if strings.EqualFold(key, f) {
-			return f, true
+// ambiguous is the error of key, given in the object named by where ("" for
+// the body itself).
+func ambiguous(key, where string) error {
+	if where == "" {
+		where = "the body"
+	}
+	return fmt.Errorf("%w: %s: key %q repeats a field (or its other spelling) or differs from it only in case; upstream APIs read keys by exact case", ErrAmbiguous, where, key)
+}
+
+// matchField returns the index of the field of fields that key names
+// without regard to case (as encoding/json would match it), or -1, and
+// whether key is exactly one of that field's spellings.
+func matchField(key string, fields []field) (i int, exact bool) {
+	for i, f := range fields {
+		for _, spelling := range f {
+			if strings.EqualFold(key, spelling) {
+				return i, slices.Contains(f, key)
+			}
 		}
 	}
-	return "", false
+	return -1, false
 }
 
 // eachKey calls fn with every key of the JSON object obj (already known to be
 // valid JSON) and its raw value, until fn returns false. A value that is not
 // an object has no keys.
 func eachKey(obj []byte, fn func(key string, value []byte) bool) {
+	eachMember(obj, func(key string, start, end int) bool { return fn(key, obj[start:end]) })
+}
+
+// eachMember is eachKey with the value given by where it lies in obj, for
+// splicing.
+func eachMember(obj []byte, fn func(key string, start, end int) bool) {
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
 		return
@@ -115,7 +156,7 @@ func eachKey(obj []byte, fn func(key string, value []byte) bool) {
 		i = skipSpace(obj, end)
 		i = skipSpace(obj, i+1) // the colon
 		vEnd := valueEnd(obj, i)
-		if !fn(key, obj[i:vEnd]) {
+		if !fn(key, i, vEnd) {
 			return
 		}
 		i = vEnd

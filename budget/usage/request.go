@@ -29,11 +29,19 @@ type Request struct {
 	Stream bool
 	// IncludeUsage is stream_options.include_usage of an OpenAI chat stream.
 	IncludeUsage bool
-	// N is how many choices are asked for (1 unless the body says).
+	// N is how many outputs the upstream generates, and bills: n (Gemini's
+	// candidateCount), or legacy completions' best_of where it is larger. 1
+	// unless the body says.
 	N int64
-	// MaxOutputTokens is the output cap the body gives (max_tokens,
-	// max_completion_tokens or max_output_tokens); 0 when it gives none.
+	// MaxOutputTokens is the output cap the body gives in a field its API
+	// reads: max_tokens or max_completion_tokens (OpenAI chat; the larger
+	// counts), max_tokens (legacy completions, Anthropic), max_output_tokens
+	// (Responses), generationConfig.maxOutputTokens (Gemini),
+	// options.num_predict above 0 (Ollama). 0 when it gives none.
 	MaxOutputTokens int64
+	// MaxOutputTokensField names the field MaxOutputTokens was read from, as
+	// the body spells it: "max_tokens", "generation_config.max_output_tokens".
+	MaxOutputTokensField string
 	// PromptTokens estimates the input tokens from the text parts.
 	PromptTokens int64
 	// NoOutput is true for an API that only reads input (embeddings): no
@@ -56,6 +64,7 @@ type rawRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	N                   *int64 `json:"n"`
+	BestOf              *int64 `json:"best_of"`
 	MaxTokens           *int64 `json:"max_tokens"`
 	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
 	MaxOutputTokens     *int64 `json:"max_output_tokens"`
@@ -67,17 +76,89 @@ type rawRequest struct {
 	Tools        json.RawMessage   `json:"tools"`
 	Prompt       json.RawMessage   `json:"prompt"`
 
-	// Gemini.
-	Contents          json.RawMessage `json:"contents"`
-	SystemInstruction json.RawMessage `json:"systemInstruction"`
-	GenerationConfig  *struct {
-		MaxOutputTokens *int64 `json:"maxOutputTokens"`
-		CandidateCount  *int64 `json:"candidateCount"`
-	} `json:"generationConfig"`
+	// Gemini, in both proto JSON spellings (keys.go refuses a body with both).
+	Contents               json.RawMessage   `json:"contents"`
+	SystemInstruction      json.RawMessage   `json:"systemInstruction"`
+	SystemInstructionProto json.RawMessage   `json:"system_instruction"`
+	GenerationConfig       *generationConfig `json:"generationConfig"`
+	GenerationConfigProto  *generationConfig `json:"generation_config"`
 	// Ollama.
 	Options *struct {
 		NumPredict *int64 `json:"num_predict"`
 	} `json:"options"`
+}
+
+type generationConfig struct {
+	MaxOutputTokens      *int64 `json:"maxOutputTokens"`
+	MaxOutputTokensProto *int64 `json:"max_output_tokens"`
+	CandidateCount       *int64 `json:"candidateCount"`
+	CandidateCountProto  *int64 `json:"candidate_count"`
+}
+
+// intField is an integer field of the body, named as the body spells it;
+// v is nil when the body does not give it (or gives null).
+type intField struct {
+	name string
+	v    *int64
+}
+
+// spelled is the one of two spellings of a field the body gives.
+func spelled(parent, camel, proto string, camelV, protoV *int64) intField {
+	if protoV != nil {
+		return intField{parent + proto, protoV}
+	}
+	return intField{parent + camel, camelV}
+}
+
+// geminiGenerationConfig returns generationConfig in the spelling the body
+// gives it, with the prefix that names its fields in messages.
+func (raw *rawRequest) geminiGenerationConfig() (*generationConfig, string) {
+	if raw.GenerationConfigProto != nil {
+		return raw.GenerationConfigProto, "generation_config."
+	}
+	return raw.GenerationConfig, "generationConfig."
+}
+
+// outputCaps are the output caps the body gives in the fields the upstream of
+// format f reads. A field of another API (max_output_tokens sent to chat
+// completions) caps nothing there: the upstream ignores or refuses it.
+func (raw *rawRequest) outputCaps(f Format) []intField {
+	switch f {
+	case OpenAIChat:
+		return []intField{{"max_tokens", raw.MaxTokens}, {"max_completion_tokens", raw.MaxCompletionTokens}}
+	case OpenAICompletions, Anthropic:
+		return []intField{{"max_tokens", raw.MaxTokens}}
+	case OpenAIResponses:
+		return []intField{{"max_output_tokens", raw.MaxOutputTokens}}
+	case Gemini:
+		if g, parent := raw.geminiGenerationConfig(); g != nil {
+			return []intField{spelled(parent, "maxOutputTokens", "max_output_tokens", g.MaxOutputTokens, g.MaxOutputTokensProto)}
+		}
+	case Ollama:
+		// num_predict <= 0 sets no cap: -1 is unbounded, -2 fills the context.
+		if o := raw.Options; o != nil && o.NumPredict != nil && *o.NumPredict > 0 {
+			return []intField{{"options.num_predict", o.NumPredict}}
+		}
+	}
+	return nil
+}
+
+// choices are the fields that multiply the output of format f: the largest
+// counts. Legacy completions generate best_of candidates (and bill them all)
+// to return n.
+func (raw *rawRequest) choices(f Format) []intField {
+	n := intField{"n", raw.N}
+	switch f {
+	case Gemini:
+		if g, parent := raw.geminiGenerationConfig(); g != nil {
+			if c := spelled(parent, "candidateCount", "candidate_count", g.CandidateCount, g.CandidateCountProto); c.v != nil {
+				n = c
+			}
+		}
+	case OpenAICompletions:
+		return []intField{n, {"best_of", raw.BestOf}}
+	}
+	return []intField{n}
 }
 
 // ParseRequest reads a request body of format f sent to path (Gemini names
@@ -110,52 +191,36 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 	req.IncludeUsage = raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage
 	req.NoOutput = f == OpenAIEmbeddings
 	req.N = 1
-	n, nName := raw.N, "n"
-	caps := []struct {
-		name string
-		v    *int64
-	}{{"max_tokens", raw.MaxTokens}, {"max_completion_tokens", raw.MaxCompletionTokens}, {"max_output_tokens", raw.MaxOutputTokens}}
-	if g := raw.GenerationConfig; g != nil {
-		caps = append(caps, struct {
-			name string
-			v    *int64
-		}{"generationConfig.maxOutputTokens", g.MaxOutputTokens})
-		if g.CandidateCount != nil {
-			n, nName = g.CandidateCount, "generationConfig.candidateCount"
+	for _, c := range raw.choices(f) {
+		if c.v == nil {
+			continue
 		}
-	}
-	// Ollama: num_predict -1 (unbounded) and -2 (fill the context) set no cap.
-	if o := raw.Options; o != nil && o.NumPredict != nil && *o.NumPredict > 0 {
-		caps = append(caps, struct {
-			name string
-			v    *int64
-		}{"options.num_predict", o.NumPredict})
-	}
-	if n != nil {
-		if *n < 1 || *n > MaxChoices {
-			return Request{}, badRequest("field %q must be between 1 and %d", nName, MaxChoices)
+		if *c.v < 1 || *c.v > MaxChoices {
+			return Request{}, badRequest("field %q must be between 1 and %d", c.name, MaxChoices)
 		}
-		req.N = *n
+		req.N = max(req.N, *c.v)
 	}
-	for _, c := range caps {
+	for _, c := range raw.outputCaps(f) {
 		if c.v == nil {
 			continue
 		}
 		if *c.v < 1 || *c.v > MaxOutputCap {
 			return Request{}, badRequest("field %q must be between 1 and %d", c.name, MaxOutputCap)
 		}
-		req.MaxOutputTokens = max(req.MaxOutputTokens, *c.v)
+		if *c.v > req.MaxOutputTokens {
+			req.MaxOutputTokens, req.MaxOutputTokensField = *c.v, c.name
+		}
 	}
 	if f == Anthropic && raw.MaxTokens == nil {
 		return Request{}, badRequest("field \"max_tokens\" is required by the Messages API")
 	}
 
-	var est estimator
+	est := estimator{gemini: f == Gemini}
 	for _, m := range raw.Messages {
 		est.messages++
 		est.add(m)
 	}
-	for _, part := range []json.RawMessage{raw.Input, raw.Instructions, raw.System, raw.Tools, raw.Prompt, raw.SystemInstruction} {
+	for _, part := range []json.RawMessage{raw.Input, raw.Instructions, raw.System, raw.Tools, raw.Prompt, raw.SystemInstruction, raw.SystemInstructionProto} {
 		est.add(part)
 	}
 	if len(raw.Contents) > 0 {
@@ -166,6 +231,9 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 				est.add(c)
 			}
 		}
+	}
+	if est.ambiguousKey != "" {
+		return Request{}, ambiguous(est.ambiguousKey, "a Gemini part")
 	}
 	req.PromptTokens = est.tokens()
 	return req, nil
@@ -190,6 +258,10 @@ type estimator struct {
 	textBytes int64
 	media     int64
 	messages  int64
+	// gemini reads part keys in both proto JSON spellings; ambiguousKey is
+	// the first key of a part that gives one twice, in both spellings.
+	gemini       bool
+	ambiguousKey string
 }
 
 func (e *estimator) tokens() int64 {
@@ -217,7 +289,7 @@ var mediaTypes = map[string]bool{
 var structuralKeys = map[string]bool{
 	"type": true, "role": true, "id": true, "cache_control": true,
 	"detail": true, "media_type": true, "format": true, "call_id": true, "tool_call_id": true,
-	"images": true, "mimeType": true,
+	"images": true, "mimeType": true, "mime_type": true,
 }
 
 func (e *estimator) walk(v any) {
@@ -237,6 +309,15 @@ func (e *estimator) walk(v any) {
 		if t, ok := v["type"].(string); ok && mediaTypes[t] {
 			e.media++
 			return
+		}
+		if e.gemini && e.ambiguousKey == "" {
+			for _, f := range geminiPartFields {
+				if _, camel := v[f[0]]; camel {
+					if _, proto := v[f[1]]; proto {
+						e.ambiguousKey = f[1]
+					}
+				}
+			}
 		}
 		// Gemini marks media parts by key, Ollama lists images per message.
 		for _, k := range [...]string{"inlineData", "inline_data", "fileData", "file_data"} {

@@ -1,5 +1,6 @@
 // Package fakellm is a local OpenAI-, Anthropic- and Ollama-compatible
-// upstream for tests and bench scripts. Every answer reports a fixed usage.
+// upstream for tests and bench scripts. Every answer reports a fixed usage
+// (at most the request's own output cap with StopAtCap).
 //
 // An embeddings request reports Input tokens only. A chat completion with
 // "stream": true is streamed as Chunks SSE chunks
@@ -13,6 +14,7 @@
 package fakellm
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,10 +28,15 @@ import (
 
 // Server answers like an LLM API.
 type Server struct {
-	Input, Output int           // tokens reported per request
-	Delay         time.Duration // before answering
-	Chunks        int           // chunks per stream
-	Interval      time.Duration // between chunks
+	Input, Output int // tokens reported per request
+	// StopAtCap makes a chat or Anthropic request that names an output cap
+	// (max_completion_tokens or max_tokens) report at most that many output
+	// tokens, as a model stops at its cap; Output is then what a request
+	// without one writes.
+	StopAtCap bool
+	Delay     time.Duration // before answering
+	Chunks    int           // chunks per stream
+	Interval  time.Duration // between chunks
 	// Gate, when set, is received from after a stream's first chunk, so a
 	// test can hold a stream open.
 	Gate chan struct{}
@@ -67,8 +74,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		StreamOptions struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
+		MaxCompletionTokens int `json:"max_completion_tokens"`
+		MaxTokens           int `json:"max_tokens"`
 	}
 	_ = json.Unmarshal(body, &req)
+	output := s.Output
+	if limit := cmp.Or(req.MaxCompletionTokens, req.MaxTokens); s.StopAtCap && limit > 0 {
+		output = min(output, limit)
+	}
 
 	delay := s.Delay
 	if d, err := time.ParseDuration(r.Header.Get("X-Fake-Delay")); err == nil {
@@ -82,7 +95,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a := answer{
-		s: s, w: w, model: req.Model,
+		s: s, w: w, model: req.Model, output: output,
 		noUsage: r.Header.Get("X-Fake-No-Usage") != "",
 		chunks:  s.Chunks,
 	}
@@ -95,7 +108,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.anthropicStream()
 	case strings.HasSuffix(r.URL.Path, "/messages"):
 		a.json(fmt.Sprintf(`{"id":"msg_fake","type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":"hello"}],"stop_reason":"end_turn"%s}`,
-			req.Model, a.usage(`,"usage":{"input_tokens":%d,"output_tokens":%d}`, s.Input, s.Output)))
+			req.Model, a.usage(`,"usage":{"input_tokens":%d,"output_tokens":%d}`, s.Input, output)))
 	case strings.HasSuffix(r.URL.Path, "/embeddings"):
 		a.json(fmt.Sprintf(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":%q%s}`,
 			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"total_tokens":%d}`, s.Input, s.Input)))
@@ -103,13 +116,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.chatStream(req.StreamOptions.IncludeUsage)
 	default:
 		a.json(fmt.Sprintf(`{"id":"chatcmpl-fake","object":"chat.completion","model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]%s}`,
-			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.Input, s.Output, s.Input+s.Output)))
+			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.Input, output, s.Input+output)))
 	}
 }
 
 // answer is one response being written.
 type answer struct {
 	s       *Server
+	output  int // tokens reported
 	w       http.ResponseWriter
 	model   string
 	noUsage bool
@@ -153,7 +167,7 @@ func (a *answer) chatStream(includeUsage bool) {
 	}
 	if includeUsage && !a.noUsage {
 		s := a.s
-		a.send(fmt.Sprintf("data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", a.model, s.Input, s.Output, s.Input+s.Output))
+		a.send(fmt.Sprintf("data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", a.model, s.Input, a.output, s.Input+a.output))
 	}
 	a.send("data: [DONE]\n\n")
 }
@@ -172,7 +186,7 @@ func (a *answer) anthropicStream() {
 	}
 	a.send("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n")
 	// message_delta usage is cumulative: a meter that summed would charge 1.5x.
-	a.send(fmt.Sprintf("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":null},\"usage\":{\"output_tokens\":%d}}\n\n", s.Output/2))
-	a.send(fmt.Sprintf("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":%d}}\n\n", s.Output))
+	a.send(fmt.Sprintf("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":null},\"usage\":{\"output_tokens\":%d}}\n\n", a.output/2))
+	a.send(fmt.Sprintf("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":%d}}\n\n", a.output))
 	a.send("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
 }

@@ -1,0 +1,118 @@
+package usage
+
+import (
+	"errors"
+	"testing"
+)
+
+const (
+	chatPath        = "/v1/chat/completions"
+	completionsPath = "/v1/completions"
+	geminiPath      = "/v1beta/models/gemini-2.0-flash:generateContent"
+)
+
+// TestParseRequestReadsWhatTheUpstreamReads: the output cap and the number of
+// outputs are read from the fields the API of the format reads, in every
+// spelling it accepts.
+func TestParseRequestReadsWhatTheUpstreamReads(t *testing.T) {
+	tests := []struct {
+		name     string
+		format   Format
+		path     string
+		body     string
+		n, cap   int64
+		capField string
+	}{
+		{"gemini lowerCamel", Gemini, geminiPath, `{"contents":[],"generationConfig":{"candidateCount":8,"maxOutputTokens":1000}}`, 8, 1000, "generationConfig.maxOutputTokens"},
+		{"gemini snake_case", Gemini, geminiPath, `{"contents":[],"generation_config":{"candidate_count":8,"max_output_tokens":1000}}`, 8, 1000, "generation_config.max_output_tokens"},
+		{"gemini snake parent, lowerCamel fields", Gemini, geminiPath, `{"generation_config":{"candidateCount":3,"maxOutputTokens":70}}`, 3, 70, "generation_config.maxOutputTokens"},
+		{"gemini lowerCamel parent, snake fields", Gemini, geminiPath, `{"generationConfig":{"candidate_count":3,"max_output_tokens":70}}`, 3, 70, "generationConfig.max_output_tokens"},
+		{"gemini null config", Gemini, geminiPath, `{"generation_config":null}`, 1, 0, ""},
+		{"completions best_of bills every candidate", OpenAICompletions, completionsPath, `{"model":"m","prompt":"x","best_of":20,"max_tokens":1000}`, 20, 1000, "max_tokens"},
+		{"completions n above best_of", OpenAICompletions, completionsPath, `{"model":"m","prompt":"x","n":4,"best_of":2,"max_tokens":10}`, 4, 10, "max_tokens"},
+		{"best_of outside legacy completions is not an API field", OpenAIChat, chatPath, `{"model":"m","best_of":20,"max_tokens":10}`, 1, 10, "max_tokens"},
+		{"chat: the larger of its two caps", OpenAIChat, chatPath, `{"model":"m","max_tokens":10,"max_completion_tokens":30}`, 1, 30, "max_completion_tokens"},
+		{"chat ignores the Responses field", OpenAIChat, chatPath, `{"model":"m","max_output_tokens":10}`, 1, 0, ""},
+		{"responses ignores the chat field", OpenAIResponses, "/v1/responses", `{"model":"m","max_tokens":10}`, 1, 0, ""},
+		{"completions ignores max_completion_tokens", OpenAICompletions, completionsPath, `{"model":"m","max_completion_tokens":10}`, 1, 0, ""},
+		{"ollama ignores top-level max_tokens", Ollama, "/api/chat", `{"model":"m","max_tokens":10}`, 1, 0, ""},
+		{"ollama num_predict -1 is no cap", Ollama, "/api/chat", `{"model":"m","options":{"num_predict":-1}}`, 1, 0, ""},
+		{"ollama num_predict", Ollama, "/api/generate", `{"model":"m","options":{"num_predict":64}}`, 1, 64, "options.num_predict"},
+		{"gemini ignores top-level caps", Gemini, geminiPath, `{"max_tokens":10,"max_output_tokens":20}`, 1, 0, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := ParseRequest(tt.format, tt.path, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if req.N != tt.n || req.MaxOutputTokens != tt.cap || req.MaxOutputTokensField != tt.capField {
+				t.Fatalf("read n=%d cap=%d (%q), want n=%d cap=%d (%q)", req.N, req.MaxOutputTokens, req.MaxOutputTokensField, tt.n, tt.cap, tt.capField)
+			}
+		})
+	}
+}
+
+func TestParseRequestRefusesOutOfRange(t *testing.T) {
+	tests := []struct {
+		name   string
+		format Format
+		path   string
+		body   string
+	}{
+		{"best_of 0", OpenAICompletions, completionsPath, `{"model":"m","best_of":0}`},
+		{"best_of over MaxChoices", OpenAICompletions, completionsPath, `{"model":"m","best_of":129}`},
+		{"snake candidate_count 0", Gemini, geminiPath, `{"generation_config":{"candidate_count":0}}`},
+		{"snake max_output_tokens over the cap", Gemini, geminiPath, `{"generationConfig":{"max_output_tokens":1000001}}`},
+		{"snake max_output_tokens not an integer", Gemini, geminiPath, `{"generation_config":{"max_output_tokens":"9"}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := ParseRequest(tt.format, tt.path, []byte(tt.body)); !errors.Is(err, ErrBadRequest) {
+				t.Fatalf("error %v, want ErrBadRequest", err)
+			}
+		})
+	}
+}
+
+// Both proto JSON spellings of a Gemini body estimate alike.
+func TestGeminiSpellingsEstimateAlike(t *testing.T) {
+	const image = `"data":"` + "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==" + `"`
+	camel := `{"systemInstruction":{"parts":[{"text":"Be brief."}]},"contents":[{"role":"user","parts":[{"text":"Name three rivers."},{"inlineData":{"mimeType":"image/png",` + image + `}},{"fileData":{"mimeType":"application/pdf","fileUri":"gs://b/a.pdf"}}]}]}`
+	snake := `{"system_instruction":{"parts":[{"text":"Be brief."}]},"contents":[{"role":"user","parts":[{"text":"Name three rivers."},{"inline_data":{"mime_type":"image/png",` + image + `}},{"file_data":{"mime_type":"application/pdf","file_uri":"gs://b/a.pdf"}}]}]}`
+	a, errA := ParseRequest(Gemini, geminiPath, []byte(camel))
+	b, errB := ParseRequest(Gemini, geminiPath, []byte(snake))
+	if errA != nil || errB != nil {
+		t.Fatal(errA, errB)
+	}
+	if want := int64(2*MediaPartTokens + MessageOverheadTokens + (len("Be brief.")+len("Name three rivers.")+BytesPerToken-1)/BytesPerToken); a.PromptTokens != want || b.PromptTokens != want {
+		t.Fatalf("prompt estimates: lowerCamel %d, snake_case %d, want %d each", a.PromptTokens, b.PromptTokens, want)
+	}
+}
+
+// The model of a Gemini request is read from the path the format was
+// recognised on: cleaned, without ;parameters, in lower case.
+func TestGeminiModelFromTheCleanedPath(t *testing.T) {
+	tests := []struct {
+		path   string
+		model  string
+		stream bool
+	}{
+		{"/v1beta/models/gemini-2.5-flash:generateContent", "gemini-2.5-flash", false},
+		{"/v1beta/models/gemini-2.0-flash/../gemini-2.5-pro:generateContent", "gemini-2.5-pro", false},
+		{"/v1beta/models/gemini-2.0-flash/./../gemini-2.5-pro:streamGenerateContent", "gemini-2.5-pro", true},
+		{"/v1beta//models/Gemini-2.5-Pro:StreamGenerateContent", "gemini-2.5-pro", true},
+		{"/v1beta/models;x=1/gemini-2.5-pro:generateContent", "gemini-2.5-pro", false},
+		{"/v1beta/models/ gemini-2.5-pro :generateContent", "gemini-2.5-pro", false},
+	}
+	for _, tt := range tests {
+		if f := FormatFromPath(tt.path); f != Gemini {
+			t.Errorf("%s: format %v", tt.path, f)
+			continue
+		}
+		req, err := ParseRequest(Gemini, tt.path, []byte(`{"contents":[]}`))
+		if err != nil || req.Model != tt.model || req.Stream != tt.stream {
+			t.Errorf("%s: model %q stream %v (%v), want %q %v", tt.path, req.Model, req.Stream, err, tt.model, tt.stream)
+		}
+	}
+}
