@@ -1,0 +1,315 @@
+package fleetguard
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+)
+
+// refusal is why llmbudget answers a request itself instead of forwarding it
+// budgeted. Every phase of ServeHTTP hands its refusals to refuse.
+type refusal struct {
+	kind refusalKind
+	// status, errType (default invalid_request_error), code and message
+	// make the error body; a budget denial builds them in refuse.
+	status                 int
+	errType, code, message string
+	allow                  string // the Allow header of a 405
+	retryAfter             int64  // seconds; 0: no Retry-After
+	noRetry                bool   // x-should-retry: false: waiting does not help
+	// body is what was read of the request body, forwarded where the
+	// refusal is not enforced; bodyStart: only its start (the rest follows).
+	body      []byte
+	bodyStart bool
+	// denial and dims, for refusedBudget.
+	denial *budget.Denial
+	dims   budget.Dims
+}
+
+// refusalKind says what is refused, which decides how it is counted and
+// whether shadow mode or fail_open forward it instead.
+type refusalKind uint8
+
+const (
+	// refusedRequest: the request itself (method, path, body), before any
+	// budget: requests_total{budget="",decision="rejected"}.
+	refusedRequest refusalKind = iota
+	// refusedUnpriced: a model without a price under a dollar budget,
+	// counted as denied by the first dollar budget.
+	refusedUnpriced
+	// refusedStoreDown: the budget store failed (503, or forwarded
+	// unbudgeted with fail_open).
+	refusedStoreDown
+	// refusedBudget: a budget does not admit it (429 tokens, 402 dollars).
+	refusedBudget
+)
+
+// refuse answers ref, or, where it is not enforced, counts and forwards the
+// request: in shadow mode nothing is refused (a budget's denial never gets
+// here in shadow mode: reserve admits it over the limit), and with
+// fail_open a store failure forwards the request unbudgeted.
+func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, format usage.Format, ref *refusal) error {
+	if ref.kind == refusedStoreDown && (h.FailOpen || h.Shadow) {
+		h.countAll(failOpen)
+		return h.forwardUnbudgeted(w, r, next, ref)
+	}
+	if h.Shadow {
+		h.shadowRejected.Inc()
+		h.logger.Info("shadow: request would be refused", zap.Int("status", ref.status), zap.String("code", ref.code), zap.String("reason", ref.message))
+		return h.forwardUnbudgeted(w, r, next, ref)
+	}
+	switch ref.kind {
+	case refusedRequest:
+		h.rejected.Inc()
+	case refusedUnpriced:
+		h.decisions[h.firstUSD][denied].Inc()
+	case refusedStoreDown:
+		h.countAll(storeError)
+	case refusedBudget:
+		h.decisions[h.budgetIndex(ref.denial.Budget)][denied].Inc()
+		h.explainDenial(w, r, ref)
+	}
+	hdr := w.Header()
+	if ref.allow != "" {
+		hdr.Set("Allow", ref.allow)
+	}
+	if ref.retryAfter > 0 {
+		hdr.Set("Retry-After", strconv.FormatInt(ref.retryAfter, 10))
+	}
+	if ref.noRetry {
+		hdr.Set("X-Should-Retry", "false")
+	}
+	return writeError(w, format, ref.status, cmp.Or(ref.errType, "invalid_request_error"), ref.code, ref.message)
+}
+
+// forwardUnbudgeted hands the request to the next handler as the client sent
+// it.
+func (h *LLMBudget) forwardUnbudgeted(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, ref *refusal) error {
+	switch {
+	case ref.bodyStart:
+		forwardRest(r, ref.body)
+	case ref.body != nil:
+		h.restoreBody(r, ref.body)
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// shadowDenied counts, logs and announces a denial that shadow mode does not
+// enforce.
+func (h *LLMBudget) shadowDenied(r *http.Request, d *budget.Denial, dims budget.Dims) {
+	h.decisions[h.budgetIndex(d.Budget)][shadowDenied].Inc()
+	h.logger.Info("shadow: request would be denied by budget",
+		zap.String("budget", d.Budget.Name),
+		zap.String("scope", d.Budget.Scope.String()),
+		zap.Int64("requested", d.Amount),
+		zap.Int64("used", d.Used),
+		zap.Int64("limit", d.Budget.Limit))
+	h.emitDenied(r, d, dims, true)
+}
+
+// explainDenial fills in a budget's denial: 429 for a token budget, 402 for
+// a dollar budget, the RateLimit headers, the placeholders, the event, the
+// debug line, when to retry, and a message in the budget's unit.
+func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *refusal) {
+	d := ref.denial
+	now := time.Now()
+	retry := ceilSeconds(d.WindowEnd.Sub(now))
+	ref.status, ref.errType, ref.code = http.StatusTooManyRequests, "budget_exceeded", "token_budget_exceeded"
+	if d.Budget.Unit == budget.USD {
+		ref.status, ref.code = http.StatusPaymentRequired, "usd_budget_exceeded"
+	}
+	h.setRateLimitHeaders(w.Header(), d.Holds, now)
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	repl.Set("http.llmbudget.budget", d.Budget.Name)
+	h.emitDenied(r, d, ref.dims, false)
+	h.logger.Debug("request denied by budget",
+		zap.String("budget", d.Budget.Name),
+		zap.String("scope", d.Budget.Scope.String()),
+		zap.String("principal_hash", keyhash.Of(ref.dims.Principal).String()),
+		zap.String("model", ref.dims.Model),
+		zap.Int64("requested", d.Amount),
+		zap.Int64("used", d.Used),
+		zap.Int64("limit", d.Budget.Limit))
+	amount := func(n int64) string { return formatAmount(d.Budget.Unit, n) }
+	window := time.Duration(d.Budget.Window)
+	switch {
+	case d.Amount > d.Budget.Limit:
+		// No window will ever admit it: say what to lower, and tell SDKs not
+		// to retry (they would sleep Retry-After and fail again).
+		ref.code, ref.noRetry = "request_exceeds_budget", true
+		ref.message = fmt.Sprintf("this request alone needs up to %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%s per %s): lower max_tokens or shorten the prompt",
+			amount(d.Amount), d.Budget.Name, amount(d.Budget.Limit), window)
+		return
+	case d.Used >= d.Budget.Limit:
+		ref.message = fmt.Sprintf("budget %q (%s, per %s) is exhausted for this window: %s of %s used; it resets in %ds",
+			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Budget.Limit), retry)
+	default:
+		// Headroom remains, but not enough: the request does not fit. It may
+		// once requests in flight settle below what they reserved.
+		ref.message = fmt.Sprintf("this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s); it may fit once requests in flight settle, or when the window resets in %ds",
+			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Budget.Limit-d.Used), amount(d.Budget.Limit), amount(d.Used), retry)
+	}
+	ref.retryAfter = retry
+	repl.Set("http.llmbudget.retry_after", retry)
+	// SDKs retry a 429 after sleeping Retry-After: with a long window one
+	// call would block for hours. They honour x-should-retry.
+	ref.noRetry = time.Duration(retry)*time.Second > h.maxRetryAfter
+}
+
+// formatAmount writes n in the budget's unit, as its users count it: tokens,
+// or dollars (a USD budget counts micro-dollars) with at least two decimals
+// and no rounding, so a denial never reads as if it fit.
+func formatAmount(u budget.Unit, n int64) string {
+	if u != budget.USD {
+		return strconv.FormatInt(n, 10) + " tokens"
+	}
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	fraction := strings.TrimRight(fmt.Sprintf("%06d", n%budget.MicrosPerUSD), "0")
+	for len(fraction) < 2 {
+		fraction += "0"
+	}
+	return sign + "$" + strconv.FormatInt(n/budget.MicrosPerUSD, 10) + "." + fraction
+}
+
+// emitDenied emits llmbudget_denied for d.
+func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Dims, shadow bool) {
+	if !h.events.wants(eventLLMBudgetDenied) {
+		return
+	}
+	h.events.emit(eventLLMBudgetDenied, map[string]any{
+		"budget":     d.Budget.Name,
+		"scope":      d.Budget.Scope.String(),
+		"scope_hash": keyhash.Of(dims.Value(d.Budget.Scope)).String(),
+		"unit":       d.Budget.Unit.String(),
+		"requested":  d.Amount,
+		"used":       d.Used,
+		"limit":      d.Budget.Limit,
+		"shadow":     shadow,
+		"path":       r.URL.Path,
+	})
+}
+
+// setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per
+// budget.
+func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
+	buf := make([]byte, 0, 48*len(holds))
+	for _, hold := range holds {
+		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.Limit-hold.Used, hold.WindowEnd.Sub(now))
+	}
+	setRateLimitHeaders(hdr, h.policy, string(buf))
+}
+
+// Errors are written in the shape of the API being called, so that each
+// official SDK raises its own error class (RateLimitError for a 429, …) with
+// the message, which names the budget:
+//
+//	OpenAI (and compatible servers, Ollama): {"error":{"type","code","message","param"}}
+//	Anthropic: {"type":"error","error":{"type":"rate_limit_error","message"}}
+//	Gemini:    {"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message"}}
+
+type openAIError struct {
+	Error struct {
+		Type    string  `json:"type"`
+		Code    string  `json:"code"`
+		Message string  `json:"message"`
+		Param   *string `json:"param"`
+	} `json:"error"`
+}
+
+type anthropicError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+type geminiError struct {
+	Error struct {
+		Code    int    `json:"code"`
+		Status  string `json:"status"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// writeError answers status with an error of the format's API. errType and
+// code are the OpenAI-style type and code; the message carries the code for
+// APIs whose shape has no field for it.
+func writeError(w http.ResponseWriter, f usage.Format, status int, errType, code, message string) error {
+	var v any
+	switch f {
+	case usage.Anthropic:
+		var e anthropicError
+		e.Type, e.Error.Type, e.Error.Message = "error", anthropicType(status), message+" ("+code+")"
+		v = e
+	case usage.Gemini:
+		var e geminiError
+		e.Error.Code, e.Error.Status, e.Error.Message = status, geminiStatus(status), message+" ("+code+")"
+		v = e
+	default:
+		var e openAIError
+		e.Error.Type, e.Error.Code, e.Error.Message = errType, code, message
+		v = e
+	}
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	body = append(body, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, err = w.Write(body)
+	return err
+}
+
+// anthropicType is the Anthropic error type of a status.
+func anthropicType(status int) string {
+	switch status {
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusPaymentRequired:
+		return "billing_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusServiceUnavailable:
+		return "overloaded_error"
+	}
+	if status >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+// geminiStatus is the Google API status of an HTTP status.
+func geminiStatus(status int) string {
+	switch status {
+	case http.StatusTooManyRequests, http.StatusPaymentRequired:
+		return "RESOURCE_EXHAUSTED"
+	case http.StatusNotFound:
+		return "NOT_FOUND"
+	case http.StatusServiceUnavailable:
+		return "UNAVAILABLE"
+	}
+	if status >= 500 {
+		return "INTERNAL"
+	}
+	return "INVALID_ARGUMENT"
+}
