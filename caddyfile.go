@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
@@ -85,7 +86,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "sync_interval":
 			dur, err := parseDurationArg(d)
 			if err != nil {
-				return err
+				return fmt.Errorf("fleetguard: %w", err)
 			}
 			a.SyncInterval = dur
 		case "near_limit":
@@ -108,6 +109,19 @@ func storeURLArg(d *caddyfile.Dispenser, dst *string) error {
 	name := d.Val()
 	if !d.AllArgs(dst) {
 		return d.Errf("fleetguard: %s takes one URL", name)
+	}
+	// Checked here too, so that a bad URL names its line.
+	var err error
+	switch name {
+	case "redis":
+		_, err = parseRedisURL(name, *dst, redis.ParseURL)
+	case "redis_cluster":
+		_, err = parseRedisURL(name, *dst, redis.ParseClusterURL)
+	case "redis_sentinel":
+		_, err = parseRedisURL(name, *dst, parseSentinelURL)
+	}
+	if err != nil {
+		return d.Err(err.Error())
 	}
 	return nil
 }
@@ -202,7 +216,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 		case "events", "burst", "max_keys", "precision":
 			n, err := parseIntArg(d)
 			if err != nil {
-				return nil, d.Errf("fleetlimit: zone %q: %s: %v", name, field, err)
+				return nil, fmt.Errorf("fleetlimit: zone %q: %w", name, err)
 			}
 			switch field {
 			case "events":
@@ -220,7 +234,7 @@ func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 		case "window":
 			dur, err := parseDurationArg(d)
 			if err != nil {
-				return nil, d.Errf("fleetlimit: zone %q: window: %v", name, err)
+				return nil, fmt.Errorf("fleetlimit: zone %q: %w", name, err)
 			}
 			z.Window = dur
 		default:
@@ -321,7 +335,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "default_max_tokens":
 			n, err := parseIntArg(d)
 			if err != nil {
-				return d.Errf("llmbudget: default_max_tokens: %v", err)
+				return fmt.Errorf("llmbudget: %w", err)
 			}
 			h.DefaultMaxTokens = n
 		case "max_request_body":
@@ -351,7 +365,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "store_timeout", "max_retry_after":
 			dur, err := parseDurationArg(d)
 			if err != nil {
-				return err
+				return fmt.Errorf("llmbudget: %w", err)
 			}
 			if field == "store_timeout" {
 				h.StoreTimeout = dur
@@ -389,10 +403,9 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
-	// Check now, for an error with a Caddyfile line, on a copy so that the
-	// defaults compile fills in stay out of the adapted JSON.
-	probe := *h
-	if err := probe.compile(); err != nil {
+	// Check now, for an error with a Caddyfile line. compile fills in only
+	// unexported state, so the adapted JSON stays as written.
+	if err := h.compile(); err != nil {
 		return d.Err(err.Error())
 	}
 	return nil
@@ -443,7 +456,7 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 		case "window":
 			dur, err := parseDurationArg(d)
 			if err != nil {
-				return bc, fmt.Errorf("llmbudget: budget %q: window: %w", bc.Name, err)
+				return bc, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 			}
 			bc.Window = dur
 		default:
@@ -470,26 +483,33 @@ func position(d *caddyfile.Dispenser) string {
 	return d.File() + ":" + strconv.Itoa(d.Line())
 }
 
+// parseIntArg reads the one integer argument of the option at the cursor.
+// Its errors name the option and its position; callers add only their own
+// context, never a second position.
 func parseIntArg(d *caddyfile.Dispenser) (int64, error) {
+	option := d.Val()
 	var s string
 	if !d.AllArgs(&s) {
-		return 0, d.ArgErr()
+		return 0, d.Errf("%s takes one integer", option)
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
-		return 0, d.Errf("%q is not an integer", s)
+		return 0, d.Errf("%s: %q is not an integer", option, s)
 	}
 	return n, nil
 }
 
+// parseDurationArg reads the one duration argument of the option at the
+// cursor, with errors like parseIntArg's.
 func parseDurationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
+	option := d.Val()
 	var s string
 	if !d.AllArgs(&s) {
-		return 0, d.ArgErr()
+		return 0, d.Errf("%s takes one duration", option)
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil {
-		return 0, d.Errf("%q is not a duration: %v", s, err)
+		return 0, d.Errf("%s: %q is not a duration (e.g. 10s, 1h): %v", option, s, err)
 	}
 	return caddy.Duration(dur), nil
 }

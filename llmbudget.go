@@ -121,18 +121,20 @@ type LLMBudget struct {
 	// forwards nothing. Default "lower".
 	OverMaxOutputTokens string `json:"over_max_output_tokens,omitempty"`
 
-	budgets       []budget.Budget
-	storeTimeout  time.Duration
-	maxRetryAfter time.Duration
-	prices        *budget.PriceBook
-	hasUSD        bool
-	format        usage.Format
-	chatCapField  usage.ChatCapField
-	policy        string
-	store         *store
-	logger        *zap.Logger
-	events        emitter
-	registered    bool // its budgets are in the engine's registry (budget_registry.go)
+	budgets          []budget.Budget
+	defaultMaxTokens int64
+	maxRequestBody   int64
+	storeTimeout     time.Duration
+	maxRetryAfter    time.Duration
+	prices           *budget.PriceBook
+	hasUSD           bool
+	format           usage.Format
+	chatCapField     usage.ChatCapField
+	policy           string
+	store            *store
+	logger           *zap.Logger
+	events           emitter
+	registered       bool // its budgets are in the engine's registry (budget_registry.go)
 
 	// requests_total by budget (the index in budgets) and decision.
 	decisions      [][numDecisions]prometheus.Counter
@@ -214,9 +216,7 @@ func (h *LLMBudget) compile() error {
 	if h.DefaultMaxTokens < 0 || h.DefaultMaxTokens > usage.MaxOutputCap {
 		return fmt.Errorf("llmbudget: default_max_tokens: must be between 1 and %d", usage.MaxOutputCap)
 	}
-	if h.DefaultMaxTokens == 0 {
-		h.DefaultMaxTokens = DefaultMaxTokens
-	}
+	h.defaultMaxTokens = cmp.Or(h.DefaultMaxTokens, DefaultMaxTokens)
 	if err := h.compileOutputCap(); err != nil {
 		return err
 	}
@@ -234,9 +234,7 @@ func (h *LLMBudget) compile() error {
 		return errors.New("llmbudget: max_retry_after: must be > 0")
 	}
 	h.maxRetryAfter = cmp.Or(time.Duration(h.MaxRetryAfter), defaultMaxRetryAfter)
-	if h.MaxRequestBody == 0 {
-		h.MaxRequestBody = DefaultMaxRequestBody
-	}
+	h.maxRequestBody = cmp.Or(h.MaxRequestBody, DefaultMaxRequestBody)
 	h.format = usage.Unknown
 	if h.Format != "" {
 		f, err := usage.ParseFormat(h.Format)

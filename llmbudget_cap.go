@@ -64,7 +64,7 @@ func (h *LLMBudget) outputCap(req usage.Request) (int64, error) {
 		limit = h.MaxOutputTokens
 	}
 	if req.MaxOutputTokens == 0 {
-		return min(h.DefaultMaxTokens, limit), nil
+		return min(h.defaultMaxTokens, limit), nil
 	}
 	if req.MaxOutputTokens > limit && h.OverMaxOutputTokens == overMaxOutputRefuse {
 		return 0, errOutputCapTooLarge{req.MaxOutputTokensField, req.MaxOutputTokens, limit}

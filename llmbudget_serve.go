@@ -107,7 +107,7 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		return &refusal{kind: refusedRequest, status: http.StatusRequestEntityTooLarge, code: "request_too_large",
-			message: fmt.Sprintf("request body exceeds %d bytes", h.MaxRequestBody), body: body, bodyStart: true}
+			message: fmt.Sprintf("request body exceeds %d bytes", h.maxRequestBody), body: body, bodyStart: true}
 	case err != nil:
 		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "unreadable_body",
 			message: "reading the request body failed: " + err.Error(), body: body, bodyStart: true}
@@ -209,17 +209,17 @@ var errBodyTooLarge = errors.New("request body too large")
 // errBodyTooLarge with what it read; a failed read returns what it read too
 // (the start of the body: shadow mode forwards it, then the rest).
 func (h *LLMBudget) readBody(r *http.Request) ([]byte, error) {
-	if r.ContentLength > h.MaxRequestBody {
+	if r.ContentLength > h.maxRequestBody {
 		return nil, errBodyTooLarge
 	}
 	if r.Body == nil {
 		return nil, nil
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, h.MaxRequestBody+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, h.maxRequestBody+1))
 	if err != nil {
 		return body, err
 	}
-	if int64(len(body)) > h.MaxRequestBody {
+	if int64(len(body)) > h.maxRequestBody {
 		return body, errBodyTooLarge
 	}
 	return body, nil
