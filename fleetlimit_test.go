@@ -171,8 +171,10 @@ func TestFleetLimitCaddyfileErrors(t *testing.T) {
 			t.Fatalf("global option %q: want an error", global)
 		}
 	}
-	if _, _, err := adaptCaddyfile("{\n fleetguard {\n redis 127.0.0.1:6379\n }\n}\n:0 {\n respond ok\n}"); err != nil {
-		t.Fatalf("the URL is checked at load, not adapt: %v", err)
+	// The URL is checked when the Caddyfile is read, so its error has a line.
+	if _, _, err := adaptCaddyfile("{\n fleetguard {\n redis 127.0.0.1:6379\n }\n}\n:0 {\n respond ok\n}"); err == nil ||
+		!strings.Contains(err.Error(), "fleetguard: redis") || !strings.Contains(err.Error(), "Caddyfile:3") {
+		t.Fatalf("a URL without a scheme: %v, want an error naming the redis option and its line", err)
 	}
 }
 
