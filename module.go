@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
@@ -136,6 +137,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.store = val.(*store)
 	a.acquired = true
 	a.interval = interval
+	if connect != nil && !a.store.limiter.Healthy() {
+		// The design degrades rather than refusing the config, so this is a
+		// warning; but one that says plainly what it means, also under
+		// `caddy validate`.
+		logger.Warn("fleetguard: the Redis store does not answer; the config is valid and loads, but until Redis answers, fleetlimit limits each instance on its own (not the fleet) and llmbudget answers budgeted requests 503 (or forwards them unbudgeted with fail_open)",
+			zap.Stringer("store", id))
+	}
 	return nil
 }
 

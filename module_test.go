@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -133,4 +135,34 @@ func TestTenReloadsKeepCountersAndLeakNothing(t *testing.T) {
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
 	)
+}
+
+// A Redis that does not answer at load is a warning, not an error (the
+// design degrades), and the warning says plainly what the config will do.
+func TestUnreachableRedisAtLoadIsSaidPlainly(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	port := freePort(t)
+	dead := freePort(t) // nothing listens there
+	tc := startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+	log {
+		output file %s
+		level WARN
+	}
+	fleetguard {
+		redis redis://127.0.0.1:%d/0
+		prefix unreachable%d
+	}
+}
+:%d {
+	respond ok
+}`, logFile, dead, port, port))
+	_ = tc
+	raw, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), "the Redis store does not answer; the config is valid and loads") {
+		t.Fatalf("the load log does not say the store is unreachable:\n%s", raw)
+	}
 }
