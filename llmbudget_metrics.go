@@ -21,6 +21,16 @@ func (h *LLMBudget) bindCounters() {
 	}
 	h.rejected = metrics.llmRequests.WithLabelValues("", "rejected")
 	h.shadowRejected = metrics.llmRequests.WithLabelValues("", "shadow_rejected")
+	// The series a dashboard queries, at 0 until the first settle.
+	for _, b := range h.budgets {
+		metrics.llmCharged.WithLabelValues(b.Name, b.Unit.String())
+	}
+	for model := range h.Prices {
+		metrics.llmCost.WithLabelValues(model)
+		for _, kind := range []string{"input", "cached_input", "output"} {
+			metrics.llmTokens.WithLabelValues(model, kind)
+		}
+	}
 }
 
 // decision is what llmbudget did with a request, a label of requests_total.

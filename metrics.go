@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -129,6 +130,7 @@ var metrics = struct {
 }
 
 func registerMetrics(reg *prometheus.Registry) error {
+	precreateOnce.Do(precreate)
 	if reg == nil {
 		return nil
 	}
@@ -141,6 +143,36 @@ func registerMetrics(reg *prometheus.Registry) error {
 		}
 	}
 	return nil
+}
+
+// precreateOnce creates, at 0, the series whose labels are known before any
+// event, so that a dashboard shows 0 rather than "No data" on a fresh
+// instance. Series per zone, budget and model are created by the handlers
+// that define them.
+var precreateOnce sync.Once
+
+func precreate() {
+	m := &metrics
+	for _, op := range []string{"sync", "reserve", "settle", "release", "resolve"} {
+		m.storeErrors.WithLabelValues(op)
+	}
+	for _, result := range []string{"ok", "error"} {
+		m.reconcilePasses.WithLabelValues(result)
+	}
+	for _, source := range usageSources {
+		m.llmSettles.WithLabelValues(source.String())
+	}
+	for _, outcome := range []string{"ok", "lost", "unknown", "failed"} {
+		m.llmSettleOutcomes.WithLabelValues(outcome)
+	}
+	for kind, outcomes := range map[string][]string{
+		"reserve": {"released", "cancelled", "failed"},
+		"settle":  {"applied", "applied_before", "failed"},
+	} {
+		for _, outcome := range outcomes {
+			m.llmResolved.WithLabelValues(kind, outcome)
+		}
+	}
 }
 
 // collectors are every fleetguard metric.

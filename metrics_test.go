@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -516,4 +517,69 @@ func TestShadowForwardsATooLargeBodyWhole(t *testing.T) {
 			t.Fatalf("chunked %v: %d, the upstream got %d of %d bytes", chunked, resp.StatusCode, len(up.LastBody()), len(body))
 		}
 	}
+}
+
+// A fresh Caddy's /metrics holds every series the dashboard queries, with the
+// label values it matches on, at 0: no panel shows "No data" before traffic.
+// It runs in a process of its own (this test binary again), so that no
+// earlier test has created a series.
+func TestFreshInstanceHasEveryDashboardSeries(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestFreshInstanceExposition$", "-test.count", "1")
+	cmd.Env = append(os.Environ(), "FLEETGUARD_FRESH_METRICS=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr // Caddy's logs
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the fresh instance: %v\n%s\n%s", err, out, stderr.String())
+	}
+	_, exposition, found := strings.Cut(string(out), "EXPOSITION\n")
+	if !found {
+		t.Fatalf("no exposition from the fresh instance:\n%s", out)
+	}
+	raw, err := os.ReadFile("examples/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricName := regexp.MustCompile(`fleetguard_[a-z_]+`)
+	exactMatcher := regexp.MustCompile(`([a-z_]+)="([a-z_]+)"`)
+	checked := 0
+	for _, expr := range regexp.MustCompile(`"(?:expr|definition)": "((?:[^"\\]|\\.)*)"`).FindAllStringSubmatch(string(raw), -1) {
+		e := strings.ReplaceAll(expr[1], `\"`, `"`)
+		for _, name := range metricName.FindAllString(e, -1) {
+			checked++
+			var lines []string
+			for _, l := range strings.Split(exposition, "\n") {
+				if strings.HasPrefix(l, name+"{") || strings.HasPrefix(l, name+" ") {
+					lines = append(lines, l)
+				}
+			}
+			if len(lines) == 0 {
+				t.Errorf("%s (queried by %q) has no series on a fresh instance", name, e)
+				continue
+			}
+			for _, m := range exactMatcher.FindAllStringSubmatch(e, -1) {
+				if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, m[0]) }) {
+					t.Errorf("%s has no series with %s (queried by %q) on a fresh instance", name, m[0], e)
+				}
+			}
+		}
+	}
+	if checked < 15 {
+		t.Fatalf("checked %d series; the dashboard should show every area", checked)
+	}
+}
+
+// TestFreshInstanceExposition is the child of
+// TestFreshInstanceHasEveryDashboardSeries: a Caddy with both handlers on
+// Redis, scraped before any request.
+func TestFreshInstanceExposition(t *testing.T) {
+	if os.Getenv("FLEETGUARD_FRESH_METRICS") != "1" {
+		t.Skip("run by TestFreshInstanceHasEveryDashboardSeries in a process of its own")
+	}
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	tc := startCaddy(t, observedCaddyfile(port, srv.URL(), up.URL, filepath.Join(t.TempDir(), "caddy.log")))
+	// The reconciler's first pass and the store's health come on their own.
+	fmt.Print("EXPOSITION\n" + scrape(t, tc))
 }

@@ -66,9 +66,9 @@ func NewPriceBook(prices map[string]Price) (*PriceBook, error) {
 	return pb, nil
 }
 
-// Find is Lookup that also returns the price book's name for the entry that
-// priced model: the model itself, or a prefix entry such as "gpt-4o*". It is
-// a bounded set, fit for a metric label.
+// Find returns the price of model and the price book's name for the entry
+// that priced it: the model itself, or a prefix entry such as "gpt-4o*". The
+// names are a bounded set, fit for a metric label.
 func (pb *PriceBook) Find(model string) (name string, p Price, ok bool) {
 	if pb == nil {
 		return "", Price{}, false

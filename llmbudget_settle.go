@@ -25,7 +25,7 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 		metrics.llmInvalidUsage.Inc()
 		h.logger.Warn("the upstream reported usage out of range; the reservation is kept",
 			zap.String("reservation", res.ID), zap.Error(err))
-		out, spend = outcome{source: "reserved"}, budget.Spend{}
+		out, spend = outcome{source: sourceReserved}, budget.Spend{}
 	}
 	reserved := promptEstimate + outputCap
 	// The response reaches the client first: the settle runs after this
@@ -45,11 +45,11 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 	defer cancel()
 	var err error
 	op := "settle"
-	switch out.source {
-	case "released":
+	switch {
+	case out.source == sourceReleased:
 		op = "release"
 		err = h.store.budgets.Release(ctx, res)
-	case "reserved", "abandoned":
+	case out.source.keepsReservation():
 		// No readable usage, or a client that left after the upstream had the
 		// request: the upstream bills it, so the reservation stands. Never free.
 		err = h.store.budgets.Keep(ctx, res)
@@ -62,7 +62,7 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 		// empty). What the counters hold is what the store kept.
 		metrics.llmSettleOutcomes.WithLabelValues("lost").Inc()
 		h.logger.Warn("settling a budget reservation found no reservation to apply to; nothing was applied",
-			zap.String("reservation", res.ID), zap.Strings("budgets", holdNames(res.Holds)), zap.String("usage_source", out.source))
+			zap.String("reservation", res.ID), zap.Strings("budgets", holdNames(res.Holds)), zap.Stringer("usage_source", out.source))
 		return
 	}
 	if err != nil {
@@ -75,20 +75,20 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 		return
 	}
 	metrics.llmSettleOutcomes.WithLabelValues("ok").Inc()
-	metrics.llmSettles.WithLabelValues(out.source).Inc()
-	if out.source == "released" {
+	metrics.llmSettles.WithLabelValues(out.source.String()).Inc()
+	if out.source == sourceReleased {
 		return
 	}
 	for _, hold := range res.Holds {
 		amount := hold.Amount
-		if out.source != "reserved" && out.source != "abandoned" {
+		if out.source.charged() {
 			amount = hold.Budget.Amount(spend)
 		}
 		metrics.llmCharged.WithLabelValues(hold.Budget.Name, hold.Budget.Unit.String()).Add(float64(amount))
 	}
-	if out.source == "reported" || out.source == "estimated" {
+	if out.source.charged() {
 		observeUsage(model, out.usage, spend)
-		if out.source == "reported" && reservedTokens > 0 {
+		if out.source == sourceReported && reservedTokens > 0 {
 			metrics.llmUsageRatio.Observe(float64(out.usage.Tokens()) / float64(reservedTokens))
 		}
 	}

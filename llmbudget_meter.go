@@ -166,15 +166,44 @@ func (w *meteringWriter) drain() {
 
 // outcome is how a response ended, for the settle.
 type outcome struct {
-	// source is the usage_source of the settle: released (the upstream
-	// answered an error, or could not be reached: nothing to bill), reserved
-	// (a success with no readable usage: keep the reservation), abandoned (the
-	// client went away after the request was forwarded, before a response:
-	// the upstream bills it, so keep the reservation), reported or estimated
-	// (charge usage).
-	source string
+	source usageSource
 	usage  budget.Usage
 }
+
+// usageSource is where a settle's usage comes from, the usage_source label.
+type usageSource uint8
+
+const (
+	// sourceReleased: the upstream answered an error, or could not be
+	// reached: nothing to bill, the reservation is released.
+	sourceReleased usageSource = iota
+	// sourceReserved: a success with no readable usage: the reservation is
+	// kept, never free.
+	sourceReserved
+	// sourceAbandoned: the client went away after the request was
+	// forwarded, before a response: the upstream bills it, so the
+	// reservation is kept.
+	sourceAbandoned
+	// sourceReported: the upstream reported the usage.
+	sourceReported
+	// sourceEstimated: a stream cut before its usage report, charged the
+	// prompt and the output seen.
+	sourceEstimated
+)
+
+// usageSources are every usageSource.
+var usageSources = [...]usageSource{sourceReleased, sourceReserved, sourceAbandoned, sourceReported, sourceEstimated}
+
+func (s usageSource) String() string {
+	return [...]string{"released", "reserved", "abandoned", "reported", "estimated"}[s]
+}
+
+// keepsReservation reports whether the settle charges what was reserved
+// (the usage is unknown, and the upstream bills the request).
+func (s usageSource) keepsReservation() bool { return s == sourceReserved || s == sourceAbandoned }
+
+// charged reports whether the settle charges usage that was read.
+func (s usageSource) charged() bool { return s == sourceReported || s == sourceEstimated }
 
 // outcome decides what the response used: promptEstimate and outputCap are
 // the reservation's input estimate and output cap (an estimate never charges
@@ -183,31 +212,31 @@ func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) out
 	// Nothing reached the client, which went away: 499 is what Caddy's
 	// reverse_proxy writes for a client that closed the request.
 	if gone && (w.status == 0 || w.status == statusClientClosed) {
-		return outcome{source: "abandoned"}
+		return outcome{source: sourceAbandoned}
 	}
 	if w.status == 0 || w.status < 200 || w.status >= 300 {
-		return outcome{source: "released"}
+		return outcome{source: sourceReleased}
 	}
 	if w.meter == nil {
 		if w.overflow || w.opaque {
-			return outcome{source: "reserved"}
+			return outcome{source: sourceReserved}
 		}
 		if u, ok := usage.FromJSON(w.format, w.capture); ok {
-			return outcome{usage: u, source: "reported"}
+			return outcome{usage: u, source: sourceReported}
 		}
-		return outcome{source: "reserved"}
+		return outcome{source: sourceReserved}
 	}
 	w.meter.Close()
 	r := w.meter.Reading()
 	switch {
 	case r.Complete:
-		return outcome{usage: r.Usage, source: "reported"}
+		return outcome{usage: r.Usage, source: sourceReported}
 	case r.Bytes == 0 && gone:
 		// The client left before the first byte; the upstream had started.
-		return outcome{source: "abandoned"}
+		return outcome{source: sourceAbandoned}
 	case r.Bytes == 0:
 		// A stream that ended before any output: nothing was delivered.
-		return outcome{source: "released"}
+		return outcome{source: sourceReleased}
 	}
 	// The stream ended (or the client left) after output started but before
 	// a usage event: charge the prompt plus the output seen so far.
@@ -217,7 +246,7 @@ func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) out
 	}
 	u.OutputTokens = max(r.Usage.OutputTokens, (r.OutputTextBytes+usage.BytesPerToken-1)/usage.BytesPerToken)
 	u.OutputTokens = min(u.OutputTokens, outputCap)
-	return outcome{usage: u, source: "estimated"}
+	return outcome{usage: u, source: sourceEstimated}
 }
 
 type writeOnly struct{ io.Writer }
