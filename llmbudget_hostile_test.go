@@ -6,6 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -370,5 +373,45 @@ func TestSettleAfterTheStoreLostItsDataIsLost(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(metrics.llmSettleOutcomes.WithLabelValues("ok")) - ok; got != 0 {
 		t.Errorf("settle_outcomes_total{outcome=\"ok\"} moved by %v, want 0", got)
+	}
+}
+
+// The log block of examples/llm.Caddyfile keeps API keys out of the access
+// log: Gemini's ?key= in the URI and the key headers. (Caddy redacts
+// Authorization by itself.)
+func TestExampleLogFilterKeepsKeysOutOfTheAccessLog(t *testing.T) {
+	example, err := os.ReadFile("examples/llm.Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile(`(?s)\n\tlog \{\n.*?\n\t\}\n`).Find(example)
+	if block == nil {
+		t.Fatal("examples/llm.Caddyfile has no log block")
+	}
+	logFile := filepath.Join(t.TempDir(), "access.log")
+	logBlock := strings.Replace(string(block), "\tlog {\n", "\tlog {\n\t\toutput file "+logFile+"\n", 1)
+	up := newFakeLLM(t)
+	port := freePort(t)
+	startCaddy(t, fmt.Sprintf("{\n\tadmin {ADMIN}\n}\n:%d {\n\tllmbudget {\n\t\t%s\n\t}\n\treverse_proxy %s\n%s}\n",
+		port, oneBudget, strings.TrimPrefix(up.URL, "http://"), logBlock))
+	const secret = "AIzaSy-not-a-real-key-0123456789"
+	url := fmt.Sprintf("http://127.0.0.1:%d/v1beta/models/gemini-2.0-flash:generateContent?key=%s&alt=json", port, secret)
+	if resp, body := do(t, http.MethodPost, url, `{"contents":[{"parts":[{"text":"hi"}]}]}`,
+		"Content-Type: application/json", "X-Goog-Api-Key: "+secret, "X-Api-Key: "+secret); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	var logged []byte
+	for deadline := time.Now().Add(5 * time.Second); len(logged) == 0; {
+		logged, _ = os.ReadFile(logFile)
+		if time.Now().After(deadline) {
+			t.Fatal("no access log line")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if strings.Contains(string(logged), secret) {
+		t.Fatalf("the access log holds the key:\n%s", logged)
+	}
+	if !strings.Contains(string(logged), "alt=json") {
+		t.Fatalf("the access log lost the rest of the query:\n%s", logged)
 	}
 }
