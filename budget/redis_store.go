@@ -84,12 +84,18 @@ func NewRedisStore(client redis.UniversalClient) *RedisStore {
 	return &RedisStore{client: client}
 }
 
+// scriptInput starts the KEYS and ARGV of a script call: the record and its
+// ttl, with room for n counters of perCounter arguments each.
+func scriptInput(record string, ttl time.Duration, n, perCounter int) ([]string, []any) {
+	keys := make([]string, 1, 1+n)
+	args := make([]any, 1, 1+perCounter*n)
+	keys[0], args[0] = record, ttl.Milliseconds()
+	return keys, args
+}
+
 // Reserve implements Store.
 func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
-	keys := make([]string, 0, 1+len(charges))
-	args := make([]any, 0, 1+3*len(charges))
-	keys = append(keys, record)
-	args = append(args, recordTTL.Milliseconds())
+	keys, args := scriptInput(record, recordTTL, len(charges), 3)
 	for _, c := range charges {
 		keys = append(keys, c.Key)
 		args = append(args, c.Amount, c.Limit, c.TTL.Milliseconds())
@@ -109,10 +115,7 @@ func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.
 
 // Settle implements Store.
 func (r *RedisStore) Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
-	keys := make([]string, 0, 1+len(adjs))
-	args := make([]any, 0, 1+2*len(adjs))
-	keys = append(keys, record)
-	args = append(args, ttl.Milliseconds())
+	keys, args := scriptInput(record, ttl, len(adjs), 2)
 	for _, a := range adjs {
 		keys = append(keys, a.Key)
 		args = append(args, a.Delta, a.TTL.Milliseconds())
