@@ -32,7 +32,7 @@ import (
 // The Caddyfile shorthands {header.NAME}, {cookie.NAME}, {query.NAME},
 // {remote_host} and {client_ip} arrive here expanded to these. Anything else
 // (several placeholders, text around one, another placeholder, an escaped
-// brace) goes through the replacer as before. The one way the two could
+// brace) goes through the replacer. The one way the two could
 // differ: the replacer consults values set with repl.Set before its HTTP
 // provider, so a handler that Set one of these names would be seen by it and
 // not here; none of Caddy's does (a later provider, such as map's, is

@@ -92,8 +92,8 @@ func chatAnswer(prompt, completion string) string {
 
 // An upstream that reports usage out of range, in tokens or in cost, keeps
 // the reservation, is counted, and does not take Caddy down: the same Caddy
-// answers the next request. (A negative charge used to reach a Prometheus
-// counter in the settle goroutine, whose panic ended the process.)
+// answers the next request. (A negative charge given to a Prometheus counter
+// in the settle goroutine panics, and with no recover it ends the process.)
 func TestUsageOutOfRangeKeepsTheReservation(t *testing.T) {
 	var answer atomic.Value
 	up := hostileUpstream(t, func(w http.ResponseWriter, r *http.Request) {
