@@ -137,6 +137,36 @@ func TestStoreConformance(t *testing.T) {
 				t.Fatal("a repeated settle must not apply")
 			}
 		}},
+		{"a release leaves no key behind", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			record, counter := "c10:bg:{b}:res:1", "c10:bg:{b}:stranger"
+			charges := []Charge{{Key: counter, Amount: 30, Limit: 100, TTL: time.Hour}}
+			if res, err := s.Reserve(ctx, record, time.Minute, charges); err != nil || !res.Admitted {
+				t.Fatalf("reserve: %+v %v", res, err)
+			}
+			if !stored(t, s, record) || !stored(t, s, counter) {
+				t.Fatal("a reservation keeps its record and its counter")
+			}
+			if ok, err := s.Settle(ctx, record, time.Minute, []Adjustment{{Key: counter, Delta: -30, TTL: time.Hour}}); err != nil || !ok {
+				t.Fatalf("release: %v %v", ok, err)
+			}
+			if stored(t, s, record) || stored(t, s, counter) {
+				t.Fatalf("after the release: record kept %v, counter kept %v; want neither", stored(t, s, record), stored(t, s, counter))
+			}
+			// The record is gone, not tombstoned: the same id reserves again.
+			if res, err := s.Reserve(ctx, record, time.Minute, charges); err != nil || !res.Admitted {
+				t.Fatalf("a reserve of the same id after the settle: %+v %v, want admitted", res, err)
+			}
+		}},
+		{"a charge of 0 writes no counter", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			if res, err := s.Reserve(ctx, "c11:bg:{b}:res:1", time.Minute, []Charge{{Key: "c11:bg:{b}:free", Amount: 0, Limit: 100, TTL: time.Hour}}); err != nil || !res.Admitted {
+				t.Fatalf("reserve: %+v %v", res, err)
+			}
+			if stored(t, s, "c11:bg:{b}:free") {
+				t.Fatal("a charge of 0 wrote a counter")
+			}
+		}},
 		{"a release that arrives before its reserve cancels it", func(t *testing.T, s Store) {
 			ctx := context.Background()
 			charges := []Charge{{Key: "c9:bg:{b}:x", Amount: 30, Limit: 100, TTL: time.Hour}}
@@ -364,4 +394,25 @@ func TestFleetNeverOvershoots(t *testing.T) {
 		t.Fatalf("admitted only %d reservations of 200 against %d", admitted.Load(), limit)
 	}
 	t.Logf("admitted %d of 300, max counter seen %d, final %d", admitted.Load(), maxSeen.Load(), used[0])
+}
+
+// stored reports whether s holds key at all (a counter at 0 reads 0 whether
+// it is stored or not; a stranger's must not be).
+func stored(t *testing.T, s Store, key string) bool {
+	t.Helper()
+	switch s := s.(type) {
+	case *MemoryStore:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		_, ok := s.get(key, s.now())
+		return ok
+	case *RedisStore:
+		n, err := s.client.Exists(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	t.Fatalf("stored: a store of type %T", s)
+	return false
 }

@@ -7,44 +7,41 @@ import (
 )
 
 // MemoryStore is the embedded Store of a single instance. One lock covers a
-// whole reservation, which is what makes it all or nothing.
+// whole reservation, which is what makes it all or nothing. Like Redis, it
+// keeps counters and reservation records in one keyspace of expiring values.
 type MemoryStore struct {
-	mu       sync.Mutex
-	counters map[string]memoryValue
-	records  map[string]memoryRecord
-	now      func() time.Time
-	lastGC   time.Time
+	mu     sync.Mutex
+	keys   map[string]memoryValue
+	now    func() time.Time
+	lastGC time.Time
 }
 
+// memoryValue is a counter, or a reservation's record, whose value is its
+// state: recordReserved, or recordReleased (released before its reserve
+// ran). A settle deletes the record it applies to.
 type memoryValue struct {
 	value   int64
 	expires time.Time
 }
 
-// memoryRecord is a reservation's record: 'r' reserved, 'x' released before
-// its reserve ran. A settle deletes the record it applies to.
-type memoryRecord struct {
-	state   byte
-	expires time.Time
-}
+const (
+	recordReserved = 'r'
+	recordReleased = 'x'
+)
 
 var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{
-		counters: make(map[string]memoryValue),
-		records:  make(map[string]memoryRecord),
-		now:      time.Now,
-	}
+	return &MemoryStore{keys: make(map[string]memoryValue), now: time.Now}
 }
 
-// get reads a live counter; callers hold m.mu.
-func (m *MemoryStore) get(key string, now time.Time) int64 {
-	if v, ok := m.counters[key]; ok && now.Before(v.expires) {
-		return v.value
+// get reads a live value; callers hold m.mu.
+func (m *MemoryStore) get(key string, now time.Time) (int64, bool) {
+	if v, ok := m.keys[key]; ok && now.Before(v.expires) {
+		return v.value, true
 	}
-	return 0
+	return 0, false
 }
 
 // Reserve implements Store.
@@ -53,12 +50,12 @@ func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.D
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.collect(now)
-	if rec, ok := m.records[record]; ok && now.Before(rec.expires) {
+	if _, exists := m.get(record, now); exists {
 		return ReserveResult{Cancelled: true, Denied: -1}, nil
 	}
 	res := ReserveResult{Denied: -1, Used: make([]int64, len(charges))}
 	for i, c := range charges {
-		res.Used[i] = m.get(c.Key, now)
+		res.Used[i], _ = m.get(c.Key, now)
 		if res.Denied < 0 && res.Used[i]+c.Amount > c.Limit {
 			res.Denied = i
 		}
@@ -69,10 +66,10 @@ func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.D
 	for i, c := range charges {
 		if c.Amount != 0 {
 			res.Used[i] += c.Amount
-			m.counters[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
+			m.keys[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
 		}
 	}
-	m.records[record] = memoryRecord{state: 'r', expires: now.Add(recordTTL)}
+	m.keys[record] = memoryValue{value: recordReserved, expires: now.Add(recordTTL)}
 	res.Admitted = true
 	return res, nil
 }
@@ -82,20 +79,20 @@ func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	rec, ok := m.records[record]
-	if !ok || !now.Before(rec.expires) {
-		m.records[record] = memoryRecord{state: 'x', expires: now.Add(ttl)}
+	state, exists := m.get(record, now)
+	if !exists {
+		m.keys[record] = memoryValue{value: recordReleased, expires: now.Add(ttl)}
 		return false, nil
 	}
-	if rec.state != 'r' {
+	if state != recordReserved {
 		return false, nil
 	}
-	delete(m.records, record)
+	delete(m.keys, record)
 	for _, a := range adjs {
-		if v := m.get(a.Key, now) + a.Delta; v > 0 {
-			m.counters[a.Key] = memoryValue{value: v, expires: now.Add(a.TTL)}
+		if v, _ := m.get(a.Key, now); v+a.Delta > 0 {
+			m.keys[a.Key] = memoryValue{value: v + a.Delta, expires: now.Add(a.TTL)}
 		} else {
-			delete(m.counters, a.Key)
+			delete(m.keys, a.Key)
 		}
 	}
 	return true, nil
@@ -111,7 +108,7 @@ func (m *MemoryStore) Get(_ context.Context, keys []string) ([]int64, error) {
 	defer m.mu.Unlock()
 	out := make([]int64, len(keys))
 	for i, k := range keys {
-		out[i] = m.get(k, now)
+		out[i], _ = m.get(k, now)
 	}
 	return out, nil
 }
@@ -121,26 +118,21 @@ func (m *MemoryStore) Reset(_ context.Context, keys []string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, k := range keys {
-		delete(m.counters, k)
+		delete(m.keys, k)
 	}
 	return nil
 }
 
-// collect drops expired counters and markers, at most once a second, so the
-// maps stay bounded by what is live. Callers hold m.mu.
+// collect drops expired values, at most once a second, so the map stays
+// bounded by what is live. Callers hold m.mu.
 func (m *MemoryStore) collect(now time.Time) {
 	if now.Sub(m.lastGC) < time.Second {
 		return
 	}
 	m.lastGC = now
-	for k, v := range m.counters {
+	for k, v := range m.keys {
 		if !now.Before(v.expires) {
-			delete(m.counters, k)
-		}
-	}
-	for k, rec := range m.records {
-		if !now.Before(rec.expires) {
-			delete(m.records, k)
+			delete(m.keys, k)
 		}
 	}
 }
