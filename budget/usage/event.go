@@ -75,8 +75,11 @@ type tally struct {
 	// complete: a final usage report was seen (the last one wins).
 	complete bool
 	// inputKnown: the input tokens were reported even if the output was not
-	// (Anthropic's message_start).
+	// (Anthropic's message_start, Gemini's running usageMetadata).
 	inputKnown bool
+	// finished: the response said it has finished (an endField of its
+	// table). Gemini's usageMetadata is final from then on.
+	finished bool
 	// outputTextBytes counts the generated text seen, for an estimate when a
 	// stream ends without usage.
 	outputTextBytes int64
@@ -85,6 +88,7 @@ type tally struct {
 // add folds one event into the tally.
 func (t *tally) add(f Format, ev *event) {
 	t.outputTextBytes += ev.textBytes()
+	t.finished = t.finished || ev.finished
 	switch {
 	case ev.kind == kindMessageStart && ev.message && ev.messageUsage.present:
 		if u, ok := ev.messageUsage.usage(Anthropic); ok {
@@ -111,12 +115,16 @@ func (t *tally) add(f Format, ev *event) {
 			t.set(ev.responseUsage.usage(OpenAIResponses))
 		}
 	case ev.gemini.present:
+		// Gemini repeats usageMetadata as it streams: a running count (some
+		// chunks hold the prompt alone) until the response has finished,
+		// and so a lower bound of the output, not the final report.
 		m := ev.gemini
-		t.set(budget.Usage{
+		t.usage = budget.Usage{
 			InputTokens:       max(m.prompt, 0),
 			CachedInputTokens: max(m.cachedContent, 0),
 			OutputTokens:      max(m.candidates, 0) + max(m.thoughts, 0),
-		}, true)
+		}
+		t.inputKnown, t.complete = true, t.finished
 	case ev.promptEvalCount.set || ev.evalCount.set:
 		// Ollama reports the counts on its final object only.
 		t.set(budget.Usage{InputTokens: ev.promptEvalCount.nonNegative(), OutputTokens: ev.evalCount.nonNegative()}, true)

@@ -71,6 +71,9 @@ var outputTables = [...][]outputLine{
 		{"candidates[].content.parts[].functionCall.name", textField},
 		{"candidates[].content.parts[].functionCall.args", jsonField},
 		{"candidates[].content.parts[].executableCode.code", textField},
+		// Until then usageMetadata is a running count (see tally.add).
+		{"candidates[].finishReason", endField},
+		{"promptFeedback.blockReason", endField},
 	},
 	Ollama: {
 		// /api/chat.

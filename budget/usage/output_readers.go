@@ -37,6 +37,9 @@ func (s *scanner) topOutput(f Format, key []byte) (j int, text int64, end bool) 
 		case "candidates":
 			text, end = s.outputGeminiCandidates(1)
 			return 0, text, end
+		case "promptFeedback":
+			text, end = s.outputGeminiPromptFeedback(1)
+			return 1, text, end
 		}
 	case Ollama:
 		switch string(key) {
@@ -216,6 +219,7 @@ func (s *scanner) outputGeminiCandidates(d int) (text int64, end bool) {
 		}
 		s.i++
 		var mContent int64
+		var mFinishReasonEnded bool
 		for m := 0; ; m++ {
 			key, more := s.member(m)
 			if !more {
@@ -224,13 +228,39 @@ func (s *scanner) outputGeminiCandidates(d int) (text int64, end bool) {
 			switch string(key) {
 			case "content":
 				mContent, _ = s.outputGeminiCandidatesContent(d + 2)
+			case "finishReason":
+				mFinishReasonEnded = s.endMark(d + 2)
 			default:
 				s.skip(d + 2)
 			}
 		}
 		text += mContent
+		end = end || mFinishReasonEnded
 	}
 	return text, end
+}
+
+// outputGeminiPromptFeedback reads promptFeedback of gemini, at its value nested in d arrays and objects.
+func (s *scanner) outputGeminiPromptFeedback(d int) (text int64, end bool) {
+	if s.peek() != '{' {
+		s.skip(d)
+		return 0, false
+	}
+	s.i++
+	var mBlockReasonEnded bool
+	for k := 0; ; k++ {
+		key, more := s.member(k)
+		if !more {
+			break
+		}
+		switch string(key) {
+		case "blockReason":
+			mBlockReasonEnded = s.endMark(d + 1)
+		default:
+			s.skip(d + 1)
+		}
+	}
+	return 0, mBlockReasonEnded
 }
 
 // outputOpenAICompletionsChoices reads choices[] of openai_completions, at its value nested in d arrays and objects.

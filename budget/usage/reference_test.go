@@ -50,8 +50,11 @@ type refTally struct {
 	// complete: a final usage report was seen (the last one wins).
 	complete bool
 	// inputKnown: the input tokens were reported even if the output was not
-	// (Anthropic's message_start).
+	// (Anthropic's message_start, Gemini's running usageMetadata).
 	inputKnown bool
+	// finished: the response said it has finished; Gemini's usageMetadata
+	// is final from then on.
+	finished bool
 	// outputTextBytes counts the generated text seen, for an estimate when a
 	// stream ends without usage.
 	outputTextBytes int64
@@ -59,8 +62,9 @@ type refTally struct {
 
 // add folds one parsed event into the tally.
 func (t *refTally) add(f Format, ev *refEvent) {
-	text, _ := refOutput(outputOf(f), ev.raw)
+	text, finished := refOutput(outputOf(f), ev.raw)
 	t.outputTextBytes += text
+	t.finished = t.finished || finished
 	switch {
 	case ev.Type == "message_start" && ev.Message != nil && ev.Message.Usage != nil:
 		if u, ok := ev.Message.Usage.Usage(Anthropic); ok {
@@ -90,12 +94,14 @@ func (t *refTally) add(f Format, ev *refEvent) {
 			t.set(resp.Usage.Usage(OpenAIResponses))
 		}
 	case ev.UsageMetadata != nil:
+		// A running count until the response has finished.
 		m := ev.UsageMetadata
-		t.set(budget.Usage{
+		t.usage = budget.Usage{
 			InputTokens:       max(m.PromptTokenCount, 0),
 			CachedInputTokens: max(m.CachedContentTokenCount, 0),
 			OutputTokens:      max(m.CandidatesTokenCount, 0) + max(m.ThoughtsTokenCount, 0),
-		}, true)
+		}
+		t.inputKnown, t.complete = true, t.finished
 	case ev.PromptEvalCount != nil || ev.EvalCount != nil:
 		// Ollama reports the counts on its final object only.
 		var in, out int64
@@ -250,7 +256,7 @@ func refFromJSON(f Format, body []byte) (budget.Usage, bool) {
 	if !ok {
 		return budget.Usage{}, false
 	}
-	var t refTally
+	t := refTally{finished: true} // a whole response: its usage is final
 	t.add(f, ev)
 	return t.usage, t.complete
 }

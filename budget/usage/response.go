@@ -160,7 +160,7 @@ func FromJSON(f Format, body []byte) (budget.Usage, bool) {
 	if !readEvent(body, &ev, f, nil, nil) {
 		return budget.Usage{}, false
 	}
-	var t tally
+	t := tally{finished: true} // a whole response: its usage is final
 	t.add(f, &ev)
 	return t.usage, t.complete
 }

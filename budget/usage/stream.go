@@ -245,7 +245,9 @@ func (m *Meter) Close() {
 // Reading is what a stream reported.
 type Reading struct {
 	// Usage is the last usage reported. With Complete false it may hold
-	// only the input (InputKnown) or nothing.
+	// only the input (InputKnown), a running count whose output is a lower
+	// bound of the final one (Gemini's usageMetadata before the response
+	// finished), or nothing.
 	Usage      budget.Usage
 	Complete   bool
 	InputKnown bool
