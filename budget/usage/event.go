@@ -115,16 +115,25 @@ func (t *tally) add(f Format, ev *event) {
 			t.set(ev.responseUsage.usage(OpenAIResponses))
 		}
 	case ev.gemini.present:
-		// Gemini repeats usageMetadata as it streams: a running count (some
-		// chunks hold the prompt alone) until the response has finished,
-		// and so a lower bound of the output, not the final report.
 		m := ev.gemini
-		t.usage = budget.Usage{
+		u := budget.Usage{
 			InputTokens:       max(m.prompt, 0),
 			CachedInputTokens: max(m.cachedContent, 0),
 			OutputTokens:      max(m.candidates, 0) + max(m.thoughts, 0),
 		}
-		t.inputKnown, t.complete = true, t.finished
+		if t.finished {
+			t.set(u, true)
+			break
+		}
+		// Until the response has finished, Gemini's usageMetadata is a
+		// running count (some chunks hold the prompt alone): the largest of
+		// each count so far is a lower bound of the final one, not a report.
+		t.usage = budget.Usage{
+			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
+			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
+		}
+		t.inputKnown, t.complete = t.usage.InputTokens > 0, false
 	case ev.promptEvalCount.set || ev.evalCount.set:
 		// Ollama reports the counts on its final object only.
 		t.set(budget.Usage{InputTokens: ev.promptEvalCount.nonNegative(), OutputTokens: ev.evalCount.nonNegative()}, true)

@@ -71,7 +71,8 @@ var outputTables = [...][]outputLine{
 		{"candidates[].content.parts[].functionCall.name", textField},
 		{"candidates[].content.parts[].functionCall.args", jsonField},
 		{"candidates[].content.parts[].executableCode.code", textField},
-		// Until then usageMetadata is a running count (see tally.add).
+		// What ends a response: until then usageMetadata is a running
+		// count (tally.add).
 		{"candidates[].finishReason", endField},
 		{"promptFeedback.blockReason", endField},
 	},

@@ -94,14 +94,24 @@ func (t *refTally) add(f Format, ev *refEvent) {
 			t.set(resp.Usage.Usage(OpenAIResponses))
 		}
 	case ev.UsageMetadata != nil:
-		// A running count until the response has finished.
 		m := ev.UsageMetadata
-		t.usage = budget.Usage{
+		u := budget.Usage{
 			InputTokens:       max(m.PromptTokenCount, 0),
 			CachedInputTokens: max(m.CachedContentTokenCount, 0),
 			OutputTokens:      max(m.CandidatesTokenCount, 0) + max(m.ThoughtsTokenCount, 0),
 		}
-		t.inputKnown, t.complete = true, t.finished
+		if t.finished {
+			t.set(u, true)
+			break
+		}
+		// A running count until the response has finished: the largest of
+		// each count so far.
+		t.usage = budget.Usage{
+			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
+			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
+		}
+		t.inputKnown, t.complete = t.usage.InputTokens > 0, false
 	case ev.PromptEvalCount != nil || ev.EvalCount != nil:
 		// Ollama reports the counts on its final object only.
 		var in, out int64
