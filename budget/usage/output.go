@@ -8,7 +8,11 @@ import (
 // The output each format streams: the members of its events that carry
 // generated output. The meter counts them (tally.outputTextBytes) so that a
 // stream cut before its usage report is charged for what it delivered, not
-// for its prompt alone. A field an API starts to stream is one more line.
+// for its prompt alone. A field an API starts to stream is one more line;
+// the scanner reads the tables by readers generated from them, as
+// hand-written readers would (a switch per object, not a lookup in a table
+// per key), and go test ./budget/usage -run TestOutputReadersAreGenerated
+// -update rewrites them (output_readers.go).
 //
 // A path names the objects a member is in, from the event's top, then the
 // member: "a.b" is member b of object a, "a[].b" member b of each object of
@@ -112,11 +116,9 @@ const (
 	arrayField
 )
 
-// The event reader reads the members the tables name with the readers
-// generated from them (output_readers.go: go test -run
-// TestOutputReadersAreGenerated -update rewrites it); the compiled tables
-// below are what it is generated from, and what the reference meter of the
-// tests reads by.
+// The tables compiled (outputNodes) are what the readers are generated
+// from, what the event reader tells the top-level names by, and what the
+// reference meter of the tests reads by.
 
 // maxOutputNames bounds the names at the top of a table: an event keeps
 // what each held (outputSum).
@@ -189,8 +191,8 @@ func (o *outputSum) set(j int, text int64, end bool) {
 	o.ends = o.ends&^(1<<j) | uint8(btoi(end))<<j
 }
 
-// total is the output of an object of n: the sum, but of each group of
-// names only the largest.
+// total is the output of the top of an event, n its table's top: the sum,
+// but of each group of names only the largest.
 func (o *outputSum) total(n *outputNode) int64 {
 	sum := o.sum
 	if len(n.groups) == 0 {

@@ -29,10 +29,17 @@ func TestOutputReadersAreGenerated(t *testing.T) {
 	}
 }
 
-// formatNames are the Go names of the formats with an output table.
-var formatNames = map[Format]string{
-	OpenAIChat: "OpenAIChat", OpenAIResponses: "OpenAIResponses", Anthropic: "Anthropic",
-	Gemini: "Gemini", Ollama: "Ollama", OpenAICompletions: "OpenAICompletions",
+// formatName is the Go name of a format with an output table.
+func formatName(f Format) string {
+	names := map[Format]string{
+		OpenAIChat: "OpenAIChat", OpenAIResponses: "OpenAIResponses", Anthropic: "Anthropic",
+		Gemini: "Gemini", Ollama: "Ollama", OpenAICompletions: "OpenAICompletions",
+	}
+	name, ok := names[f]
+	if !ok {
+		panic(fmt.Sprintf("format %v has an output table: give formatName its Go name", f))
+	}
+	return name
 }
 
 // generateOutputReaders writes the scanner's readers of the output tables:
@@ -57,7 +64,7 @@ func generateOutputReaders() []byte {
 		if top == nil {
 			continue
 		}
-		g.line("case %s:", formatNames[Format(f)])
+		g.line("case %s:", formatName(Format(f)))
 		g.line("switch string(key) {")
 		for j, name := range top.names {
 			if j == top.message || j == top.response {
@@ -91,7 +98,7 @@ func generateOutputReaders() []byte {
 			continue
 		}
 		n := top.fields[top.message].node
-		g.line("case %s:", formatNames[Format(f)])
+		g.line("case %s:", formatName(Format(f)))
 		g.members(&outputFunc{format: Format(f), path: []string{"message"}}, n, "2", "k", true)
 		g.line("return true, %s, %s, ok", g.sum(n), g.anyEnd(n))
 	}
@@ -134,7 +141,7 @@ func (g *outputGenerator) nodeFunc(format Format, path []string, f *outputField)
 	if f.kind != objectField && f.kind != arrayField {
 		return ""
 	}
-	name := "output" + formatNames[format]
+	name := "output" + formatName(format)
 	for _, step := range path {
 		name += camel(strings.TrimSuffix(step, "[]"))
 	}
