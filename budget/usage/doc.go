@@ -10,6 +10,8 @@
 //
 // Responses and stream events are read by a byte scanner (scan.go): one pass
 // per payload that validates it as encoding/json would, reads the few fields
-// that carry usage or output text by exact key case, and allocates nothing
-// (IsUsageOnlyChunk joins an event's data lines when it has several).
+// that carry usage or output by exact key case, and allocates nothing
+// (IsUsageOnlyChunk joins an event's data lines when it has several). The
+// fields that carry output are one table per format (output.go), from which
+// the scanner's readers of them are generated (output_readers.go).
 package usage

@@ -9,27 +9,32 @@ import (
 )
 
 // event is what one JSON payload (a whole response, one SSE data payload or
-// one NDJSON line) says about usage and output text, in any supported
-// format. Keys are read by exact case, as upstreams and SDKs read them; of a
-// key given twice, the last counts.
+// one NDJSON line) says about usage, in any supported format, and about
+// output, in the format's output table (outputTables). Keys are read by
+// exact case, as upstreams and SDKs read them; of a key given twice, the
+// last counts.
 type event struct {
 	kind eventKind // "type"
 	// OpenAI chat (final chunk or JSON body), Responses and Anthropic JSON
 	// bodies, Anthropic message_delta.
 	usage usageFields
 	// Anthropic message_start carries usage inside message; Ollama chat
-	// carries the output text there.
+	// carries its output there.
 	message      bool
 	messageUsage usageFields
 	// Responses events carry the response object (its usage is read for
-	// the final events only); Ollama's generate API has a string here.
+	// the final events only); Ollama's generate API has its output here.
 	responseUsage usageFields
 	// Gemini.
 	gemini geminiUsage
 	// Ollama's native API.
 	promptEvalCount, evalCount optInt
-	// text is the output text each key carried, in bytes as decoded.
-	text [textKeys]int64
+	// output is what the top-level names of the table held.
+	output outputSum
+	// text is the output of the whole event, finished whether it ended the
+	// response (Gemini's finishReason): set once the event is read.
+	text     int64
+	finished bool
 }
 
 // eventKind is the "type" of an event, where it decides how usage is read.
@@ -40,16 +45,6 @@ const (
 	kindMessageStart
 	kindMessageDelta
 	kindResponseFinal // response.completed, response.incomplete, response.failed
-)
-
-// The keys that carry output text.
-const (
-	textChoices    = iota // chat chunks: choices[].delta
-	textDelta             // Responses (a string) and Anthropic (an object) deltas
-	textCandidates        // Gemini: candidates[].content.parts[].text
-	textMessage           // Ollama chat: message.content
-	textResponse          // Ollama generate: response (a string)
-	textKeys
 )
 
 // optInt is an integer field that may be absent or null.
@@ -71,10 +66,8 @@ type geminiUsage struct {
 	prompt, candidates, thoughts, cachedContent int64
 }
 
-// textBytes is the output text the event carried.
-func (ev *event) textBytes() int64 {
-	return ev.text[textChoices] + ev.text[textDelta] + ev.text[textCandidates] + ev.text[textMessage] + ev.text[textResponse]
-}
+// textBytes is the output the event carried.
+func (ev *event) textBytes() int64 { return ev.text }
 
 // tally accumulates what a response reported, event by event.
 type tally struct {
@@ -82,8 +75,11 @@ type tally struct {
 	// complete: a final usage report was seen (the last one wins).
 	complete bool
 	// inputKnown: the input tokens were reported even if the output was not
-	// (Anthropic's message_start).
+	// (Anthropic's message_start, Gemini's running usageMetadata).
 	inputKnown bool
+	// finished: the response said it has finished (an endField of its
+	// table). Gemini's usageMetadata is final from then on.
+	finished bool
 	// outputTextBytes counts the generated text seen, for an estimate when a
 	// stream ends without usage.
 	outputTextBytes int64
@@ -92,6 +88,7 @@ type tally struct {
 // add folds one event into the tally.
 func (t *tally) add(f Format, ev *event) {
 	t.outputTextBytes += ev.textBytes()
+	t.finished = t.finished || ev.finished
 	switch {
 	case ev.kind == kindMessageStart && ev.message && ev.messageUsage.present:
 		if u, ok := ev.messageUsage.usage(Anthropic); ok {
@@ -119,11 +116,24 @@ func (t *tally) add(f Format, ev *event) {
 		}
 	case ev.gemini.present:
 		m := ev.gemini
-		t.set(budget.Usage{
+		u := budget.Usage{
 			InputTokens:       max(m.prompt, 0),
 			CachedInputTokens: max(m.cachedContent, 0),
 			OutputTokens:      max(m.candidates, 0) + max(m.thoughts, 0),
-		}, true)
+		}
+		if t.finished {
+			t.set(u, true)
+			break
+		}
+		// Until the response has finished, Gemini's usageMetadata is a
+		// running count (some chunks hold the prompt alone): the largest of
+		// each count so far is a lower bound of the final one, not a report.
+		t.usage = budget.Usage{
+			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
+			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
+		}
+		t.inputKnown, t.complete = t.usage.InputTokens > 0, false
 	case ev.promptEvalCount.set || ev.evalCount.set:
 		// Ollama reports the counts on its final object only.
 		t.set(budget.Usage{InputTokens: ev.promptEvalCount.nonNegative(), OutputTokens: ev.evalCount.nonNegative()}, true)
@@ -139,14 +149,15 @@ func (t *tally) set(u budget.Usage, ok bool) {
 	}
 }
 
-// readEvent reads one payload into ev, which must be zero. It is false when
-// the payload is not a JSON object or is one that encoding/json would refuse
-// to decode into the fields read (bad syntax anywhere, or a field read
-// holding the wrong type): such a payload counts nothing, as before this
-// reader. memo, when not nil, lets a payload that starts like the last one
-// skip what they share (see prefixMemo), and is updated. tmpl, when not
-// nil, becomes the payload's template if it is valid (see eventTemplate).
-func readEvent(data []byte, ev *event, memo *prefixMemo, tmpl *eventTemplate) bool {
+// readEvent reads one payload of format f into ev, which must be zero. It
+// is false when the payload is not a JSON object or is one that
+// encoding/json would refuse to decode into the usage fields read (bad
+// syntax anywhere, or a usage field holding the wrong type): such a payload
+// counts nothing. memo, when not nil, lets a payload that starts like the
+// last one skip what they share (see prefixMemo), and is updated. tmpl,
+// when not nil, becomes the payload's template if it is valid (see
+// eventTemplate).
+func readEvent(data []byte, ev *event, f Format, memo *prefixMemo, tmpl *eventTemplate) bool {
 	if tmpl != nil {
 		tmpl.begin()
 	}
@@ -161,7 +172,8 @@ func readEvent(data []byte, ev *event, memo *prefixMemo, tmpl *eventTemplate) bo
 	if memo != nil {
 		k = memo.resume(&s, ev)
 	}
-	s.eventMembers(ev, k, memo)
+	s.eventMembers(ev, f, k, memo)
+	ev.text, ev.finished = ev.output.total(outputOf(f)), ev.output.ends != 0
 	if memo != nil {
 		memo.finish(s.b)
 	}
@@ -179,9 +191,10 @@ func readEvent(data []byte, ev *event, memo *prefixMemo, tmpl *eventTemplate) bo
 }
 
 // eventMembers reads the members of the payload's top object, from its k-th
-// on; memo, when not nil, learns where the members that change nothing but
-// the kind end.
-func (s *scanner) eventMembers(ev *event, k int, memo *prefixMemo) {
+// on, its output by format f's table; memo, when not nil, learns where the
+// members that change nothing but the kind end.
+func (s *scanner) eventMembers(ev *event, f Format, k int, memo *prefixMemo) {
+	out := outputOf(f)
 	plain := true // every member so far set nothing but the kind
 	for ; ; k++ {
 		key, more := s.member(k)
@@ -196,17 +209,18 @@ func (s *scanner) eventMembers(ev *event, k int, memo *prefixMemo) {
 		case "usage":
 			ok = s.usageFields(1, &ev.usage)
 		case "message":
-			ev.message, ev.text[textMessage], ok = s.message(&ev.messageUsage)
+			var text int64
+			var end bool
+			ev.message, text, end, ok = s.message(f, &ev.messageUsage)
+			if j := out.message; j >= 0 {
+				ev.output.set(j, text, end)
+			}
 		case "response":
-			ev.text[textResponse] = s.response(&ev.responseUsage)
-		case "choices":
-			ev.text[textChoices], ok = s.choices()
-		case "delta":
-			ev.text[textDelta] = s.topDelta()
+			if text := s.response(&ev.responseUsage, out.response >= 0); out.response >= 0 {
+				ev.output.set(out.response, text, false)
+			}
 		case "usageMetadata":
 			ev.gemini, ok = s.geminiUsage()
-		case "candidates":
-			ev.text[textCandidates], ok = s.candidates()
 		case "done":
 			ok, set = s.optBool(1), false
 		case "prompt_eval_count":
@@ -214,6 +228,12 @@ func (s *scanner) eventMembers(ev *event, k int, memo *prefixMemo) {
 		case "eval_count":
 			ev.evalCount, ok = s.optInt(1)
 		default:
+			if out.mayName(key) {
+				if j, text, end := s.topOutput(f, key); j >= 0 {
+					ev.output.set(j, text, end)
+					break
+				}
+			}
 			s.skip(1)
 			set = false
 		}
@@ -416,283 +436,71 @@ func kindOfWords(n int, x0, x1, x2 uint64) eventKind {
 	return kindOther
 }
 
-// message reads Anthropic's message object (message_start), its usage into
-// usage, or Ollama's chat message.
-func (s *scanner) message(usage *usageFields) (isObject bool, text int64, ok bool) {
-	*usage = usageFields{}
-	isObject, ok = s.object(1)
-	if !isObject {
-		return false, 0, ok
-	}
+// usageMembers reads the members of an object (its '{' consumed), nested
+// in d arrays and objects, of which only usage is read; ok is false when a
+// field of it has the wrong type.
+func (s *scanner) usageMembers(d int, usage *usageFields) (ok bool) {
+	ok = true
 	for k := 0; ; k++ {
 		key, more := s.member(k)
 		if !more {
-			return true, text, ok
-		}
-		switch string(key) {
-		case "usage":
-			ok = s.usageFields(2, usage) && ok
-		case "content":
-			text = s.anyText(2)
-		default:
-			s.skip(2)
-		}
-	}
-}
-
-// anyText reads any value: the decoded length when it is a string.
-func (s *scanner) anyText(d int) int64 {
-	if s.peek() != '"' {
-		s.skip(d)
-		return 0
-	}
-	n, _ := s.optText(d)
-	return n
-}
-
-// response reads a Responses event's response object (its usage into usage;
-// a wrong type there leaves it without usage, as a failed decode did) or
-// Ollama's generated text.
-func (s *scanner) response(usage *usageFields) (text int64) {
-	*usage = usageFields{}
-	switch s.peek() {
-	case '"':
-		return s.anyText(1)
-	case '{':
-	default:
-		s.skip(1)
-		return 0
-	}
-	s.i++
-	ok := true
-	for k := 0; ; k++ {
-		key, more := s.member(k)
-		if !more {
-			break
+			return ok
 		}
 		if string(key) == "usage" {
-			ok = s.usageFields(2, usage) && ok
+			ok = s.usageFields(d, usage) && ok
 		} else {
-			s.skip(2)
+			s.skip(d)
 		}
 	}
-	if !ok {
-		*usage = usageFields{}
+}
+
+// response reads the top-level response: a Responses event's response
+// object (its usage into usage; a wrong type there leaves it without usage,
+// as a failed decode did), or, when isText (the format's table names it),
+// Ollama's generated text.
+func (s *scanner) response(usage *usageFields, isText bool) (text int64) {
+	*usage = usageFields{}
+	switch s.peek() {
+	case '{':
+		s.i++
+		if !s.usageMembers(2, usage) {
+			*usage = usageFields{}
+		}
+		return 0
+	case '"':
+		if isText {
+			text, _ = s.optText(1)
+			return text
+		}
 	}
+	s.skip(1)
 	return 0
 }
 
-// choices reads a chat chunk's choices: the text of their deltas.
-func (s *scanner) choices() (text int64, ok bool) { return s.textOfElements(chatChoices) }
-
-// chatDelta reads choices[].delta: content, reasoning, refusal and tool
-// call arguments.
-func (s *scanner) chatDelta() (text int64, ok bool) {
-	isObject, ok := s.object(3)
-	if !isObject {
-		return 0, ok
+// jsonBytes reads any value: its length as written, 0 for null. Its strings
+// and numbers are no template holes: its length is output.
+func (s *scanner) jsonBytes(d int) int64 {
+	start, tmpl, null := s.i, s.tmpl, s.peek() == 'n'
+	s.tmpl = nil
+	s.skip(d)
+	if s.tmpl = tmpl; tmpl != nil {
+		tmpl.textRead(-1, -1, 0)
 	}
-	var content, reasoning, refusal, tools int64
-	for k := 0; ; k++ {
-		key, more := s.member(k)
-		if !more {
-			break
-		}
-		good := true
-		switch string(key) {
-		case "content":
-			content, good = s.optText(4)
-		case "reasoning_content":
-			reasoning, good = s.optText(4)
-		case "refusal":
-			refusal, good = s.optText(4)
-		case "tool_calls":
-			tools, good = s.toolCalls()
-		default:
-			s.skip(4)
-		}
-		ok = ok && good
-	}
-	return content + reasoning + refusal + tools, ok
-}
-
-// toolCalls reads delta.tool_calls[].function.arguments.
-func (s *scanner) toolCalls() (text int64, ok bool) {
-	isArray, ok := s.array(4)
-	if !isArray {
-		return 0, ok
-	}
-	for k := 0; s.element(k); k++ {
-		isObject, good := s.object(5)
-		ok = ok && good
-		if !isObject {
-			continue
-		}
-		var call int64
-		for m := 0; ; m++ {
-			key, more := s.member(m)
-			if !more {
-				break
-			}
-			if string(key) != "function" {
-				s.skip(6)
-				continue
-			}
-			call = 0
-			isFunction, good := s.object(6)
-			ok = ok && good
-			if !isFunction {
-				continue
-			}
-			for n := 0; ; n++ {
-				key, more := s.member(n)
-				if !more {
-					break
-				}
-				if string(key) == "arguments" {
-					call, good = s.optText(7)
-					ok = ok && good
-				} else {
-					s.skip(7)
-				}
-			}
-		}
-		text += call
-	}
-	return text, ok
-}
-
-// topDelta reads the top-level delta: a string (Responses) or an object
-// with text, partial_json or thinking (Anthropic). A wrong type in the
-// object counts no text but keeps the event, as a failed decode of this
-// field alone did.
-func (s *scanner) topDelta() int64 {
-	switch s.peek() {
-	case '"':
-		return s.anyText(1)
-	case '{':
-	default:
-		s.skip(1)
+	if null || s.failed {
 		return 0
 	}
-	s.i++
-	var text, partial, thinking int64
-	ok := true
-	for k := 0; ; k++ {
-		key, more := s.member(k)
-		if !more {
-			break
-		}
-		good := true
-		switch string(key) {
-		case "text":
-			text, good = s.optText(2)
-		case "partial_json":
-			partial, good = s.optText(2)
-		case "thinking":
-			thinking, good = s.optText(2)
-		default:
-			s.skip(2)
-		}
-		ok = ok && good
-	}
-	if !ok {
-		return 0
-	}
-	return text + partial + thinking
+	return int64(s.i - start)
 }
 
-// candidates reads Gemini's candidates[].content.parts[].text.
-func (s *scanner) candidates() (text int64, ok bool) { return s.textOfElements(geminiCandidates) }
-
-// textArray names an array of objects whose elements hold text in one
-// member: chat choices (delta) or Gemini candidates (content).
-type textArray uint8
-
-const (
-	chatChoices textArray = iota
-	geminiCandidates
-)
-
-// textOfElements reads a textArray, adding up the text of each element's
-// member; the others are skipped. (A switch, not a func value: passing
-// the scanner to a func value makes it escape, an allocation per event.)
-func (s *scanner) textOfElements(a textArray) (text int64, ok bool) {
-	isArray, ok := s.array(1)
-	if !isArray {
-		return 0, ok
+// endMark reads a value that ends the response when it is a string, not
+// empty. A string here is no template hole: it is compared.
+func (s *scanner) endMark(d int) bool {
+	if s.peek() != '"' {
+		s.skip(d)
+		return false
 	}
-	for k := 0; s.element(k); k++ {
-		isObject, good := s.object(2)
-		ok = ok && good
-		if !isObject {
-			continue
-		}
-		var found int64
-		for m := 0; ; m++ {
-			key, more := s.member(m)
-			if !more {
-				break
-			}
-			switch {
-			case a == chatChoices && string(key) == "delta":
-				found, good = s.chatDelta()
-			case a == geminiCandidates && string(key) == "content":
-				found, good = s.geminiContent()
-			default:
-				s.skip(3)
-				continue
-			}
-			ok = ok && good
-		}
-		text += found
-	}
-	return text, ok
-}
-
-// geminiContent reads candidates[].content: its parts' text.
-func (s *scanner) geminiContent() (text int64, ok bool) {
-	isObject, ok := s.object(3)
-	if !isObject {
-		return 0, ok
-	}
-	for k := 0; ; k++ {
-		key, more := s.member(k)
-		if !more {
-			return text, ok
-		}
-		if string(key) != "parts" {
-			s.skip(4)
-			continue
-		}
-		text = 0
-		isArray, good := s.array(4)
-		ok = ok && good
-		if !isArray {
-			continue
-		}
-		for m := 0; s.element(m); m++ {
-			isPart, good := s.object(5)
-			ok = ok && good
-			if !isPart {
-				continue
-			}
-			var part int64
-			for n := 0; ; n++ {
-				key, more := s.member(n)
-				if !more {
-					break
-				}
-				if string(key) == "text" {
-					part, good = s.optText(6)
-					ok = ok && good
-				} else {
-					s.skip(6)
-				}
-			}
-			text += part
-		}
-	}
+	start, end, _ := s.str()
+	return !s.failed && end > start
 }
 
 // geminiUsage reads usageMetadata.

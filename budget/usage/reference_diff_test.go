@@ -16,14 +16,14 @@ import (
 // and IsUsageOnlyChunk are compared with their references on the golden
 // transcripts, on crafted payloads and under fuzzing.
 
-// refNames are the keys the reference decoded, at any depth.
-var refNames = strings.Fields(`type usage message content response choices delta
-	reasoning_content refusal tool_calls function arguments usageMetadata
+// refNames are the keys the reference decodes into structs (the usage), at
+// any depth. (It reads the output tables' names by exact case, as the
+// scanner does.)
+var refNames = strings.Fields(`type usage message response usageMetadata
 	promptTokenCount candidatesTokenCount thoughtsTokenCount cachedContentTokenCount
-	candidates parts text done prompt_eval_count eval_count prompt_tokens
-	completion_tokens prompt_tokens_details cached_tokens input_tokens output_tokens
-	input_tokens_details cache_creation_input_tokens cache_read_input_tokens
-	partial_json thinking`)
+	done prompt_eval_count eval_count prompt_tokens completion_tokens
+	prompt_tokens_details cached_tokens input_tokens output_tokens
+	input_tokens_details cache_creation_input_tokens cache_read_input_tokens`)
 
 // ambiguousJSON reports whether the JSON text data (after the reference's
 // TrimSpace) has an object with a key given twice (in any case), or a key
@@ -180,6 +180,29 @@ var payloads = []string{
 	`[{"usage":{"prompt_tokens":1}}]`,
 	`null`,
 	``,
+	// The output tables' fields, of every format, and of other types than
+	// their tables say.
+	`{"choices":[{"text":"Once","index":0},{"text":null},{"text":5},null,{"delta":{"content":"x"}}]}`,
+	`{"choices":[{"delta":{"reasoning":"ab","reasoning_content":"abc"}},{"delta":{"reasoning":"abcd","reasoning_content":null}},{"delta":{"reasoning":7}}]}`,
+	`{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}},{"function":{"name":null}},{"function":[]}],"function_call":{"name":"g","arguments":"x"},"audio":{"transcript":"hi","data":"AAAA"}}}]}`,
+	`{"choices":[{"delta":{"function_call":"x","audio":null,"tool_calls":[1,"a",null]}}]}`,
+	`{"type":"response.output_item.done","item":{"type":"reasoning","encrypted_content":"gAAA","summary":[{"text":"not counted"}]}}`,
+	`{"type":"response.output_item.added","item":{"encrypted_content":null}}`,
+	`{"type":"response.output_item.done","item":"x","delta":{"text":"an object"}}`,
+	`{"type":"content_block_start","index":0,"content_block":{"type":"redacted_thinking","data":"EmwK"}}`,
+	`{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t","name":"convert","input":{"a": [1, "b", null, {"c": -0.5e3}]}}}`,
+	`{"type":"content_block_start","content_block":{"input":null,"text":5,"thinking":"th","signature":"not in the table"}}`,
+	`{"type":"content_block_delta","delta":{"type":"signature_delta","signature":"EqQB\u00e9"}}`,
+	`{"type":"content_block_start","content_block":[{"text":"x"}],"delta":"a string"}`,
+	`{"candidates":[{"content":{"parts":[{"text":"a","thought":true,"thoughtSignature":"sig"},{"functionCall":{"name":"f","args":{"x":"y\"z","n":[1,2]}}},{"functionCall":{"args":null}},{"executableCode":{"code":"print(1)"}},{"functionCall":"x"}]},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":4}}`,
+	`{"candidates":[{"finishReason":""},{"finishReason":null},{"finishReason":5}],"usageMetadata":{"promptTokenCount":3}}`,
+	`{"candidates":[{"finishReason":"MAX_TOKENS"}],"promptFeedback":{"blockReason":""},"usageMetadata":{"promptTokenCount":3}}`,
+	`{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":3}}`,
+	`{"promptFeedback":{"blockReason":7},"usageMetadata":{"candidatesTokenCount":3}}`,
+	`{"message":{"role":"assistant","content":"","thinking":"hm","tool_calls":[{"function":{"name":"f","arguments":{"city":"Paris"}}},{"function":{"arguments":"a string"}},{"function":{"arguments":null}}]},"done":false}`,
+	`{"response":"","thinking":"hm","done":false}`,
+	`{"response":{"usage":{"input_tokens":2}},"thinking":null}`,
+	`{"\u0074hinking":"an escaped key","choices":[{"t\u0065xt":"e","delta":{"r\u0065asoning":"r"}}]}`,
 }
 
 // deepPayloads sit at encoding/json's nesting limit, on either side of it
@@ -280,6 +303,28 @@ var memoStreams = [][]string{
 		`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`,
 		`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`,
 	},
+	// Output no template may take for a hole: a JSON value counted as
+	// written, what ends a response, a text under either of two names.
+	{
+		`{"model":"q","created_at":"t1","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"city":"Paris"}}}]},"done":false}`,
+		`{"model":"q","created_at":"t2","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"city":"Rome"}}}]},"done":false}`,
+		`{"model":"q","created_at":"t3","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"city":12}}}]},"done":false}`,
+		`{"model":"q","created_at":"t4","message":{"role":"assistant","content":"x","thinking":"y"},"done":false}`,
+		`{"model":"q","created_at":"t5","message":{"role":"assistant","content":"xy","thinking":"y"},"done":false}`,
+	},
+	{
+		`{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":0}],"usageMetadata":{"promptTokenCount":7}}`,
+		`{"candidates":[{"content":{"parts":[{"text":"ab"}]},"index":0}],"usageMetadata":{"promptTokenCount":7}}`,
+		`{"candidates":[{"content":{"parts":[{"text":"ab"}]},"finishReason":"","index":0}],"usageMetadata":{"promptTokenCount":7}}`,
+		`{"candidates":[{"content":{"parts":[{"text":"ab"}]},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":7}}`,
+		`{"candidates":[{"content":{"parts":[{"text":"abc"}]},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":8}}`,
+	},
+	{
+		`{"choices":[{"delta":{"reasoning":"ab","reasoning_content":"ab"}}]}`,
+		`{"choices":[{"delta":{"reasoning":"abc","reasoning_content":"abc"}}]}`,
+		`{"choices":[{"delta":{"reasoning":"abc","reasoning_content":"a"}}]}`,
+		`{"choices":[{"delta":{"reasoning":"a","reasoning_content":"abcd"}}]}`,
+	},
 }
 
 // TestReadersMatchReference: on the golden inputs and the crafted payloads
@@ -308,7 +353,7 @@ func TestReadersMatchReference(t *testing.T) {
 					stream = append(stream, e+"\n"...)
 				}
 			}
-			for f := Format(0); f < 6; f++ {
+			for _, f := range allFormats {
 				for i := 0; i <= len(stream); i += 7 {
 					want, _ := refMeterRead(f, framing, stream[:i], stream[i:])
 					if got := meter(f, framing, stream[:i], stream[i:]); got != want {
@@ -330,7 +375,7 @@ func TestReadersMatchReference(t *testing.T) {
 		if ambiguousJSON([]byte(p)) {
 			t.Fatalf("payload %.80q is ambiguous: it cannot be compared", p)
 		}
-		for f := Format(0); f < 6; f++ {
+		for _, f := range allFormats {
 			compareWithReference(t, []byte(p), f)
 		}
 	}
@@ -424,15 +469,17 @@ func FuzzMeterMatchesReference(f *testing.F) {
 		f.Add([]byte(strings.Join(events, "\n")), uint16(i*17), uint8(i), true)
 	}
 	for i, p := range payloads {
-		f.Add([]byte("data: "+p+"\n\n"), uint16(i), uint8(i), false)
-		f.Add([]byte(p+"\n"), uint16(i), uint8(i), true)
+		for _, fm := range allFormats {
+			f.Add([]byte("data: "+p+"\n\n"), uint16(i), uint8(fm), false)
+			f.Add([]byte(p+"\n"), uint16(i), uint8(fm), true)
+		}
 	}
 	f.Fuzz(func(t *testing.T, stream []byte, split uint16, format uint8, ndjson bool) {
 		framing := SSE
 		if ndjson {
 			framing = NDJSON
 		}
-		fm := Format(format % 6)
+		fm := fuzzFormat(format)
 		i := int(split) % (len(stream) + 1)
 		want, ambiguous := refMeterRead(fm, framing, stream[:i], stream[i:])
 		if ambiguous {
@@ -452,13 +499,15 @@ func FuzzMeterMatchesReference(f *testing.F) {
 // reference read, unless the keys are ambiguous.
 func FuzzFromJSONMatchesReference(f *testing.F) {
 	for _, p := range payloads {
-		f.Add([]byte(p), uint8(0))
+		for _, fm := range allFormats {
+			f.Add([]byte(p), uint8(fm))
+		}
 	}
 	f.Fuzz(func(t *testing.T, body []byte, format uint8) {
 		if ambiguousJSON(body) {
 			return
 		}
-		fm := Format(format % 6)
+		fm := fuzzFormat(format)
 		gotU, gotOK := FromJSON(fm, body)
 		wantU, wantOK := refFromJSON(fm, body)
 		if gotU != wantU || gotOK != wantOK {
@@ -502,8 +551,8 @@ func TestReadersReadExactCase(t *testing.T) {
 			Reading{Usage: usageOf(0, 0, 4), Complete: true, InputKnown: true}, false},
 		{"escapes are decoded", `{"\u0075sage":{"prompt_tokens":3,"completion_tokens":4}}`,
 			Reading{Usage: usageOf(3, 0, 4), Complete: true, InputKnown: true}, true},
-		{"text in another case is not text", `{"choices":[{"delta":{"Content":"hello"}}]}`, Reading{}, false},
-		{"repeated text counts once", `{"choices":[{"delta":{"content":"hello","content":"hi"}}]}`, Reading{OutputTextBytes: 2}, false},
+		{"text in another case is not text", `{"choices":[{"delta":{"Content":"hello"}}]}`, Reading{}, true},
+		{"repeated text counts once", `{"choices":[{"delta":{"content":"hello","content":"hi"}}]}`, Reading{OutputTextBytes: 2}, true},
 		{"a type in another case is no type", `{"Type":"message_delta","usage":{"output_tokens":4}}`,
 			Reading{Usage: usageOf(0, 0, 4), Complete: true, InputKnown: true}, false},
 	}

@@ -2,7 +2,10 @@ package usage
 
 // The readers as they were before the byte scanner (encoding/json decoding
 // every payload), kept as the reference the scanner is compared with
-// (reference_diff_test.go) and benchmarked against. Only the names changed.
+// (reference_diff_test.go) and benchmarked against. The usage is decoded
+// into structs; the output is read by the formats' output tables
+// (outputTables), member by member with encoding/json, by exact key case
+// as upstreams write them.
 
 import (
 	"bytes"
@@ -11,38 +14,20 @@ import (
 	"github.com/fleetguard/fleetguard/budget"
 )
 
-// refEvent is the union of the top-level fields that carry usage or output
-// text in any supported format: a whole JSON response, one SSE data payload,
-// or one NDJSON line.
+// refEvent is the union of the top-level fields that carry usage in any
+// supported format: a whole JSON response, one SSE data payload, or one
+// NDJSON line.
 type refEvent struct {
 	Type string `json:"type"`
 	// OpenAI chat (final chunk or JSON body), Responses and Anthropic JSON
 	// bodies, Anthropic message_delta.
 	Usage *refFields `json:"usage"`
-	// Anthropic message_start carries usage inside message; Ollama chat
-	// carries the output text there.
+	// Anthropic message_start carries usage inside message.
 	Message *struct {
-		Usage   *refFields      `json:"usage"`
-		Content json.RawMessage `json:"content"`
+		Usage *refFields `json:"usage"`
 	} `json:"message"`
-	// Responses events carry the response object; Ollama's generate API has a
-	// string here.
+	// Responses events carry the response object.
 	Response json.RawMessage `json:"response"`
-	// Output text: chat chunks.
-	Choices []struct {
-		Delta *struct {
-			Content          *string `json:"content"`
-			ReasoningContent *string `json:"reasoning_content"`
-			Refusal          *string `json:"refusal"`
-			ToolCalls        []struct {
-				Function struct {
-					Arguments string `json:"arguments"`
-				} `json:"function"`
-			} `json:"tool_calls"`
-		} `json:"delta"`
-	} `json:"choices"`
-	// Output text: Responses (a string) and Anthropic (an object) deltas.
-	Delta json.RawMessage `json:"delta"`
 	// Gemini.
 	UsageMetadata *struct {
 		PromptTokenCount        int64 `json:"promptTokenCount"`
@@ -50,17 +35,13 @@ type refEvent struct {
 		ThoughtsTokenCount      int64 `json:"thoughtsTokenCount"`
 		CachedContentTokenCount int64 `json:"cachedContentTokenCount"`
 	} `json:"usageMetadata"`
-	Candidates []struct {
-		Content struct {
-			Parts []struct {
-				Text string `json:"text"`
-			} `json:"parts"`
-		} `json:"content"`
-	} `json:"candidates"`
 	// Ollama's native API.
 	Done            bool   `json:"done"`
 	PromptEvalCount *int64 `json:"prompt_eval_count"`
 	EvalCount       *int64 `json:"eval_count"`
+
+	// raw is the payload, for its output.
+	raw []byte
 }
 
 // refTally accumulates what a response reported, event by event.
@@ -69,8 +50,11 @@ type refTally struct {
 	// complete: a final usage report was seen (the last one wins).
 	complete bool
 	// inputKnown: the input tokens were reported even if the output was not
-	// (Anthropic's message_start).
+	// (Anthropic's message_start, Gemini's running usageMetadata).
 	inputKnown bool
+	// finished: the response said it has finished; Gemini's usageMetadata
+	// is final from then on.
+	finished bool
 	// outputTextBytes counts the generated text seen, for an estimate when a
 	// stream ends without usage.
 	outputTextBytes int64
@@ -78,7 +62,9 @@ type refTally struct {
 
 // add folds one parsed event into the tally.
 func (t *refTally) add(f Format, ev *refEvent) {
-	t.addText(ev)
+	text, finished := refOutput(outputOf(f), ev.raw)
+	t.outputTextBytes += text
+	t.finished = t.finished || finished
 	switch {
 	case ev.Type == "message_start" && ev.Message != nil && ev.Message.Usage != nil:
 		if u, ok := ev.Message.Usage.Usage(Anthropic); ok {
@@ -109,11 +95,23 @@ func (t *refTally) add(f Format, ev *refEvent) {
 		}
 	case ev.UsageMetadata != nil:
 		m := ev.UsageMetadata
-		t.set(budget.Usage{
+		u := budget.Usage{
 			InputTokens:       max(m.PromptTokenCount, 0),
 			CachedInputTokens: max(m.CachedContentTokenCount, 0),
 			OutputTokens:      max(m.CandidatesTokenCount, 0) + max(m.ThoughtsTokenCount, 0),
-		}, true)
+		}
+		if t.finished {
+			t.set(u, true)
+			break
+		}
+		// A running count until the response has finished: the largest of
+		// each count so far.
+		t.usage = budget.Usage{
+			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
+			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
+		}
+		t.inputKnown, t.complete = t.usage.InputTokens > 0, false
 	case ev.PromptEvalCount != nil || ev.EvalCount != nil:
 		// Ollama reports the counts on its final object only.
 		var in, out int64
@@ -136,57 +134,59 @@ func (t *refTally) set(u budget.Usage, ok bool) {
 	}
 }
 
-// addText counts the generated text an event carries.
-func (t *refTally) addText(ev *refEvent) {
-	for _, c := range ev.Choices {
-		d := c.Delta
-		if d == nil {
+// refOutput reads the output the object raw holds by the table n: the
+// bytes of its output members, and whether one ends the response. A value
+// of another type than its table says holds none.
+func refOutput(n *outputNode, raw []byte) (text int64, ended bool) {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(raw, &members) != nil {
+		return 0, false
+	}
+	held := make([]int64, len(n.names))
+	for j, name := range n.names {
+		v, ok := members[name]
+		if !ok {
 			continue
 		}
-		for _, s := range []*string{d.Content, d.ReasoningContent, d.Refusal} {
-			if s != nil {
-				t.outputTextBytes += int64(len(*s))
-			}
-		}
-		for _, tc := range d.ToolCalls {
-			t.outputTextBytes += int64(len(tc.Function.Arguments))
-		}
-	}
-	if len(ev.Delta) > 0 {
-		switch ev.Delta[0] {
-		case '"': // Responses: response.output_text.delta and friends
+		switch f := &n.fields[j]; f.kind {
+		case textField:
 			var s string
-			if json.Unmarshal(ev.Delta, &s) == nil {
-				t.outputTextBytes += int64(len(s))
+			if json.Unmarshal(v, &s) == nil {
+				held[j] = int64(len(s))
 			}
-		case '{': // Anthropic content_block_delta
-			var d struct {
-				Text        string `json:"text"`
-				PartialJSON string `json:"partial_json"`
-				Thinking    string `json:"thinking"`
+		case jsonField:
+			if string(v) != "null" {
+				held[j] = int64(len(v))
 			}
-			if json.Unmarshal(ev.Delta, &d) == nil {
-				t.outputTextBytes += int64(len(d.Text) + len(d.PartialJSON) + len(d.Thinking))
+		case endField:
+			var s string
+			ended = ended || json.Unmarshal(v, &s) == nil && s != ""
+		case objectField:
+			t, e := refOutput(f.node, v)
+			held[j], ended = t, ended || e
+		case arrayField:
+			var elems []json.RawMessage
+			if json.Unmarshal(v, &elems) != nil {
+				continue
+			}
+			for _, elem := range elems {
+				t, e := refOutput(f.node, elem)
+				held[j], ended = held[j]+t, ended || e
 			}
 		}
 	}
-	for _, c := range ev.Candidates {
-		for _, p := range c.Content.Parts {
-			t.outputTextBytes += int64(len(p.Text))
+	// Of a group of names ("a|b"), the largest counts.
+	for _, g := range n.groups {
+		largest := int64(0)
+		for _, j := range g {
+			largest, held[j] = max(largest, held[j]), 0
 		}
+		held[g[0]] = largest
 	}
-	if ev.Message != nil && len(ev.Message.Content) > 0 && ev.Message.Content[0] == '"' {
-		var s string
-		if json.Unmarshal(ev.Message.Content, &s) == nil {
-			t.outputTextBytes += int64(len(s))
-		}
+	for _, t := range held {
+		text += t
 	}
-	if len(ev.Response) > 0 && ev.Response[0] == '"' {
-		var s string
-		if json.Unmarshal(ev.Response, &s) == nil {
-			t.outputTextBytes += int64(len(s))
-		}
-	}
+	return text, ended
 }
 
 // refParseEvent decodes one JSON payload; false when it is not a JSON object.
@@ -195,7 +195,7 @@ func refParseEvent(data []byte) (*refEvent, bool) {
 	if len(data) == 0 || data[0] != '{' {
 		return nil, false
 	}
-	var ev refEvent
+	ev := refEvent{raw: data}
 	if json.Unmarshal(data, &ev) != nil {
 		return nil, false
 	}
@@ -266,7 +266,7 @@ func refFromJSON(f Format, body []byte) (budget.Usage, bool) {
 	if !ok {
 		return budget.Usage{}, false
 	}
-	var t refTally
+	t := refTally{finished: true} // a whole response: its usage is final
 	t.add(f, ev)
 	return t.usage, t.complete
 }

@@ -157,10 +157,10 @@ func (s *scanner) cachedDetails(d int) (present bool, cached int64, ok bool) {
 // fields). The second result is false when the body reports no usage.
 func FromJSON(f Format, body []byte) (budget.Usage, bool) {
 	var ev event
-	if !readEvent(body, &ev, nil, nil) {
+	if !readEvent(body, &ev, f, nil, nil) {
 		return budget.Usage{}, false
 	}
-	var t tally
+	t := tally{finished: true} // a whole response: its usage is final
 	t.add(f, &ev)
 	return t.usage, t.complete
 }

@@ -244,12 +244,15 @@ func (m *Meter) Close() {
 
 // Reading is what a stream reported.
 type Reading struct {
-	// Usage is the last usage reported. With Complete false it may hold only
-	// the input (InputKnown) or nothing.
+	// Usage is the last usage reported. With Complete false it may hold
+	// only the input (InputKnown), a running count whose output is a lower
+	// bound of the final one (Gemini's usageMetadata before the response
+	// finished), or nothing.
 	Usage      budget.Usage
 	Complete   bool
 	InputKnown bool
-	// OutputTextBytes is the generated text seen, for an output estimate.
+	// OutputTextBytes is the generated output seen (every field of the
+	// format's output table), for an output estimate.
 	OutputTextBytes int64
 	// Bytes is the length of the stream so far.
 	Bytes int64
@@ -333,7 +336,7 @@ func (m *Meter) read(payload []byte) {
 		}
 	}
 	var ev event
-	if readEvent(payload, &ev, &m.memo, t) {
+	if readEvent(payload, &ev, m.format, &m.memo, t) {
 		m.tally.add(m.format, &ev)
 	}
 }

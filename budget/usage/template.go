@@ -9,13 +9,15 @@ package usage
 // text hole, so it is read by comparing bytes instead of scanning them.
 //
 // Why that is exact: the readers look at a skipped string or number only to
-// validate it, and at a text string only for its decoded length, which they
-// add to the event's text once or not at all, whatever its value; so the
-// reading is a function of the bytes outside the holes, of the holes' types
-// and of the text hole's length. A hit's event is therefore the template's
-// with another text length, and folding it into the tally is the template's
-// fold again (a no-op: every usage case of tally.add sets fields from the
-// event alone, TestTallyAddIsIdempotentButForText) plus its text.
+// validate it, and at a text string only for its decoded length, which is
+// the event's text when it is the event's one text (keep), whatever its
+// value; a value read for more (what ends a response, a JSON value counted
+// as written) is no hole, but compared. So the reading is a function of the
+// bytes outside the holes, of the holes' types and of the text hole's
+// length. A hit's event is therefore the template's with another text
+// length, and folding it into the tally is the template's fold again (a
+// no-op but for the text: TestTallyAddIsIdempotentButForText) plus its
+// text.
 
 // maxHoles bounds the holes a template records; values past them are
 // compared like the bytes around them.

@@ -68,15 +68,15 @@ func TestTallyAddIsIdempotentButForText(t *testing.T) {
 		}
 	}
 	n := 0
-	for _, f := range []Format{OpenAIChat, OpenAIResponses, Anthropic, Gemini, Ollama} {
+	for _, f := range []Format{OpenAIChat, OpenAIResponses, Anthropic, Gemini, Ollama, OpenAICompletions} {
 		for _, before := range events { // a tally in the state another event left
 			for _, e := range events {
 				var ev, evBefore event
-				if !readEvent(e, &ev, nil, nil) {
+				if !readEvent(e, &ev, f, nil, nil) {
 					continue
 				}
 				var once tally
-				if readEvent(before, &evBefore, nil, nil) {
+				if readEvent(before, &evBefore, f, nil, nil) {
 					once.add(f, &evBefore)
 				}
 				once.add(f, &ev)

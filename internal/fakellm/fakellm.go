@@ -5,8 +5,10 @@
 // An embeddings request reports Input tokens only. A chat completion with
 // "stream": true is streamed as Chunks SSE chunks
 // Interval apart, with a usage chunk only when the request sets
-// stream_options.include_usage, as OpenAI does; /v1/messages streams the
-// Anthropic event sequence with two cumulative message_delta events.
+// stream_options.include_usage, as OpenAI does; a legacy completion
+// (/v1/completions) streams alike, its text in choices[].text; /v1/messages
+// streams the Anthropic event sequence with two cumulative message_delta
+// events.
 //
 // Request headers change one answer: X-Fake-Status (answer with that status),
 // X-Fake-No-Usage (report no usage), X-Fake-Delay (wait first), X-Fake-Cut
@@ -112,6 +114,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case strings.HasSuffix(r.URL.Path, "/embeddings"):
 		a.json(fmt.Sprintf(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":%q%s}`,
 			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"total_tokens":%d}`, s.Input, s.Input)))
+	case strings.HasSuffix(r.URL.Path, "/completions") && !strings.HasSuffix(r.URL.Path, "/chat/completions") && stream:
+		a.completionStream(req.StreamOptions.IncludeUsage)
 	case stream:
 		a.chatStream(req.StreamOptions.IncludeUsage)
 	default:
@@ -168,6 +172,24 @@ func (a *answer) chatStream(includeUsage bool) {
 	if includeUsage && !a.noUsage {
 		s := a.s
 		a.send(fmt.Sprintf("data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", a.model, s.Input, a.output, s.Input+a.output))
+	}
+	a.send("data: [DONE]\n\n")
+}
+
+// completionStream streams a legacy completion: its text in choices[].text,
+// the usage chunk as chatStream sends it.
+func (a *answer) completionStream(includeUsage bool) {
+	a.w.Header().Set("Content-Type", "text/event-stream")
+	for i := 0; i < a.chunks; i++ {
+		a.send(fmt.Sprintf("data: {\"id\":\"cmpl\",\"object\":\"text_completion\",\"model\":%q,\"choices\":[{\"text\":\"tok%02d \",\"index\":0,\"logprobs\":null,\"finish_reason\":null}]}\n\n", a.model, i))
+		a.pace(i)
+	}
+	if a.cut {
+		return
+	}
+	if includeUsage && !a.noUsage {
+		s := a.s
+		a.send(fmt.Sprintf("data: {\"id\":\"cmpl\",\"object\":\"text_completion\",\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", a.model, s.Input, s.Output, s.Input+s.Output))
 	}
 	a.send("data: [DONE]\n\n")
 }

@@ -1,0 +1,120 @@
+package usage
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/fleetguard/fleetguard/budget"
+)
+
+// geminiChunk is a streamGenerateContent chunk: text, a finishReason when
+// not "", and usageMetadata when not "".
+func geminiChunk(text, finish, usage string) string {
+	c := `{"candidates":[{"content":{"parts":[{"text":` + fmt.Sprintf("%q", text) + `}],"role":"model"}`
+	if finish != "" {
+		c += `,"finishReason":"` + finish + `"`
+	}
+	c += `,"index":0}]`
+	if usage != "" {
+		c += `,"usageMetadata":` + usage
+	}
+	return c + `,"modelVersion":"gemini-2.5-flash"}`
+}
+
+// TestGeminiUsageIsARunningCountUntilTheResponseFinishes: Gemini's
+// usageMetadata before a finishReason is a running count, the largest of
+// each count a lower bound; with or after the finishReason it is the final
+// report.
+func TestGeminiUsageIsARunningCountUntilTheResponseFinishes(t *testing.T) {
+	prompt := `{"promptTokenCount":7,"totalTokenCount":7}`
+	running := `{"promptTokenCount":7,"candidatesTokenCount":12,"thoughtsTokenCount":20,"totalTokenCount":39}`
+	final := `{"promptTokenCount":7,"candidatesTokenCount":30,"thoughtsTokenCount":20,"totalTokenCount":57}`
+	tests := []struct {
+		name                 string
+		chunks               []string
+		usage                budget.Usage
+		complete, inputKnown bool
+	}{
+		{"cut while the usage holds the prompt alone",
+			[]string{geminiChunk("The Nile", "", prompt), geminiChunk(" is long", "", prompt)},
+			usageOf(7, 0, 0), false, true},
+		{"cut after a running count, then a chunk without it",
+			[]string{geminiChunk("The Nile", "", running), geminiChunk(" is long", "", prompt)},
+			usageOf(7, 0, 32), false, true},
+		{"finished, its usage in the last chunk",
+			[]string{geminiChunk("The Nile", "", running), geminiChunk(" is long.", "STOP", final)},
+			usageOf(7, 0, 50), true, true},
+		{"finished, its usage in a chunk of its own after",
+			[]string{geminiChunk("The Nile", "", prompt), geminiChunk(" is long.", "STOP", ""), `{"usageMetadata":` + final + `}`},
+			usageOf(7, 0, 50), true, true},
+		{"cut between the finishReason and the usage after it",
+			[]string{geminiChunk("The Nile", "", running), geminiChunk(" is long.", "STOP", "")},
+			usageOf(7, 0, 32), false, true},
+		{"the final report is the report, lower or not",
+			[]string{geminiChunk("The Nile", "", running), geminiChunk(".", "MAX_TOKENS", prompt)},
+			usageOf(7, 0, 0), true, true},
+		{"a blocked prompt",
+			[]string{`{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":7,"totalTokenCount":7}}`},
+			usageOf(7, 0, 0), true, true},
+		{"a running count without the prompt does not know the input",
+			[]string{geminiChunk("The Nile", "", `{"candidatesTokenCount":2}`)},
+			usageOf(0, 0, 2), false, false},
+		{"an empty finishReason does not finish",
+			[]string{geminiChunk("The Nile", "", running), `{"candidates":[{"content":{"parts":[{"text":""}]},"finishReason":""}],"usageMetadata":` + final + `}`},
+			usageOf(7, 0, 50), false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			framing, s := stream(Gemini, tt.chunks...)
+			got := meter(Gemini, framing, s)
+			if got.Usage != tt.usage || got.Complete != tt.complete || got.InputKnown != tt.inputKnown {
+				t.Errorf("read %+v, want usage %+v, complete %v, input known %v", got, tt.usage, tt.complete, tt.inputKnown)
+			}
+			if want, _ := refMeterRead(Gemini, framing, s); got != want {
+				t.Errorf("read %+v, the reference %+v", got, want)
+			}
+		})
+	}
+}
+
+// TestGeminiCutStreamCountsItsText: a stream whose interim chunks report
+// the prompt alone, cut after 59 of its 100 chunks, reads the text of the
+// 59 (metering.go estimates the output from it), not a final report of the
+// prompt alone.
+func TestGeminiCutStreamCountsItsText(t *testing.T) {
+	var chunks []string
+	for i := range 100 {
+		finish, usage := "", `{"promptTokenCount":7,"totalTokenCount":7}`
+		if i == 99 {
+			finish, usage = "STOP", `{"promptTokenCount":7,"candidatesTokenCount":400,"totalTokenCount":407}`
+		}
+		chunks = append(chunks, geminiChunk(strings.Repeat("word ", 4), finish, usage))
+	}
+	_, whole := stream(Gemini, chunks...)
+	_, cut := stream(Gemini, chunks[:59]...)
+	if r := meter(Gemini, SSE, whole); !r.Complete || r.Usage != usageOf(7, 0, 400) {
+		t.Fatalf("the whole stream: %+v, want its final report", r)
+	}
+	r := meter(Gemini, SSE, cut)
+	if r.Complete || !r.InputKnown || r.Usage.InputTokens != 7 || r.OutputTextBytes != 59*20 {
+		t.Fatalf("cut after 59 chunks: %+v, want incomplete, input 7, %d bytes of text", r, 59*20)
+	}
+}
+
+// TestFromJSONGeminiIsFinished: a whole generateContent response reports
+// its usage whether or not a candidate says why it finished.
+func TestFromJSONGeminiIsFinished(t *testing.T) {
+	for _, body := range []string{
+		`{"candidates":[{"content":{"parts":[{"text":"Nile"}]}}],"usageMetadata":{"promptTokenCount":7,"candidatesTokenCount":2}}`,
+		`{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":7}}`,
+	} {
+		u, ok := FromJSON(Gemini, []byte(body))
+		if want, wantOK := refFromJSON(Gemini, []byte(body)); !ok || u != want || !wantOK {
+			t.Errorf("FromJSON(%s) = %+v %v, the reference %+v %v", body, u, ok, want, wantOK)
+		}
+		if u.InputTokens != 7 {
+			t.Errorf("FromJSON(%s) = %+v, want the 7 input tokens reported", body, u)
+		}
+	}
+}
