@@ -110,6 +110,7 @@ func TestUsageOutOfRangeKeepsTheReservation(t *testing.T) {
 	for _, tt := range []struct{ name, prompt, completion string }{
 		{"tokens whose sum overflows int64", "5000000000000000000", "5000000000000000000"},
 		{"a cost that overflows int64", "10", "1000000000000000000"},
+		{"a negative count", "10", "-5000"},
 	} {
 		before := s.counter("g")
 		invalid := testutil.ToFloat64(metrics.llmInvalidUsage)

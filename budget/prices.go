@@ -98,6 +98,20 @@ const (
 // a report is usage unknown, never a charge of 0 or a wrapped-around one.
 var ErrUsageOutOfRange = errors.New("usage out of range")
 
+// AddCounts sums token counts as an upstream reported them. A negative count,
+// or a sum past int64, gives -1: out of range for SpendOf, never a count that
+// wrapped around or was floored to a free request.
+func AddCounts(counts ...int64) int64 {
+	var sum int64
+	for _, c := range counts {
+		if c < 0 || sum > math.MaxInt64-c {
+			return -1
+		}
+		sum += c
+	}
+	return sum
+}
+
 // SpendOf is what u costs in both units, checked: a count that is negative
 // or out of range, or a cost past MaxSpendMicros, fails with
 // ErrUsageOutOfRange.

@@ -2,6 +2,7 @@ package budget
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 )
@@ -130,5 +131,22 @@ func TestSpendOfRefusesWhatNoUpstreamReports(t *testing.T) {
 	// Tokens alone in range, at a price of 0: within both bounds.
 	if _, err := (Price{}).SpendOf(Usage{InputTokens: MaxUsageTokens, OutputTokens: MaxUsageTokens}); err != nil {
 		t.Errorf("free model at the largest counts: %v", err)
+	}
+}
+
+func TestAddCountsRefusesNegativesAndOverflow(t *testing.T) {
+	for _, tt := range []struct {
+		counts []int64
+		want   int64
+	}{
+		{[]int64{1, 2, 3}, 6},
+		{nil, 0},
+		{[]int64{10, -1}, -1},
+		{[]int64{math.MaxInt64, 1}, -1},
+		{[]int64{math.MaxInt64 - 1, 1}, math.MaxInt64},
+	} {
+		if got := AddCounts(tt.counts...); got != tt.want {
+			t.Errorf("AddCounts(%v) = %d, want %d", tt.counts, got, tt.want)
+		}
 	}
 }

@@ -53,13 +53,6 @@ type optInt struct {
 	set bool
 }
 
-func (o optInt) nonNegative() int64 {
-	if o.set && o.v > 0 {
-		return o.v
-	}
-	return 0
-}
-
 // geminiUsage is Gemini's usageMetadata.
 type geminiUsage struct {
 	present                                     bool
@@ -101,7 +94,7 @@ func (t *tally) add(f Format, ev *event) {
 		// repeat the input counts here too.
 		fields := &ev.usage
 		if fields.has(outputTokens) {
-			t.usage.OutputTokens = max(fields.count[outputTokens], 0)
+			t.usage.OutputTokens = fields.count[outputTokens]
 		}
 		if fields.has(inputTokens) || fields.has(cacheRead) || fields.has(cacheCreation) {
 			if u, ok := fields.usage(Anthropic); ok && u.InputTokens > 0 {
@@ -117,9 +110,9 @@ func (t *tally) add(f Format, ev *event) {
 	case ev.gemini.present:
 		m := ev.gemini
 		u := budget.Usage{
-			InputTokens:       max(m.prompt, 0),
-			CachedInputTokens: max(m.cachedContent, 0),
-			OutputTokens:      max(m.candidates, 0) + max(m.thoughts, 0),
+			InputTokens:       m.prompt,
+			CachedInputTokens: m.cachedContent,
+			OutputTokens:      budget.AddCounts(m.candidates, m.thoughts),
 		}
 		if t.finished {
 			t.set(u, true)
@@ -136,7 +129,7 @@ func (t *tally) add(f Format, ev *event) {
 		t.inputKnown, t.complete = t.usage.InputTokens > 0, false
 	case ev.promptEvalCount.set || ev.evalCount.set:
 		// Ollama reports the counts on its final object only.
-		t.set(budget.Usage{InputTokens: ev.promptEvalCount.nonNegative(), OutputTokens: ev.evalCount.nonNegative()}, true)
+		t.set(budget.Usage{InputTokens: ev.promptEvalCount.v, OutputTokens: ev.evalCount.v}, true)
 	case ev.usage.present:
 		// A chat chunk with "usage": null has none.
 		t.set(ev.usage.usage(f))

@@ -1,6 +1,7 @@
 package usage
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -115,6 +116,30 @@ func TestFromJSONGeminiIsFinished(t *testing.T) {
 		}
 		if u.InputTokens != 7 {
 			t.Errorf("FromJSON(%s) = %+v, want the 7 input tokens reported", body, u)
+		}
+	}
+}
+
+// Counts are read as the upstream reported them: a negative count or a sum
+// that overflows stays out of range, for budget.SpendOf to refuse, never
+// floored to a free request.
+func TestReportedCountsOutOfRangeStayOutOfRange(t *testing.T) {
+	u, ok := FromJSON(OpenAIChat, []byte(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":-5000}}`))
+	if !ok || u.OutputTokens != -5000 {
+		t.Errorf("chat JSON with a negative output: %+v %v, want -5000 as reported", u, ok)
+	}
+	u, ok = FromJSON(Anthropic, []byte(`{"usage":{"input_tokens":9223372036854775807,"cache_creation_input_tokens":1,"output_tokens":3}}`))
+	if !ok || u.InputTokens != -1 {
+		t.Errorf("Anthropic input that overflows when summed: %+v %v, want -1 (out of range)", u, ok)
+	}
+	r := meter(Anthropic, SSE, []byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n"+
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-40}}\n\n"))
+	if !r.Complete || r.Usage.OutputTokens != -40 {
+		t.Errorf("Anthropic stream with a negative output: %+v, want -40 as reported", r)
+	}
+	for _, u := range []budget.Usage{{OutputTokens: -5000}, {InputTokens: -1}, r.Usage} {
+		if _, err := (budget.Price{}).SpendOf(u); !errors.Is(err, budget.ErrUsageOutOfRange) {
+			t.Errorf("SpendOf(%+v) = %v, want ErrUsageOutOfRange", u, err)
 		}
 	}
 }

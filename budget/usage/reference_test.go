@@ -77,7 +77,7 @@ func (t *refTally) add(f Format, ev *refEvent) {
 		// repeat the input counts here too.
 		fields := ev.Usage
 		if fields.OutputTokens != nil {
-			t.usage.OutputTokens = max(*fields.OutputTokens, 0)
+			t.usage.OutputTokens = *fields.OutputTokens
 		}
 		if fields.InputTokens != nil || fields.CacheReadInputTokens != nil || fields.CacheCreationInputTokens != nil {
 			if u, ok := fields.Usage(Anthropic); ok && u.InputTokens > 0 {
@@ -96,9 +96,9 @@ func (t *refTally) add(f Format, ev *refEvent) {
 	case ev.UsageMetadata != nil:
 		m := ev.UsageMetadata
 		u := budget.Usage{
-			InputTokens:       max(m.PromptTokenCount, 0),
-			CachedInputTokens: max(m.CachedContentTokenCount, 0),
-			OutputTokens:      max(m.CandidatesTokenCount, 0) + max(m.ThoughtsTokenCount, 0),
+			InputTokens:       m.PromptTokenCount,
+			CachedInputTokens: m.CachedContentTokenCount,
+			OutputTokens:      budget.AddCounts(m.CandidatesTokenCount, m.ThoughtsTokenCount),
 		}
 		if t.finished {
 			t.set(u, true)
@@ -116,10 +116,10 @@ func (t *refTally) add(f Format, ev *refEvent) {
 		// Ollama reports the counts on its final object only.
 		var in, out int64
 		if ev.PromptEvalCount != nil {
-			in = max(*ev.PromptEvalCount, 0)
+			in = *ev.PromptEvalCount
 		}
 		if ev.EvalCount != nil {
-			out = max(*ev.EvalCount, 0)
+			out = *ev.EvalCount
 		}
 		t.set(budget.Usage{InputTokens: in, OutputTokens: out}, true)
 	case ev.Usage != nil:
@@ -226,7 +226,7 @@ type refFields struct {
 // its input count; Anthropic's cache reads and writes come on top of it.
 func (u *refFields) Usage(f Format) (budget.Usage, bool) {
 	v := func(p *int64) int64 {
-		if p == nil || *p < 0 {
+		if p == nil {
 			return 0
 		}
 		return *p
@@ -235,7 +235,7 @@ func (u *refFields) Usage(f Format) (budget.Usage, bool) {
 	case u.PromptTokens != nil || u.CompletionTokens != nil:
 		out := budget.Usage{InputTokens: v(u.PromptTokens), OutputTokens: v(u.CompletionTokens)}
 		if u.PromptTokensDetails != nil {
-			out.CachedInputTokens = max(u.PromptTokensDetails.CachedTokens, 0)
+			out.CachedInputTokens = u.PromptTokensDetails.CachedTokens
 		}
 		return out, true
 	case f == Anthropic || u.CacheCreationInputTokens != nil || u.CacheReadInputTokens != nil:
@@ -244,14 +244,14 @@ func (u *refFields) Usage(f Format) (budget.Usage, bool) {
 		}
 		read := v(u.CacheReadInputTokens)
 		return budget.Usage{
-			InputTokens:       v(u.InputTokens) + v(u.CacheCreationInputTokens) + read,
+			InputTokens:       budget.AddCounts(v(u.InputTokens), v(u.CacheCreationInputTokens), read),
 			CachedInputTokens: read,
 			OutputTokens:      v(u.OutputTokens),
 		}, true
 	case u.InputTokens != nil || u.OutputTokens != nil:
 		out := budget.Usage{InputTokens: v(u.InputTokens), OutputTokens: v(u.OutputTokens)}
 		if u.InputTokensDetails != nil {
-			out.CachedInputTokens = max(u.InputTokensDetails.CachedTokens, 0)
+			out.CachedInputTokens = u.InputTokensDetails.CachedTokens
 		}
 		return out, true
 	}

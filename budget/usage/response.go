@@ -39,9 +39,10 @@ const (
 // has reports whether count i was given.
 func (u *usageFields) has(i int) bool { return u.set&(1<<i) != 0 }
 
-// nonNegative is count i, or 0 when it was not given or is negative.
-func (u *usageFields) nonNegative(i int) int64 {
-	if u.has(i) && u.count[i] > 0 {
+// reported is count i as the upstream gave it (negative too: budget.SpendOf
+// refuses it), or 0 when it was not given.
+func (u *usageFields) reported(i int) int64 {
+	if u.has(i) {
 		return u.count[i]
 	}
 	return 0
@@ -58,25 +59,25 @@ func (u *usageFields) put(i int, v int64, set bool) {
 func (u *usageFields) usage(f Format) (budget.Usage, bool) {
 	switch {
 	case u.has(promptTokens) || u.has(completionTokens):
-		out := budget.Usage{InputTokens: u.nonNegative(promptTokens), OutputTokens: u.nonNegative(completionTokens)}
+		out := budget.Usage{InputTokens: u.reported(promptTokens), OutputTokens: u.reported(completionTokens)}
 		if u.has(promptDetails) {
-			out.CachedInputTokens = max(u.count[promptDetails], 0)
+			out.CachedInputTokens = u.count[promptDetails]
 		}
 		return out, true
 	case f == Anthropic || u.has(cacheCreation) || u.has(cacheRead):
 		if !u.has(inputTokens) && !u.has(outputTokens) && !u.has(cacheRead) && !u.has(cacheCreation) {
 			return budget.Usage{}, false
 		}
-		read := u.nonNegative(cacheRead)
+		read := u.reported(cacheRead)
 		return budget.Usage{
-			InputTokens:       u.nonNegative(inputTokens) + u.nonNegative(cacheCreation) + read,
+			InputTokens:       budget.AddCounts(u.reported(inputTokens), u.reported(cacheCreation), read),
 			CachedInputTokens: read,
-			OutputTokens:      u.nonNegative(outputTokens),
+			OutputTokens:      u.reported(outputTokens),
 		}, true
 	case u.has(inputTokens) || u.has(outputTokens):
-		out := budget.Usage{InputTokens: u.nonNegative(inputTokens), OutputTokens: u.nonNegative(outputTokens)}
+		out := budget.Usage{InputTokens: u.reported(inputTokens), OutputTokens: u.reported(outputTokens)}
 		if u.has(inputDetails) {
-			out.CachedInputTokens = max(u.count[inputDetails], 0)
+			out.CachedInputTokens = u.count[inputDetails]
 		}
 		return out, true
 	}
