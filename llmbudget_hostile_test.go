@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
@@ -414,5 +415,54 @@ func TestExampleLogFilterKeepsKeysOutOfTheAccessLog(t *testing.T) {
 	}
 	if !strings.Contains(string(logged), "alt=json") {
 		t.Fatalf("the access log lost the rest of the query:\n%s", logged)
+	}
+}
+
+// Requests are read as the upstream reads them, at the HTTP edge: what the
+// budget holds for an answer without usage (the whole reservation) shows
+// what it read.
+func TestReservationsReadRequestsAsUpstreamsDo(t *testing.T) {
+	up := hostileUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{}`) // no usage: the reservation stands
+	})
+	s := newHostileSetup(t, up, `budget g {
+			limit 10000000
+			window 1h
+		}
+		budget per_model {
+			scope model
+			limit 10000000
+			window 1h
+		}`)
+	gemini := `{"contents":[{"parts":[{"text":"hi"}]}],"generation_config":{"candidate_count":8,"max_output_tokens":1000}}`
+	for _, tt := range []struct {
+		name, path, body string
+		atLeast          int64
+	}{
+		{"Gemini's snake_case generation_config", "/v1beta/models/gemini-1.5-flash:generateContent", gemini, 8 * 1000},
+		{"legacy completions' best_of", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"hi","best_of":20,"max_tokens":1000}`, 20 * 1000},
+	} {
+		before := s.counter("g")
+		if resp, body := do(t, http.MethodPost, s.url+tt.path, tt.body, "Content-Type: application/json"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", tt.name, resp.StatusCode, body)
+		}
+		if got := s.counter("g") - before; got < tt.atLeast {
+			t.Errorf("%s: held %d, want at least %d", tt.name, got, tt.atLeast)
+		}
+	}
+	// The model is taken from the path as the upstream routes it (cleaned):
+	// a model budget charges gemini-2.5-pro, not the flash named before "..".
+	path := "/v1beta/models/gemini-2.0-flash/../gemini-2.5-pro:generateContent"
+	req, _ := http.NewRequest(http.MethodPost, s.url+path, strings.NewReader(`{"contents":[{"parts":[{"text":"hi"}]}]}`))
+	req.URL.Opaque = path // sent as written, not cleaned by the client
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %v %v", path, resp, err)
+	}
+	waitSettles()
+	pro, _ := s.redis.Keys(context.Background(), s.prefix+":bg:{b}:per_model:model-"+keyhash.Of("gemini-2.5-pro").String()+":*").Result()
+	flash, _ := s.redis.Keys(context.Background(), s.prefix+":bg:{b}:per_model:model-"+keyhash.Of("gemini-2.0-flash").String()+":*").Result()
+	if len(pro) != 1 || len(flash) != 0 {
+		t.Fatalf("model counters: gemini-2.5-pro %v, gemini-2.0-flash %v; want the request charged to gemini-2.5-pro only", pro, flash)
 	}
 }
