@@ -52,3 +52,105 @@ func TestBadRedisURLNamesItsLine(t *testing.T) {
 		}
 	}
 }
+
+func TestFleetLimitCaddyfileErrors(t *testing.T) {
+	const key = "key {http.request.header.X-API-Key}\n"
+	tests := []struct{ name, zone, want string }{
+		{"unknown subdirective", key + "evnts 5\nwindow 1m", `unknown subdirective "evnts"`},
+		{"missing events", key + "window 1m", "events must be > 0"},
+		{"negative burst", key + "events 5\nburst -2\nwindow 1m", "burst must be >= 0"},
+		{"bad window", key + "events 5\nwindow soon", "window"},
+		{"precision over the maximum", key + "events 5\nwindow 1m\nprecision 101", "precision must be between 1 and 100"},
+		{"a field set twice", key + "events 5\nevents 6\nwindow 1m", "events is set twice"},
+		{"max_keys over the maximum", key + "events 5\nwindow 1m\nmax_keys 99999999", "max_keys must be between"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := ":0 {\n fleetlimit {\n zone z {\n" + tt.zone + "\n}\n }\n}"
+			_, _, err := adaptCaddyfile(src)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+	for _, global := range []string{"near_limit maybe", "prefix a\n prefix b"} {
+		if _, _, err := adaptCaddyfile("{\n fleetguard {\n " + global + "\n }\n}\n:0 {\n respond ok\n}"); err == nil {
+			t.Fatalf("global option %q: want an error", global)
+		}
+	}
+	// The URL is checked when the Caddyfile is read, so its error has a line.
+	if _, _, err := adaptCaddyfile("{\n fleetguard {\n redis 127.0.0.1:6379\n }\n}\n:0 {\n respond ok\n}"); err == nil ||
+		!strings.Contains(err.Error(), "fleetguard: redis") || !strings.Contains(err.Error(), "Caddyfile:3") {
+		t.Fatalf("a URL without a scheme: %v, want an error naming the redis option and its line", err)
+	}
+}
+
+func TestLLMBudgetConfigErrors(t *testing.T) {
+	// The block starts on line 3 of the Caddyfile (":0 {", "llmbudget {").
+	tests := []struct{ name, block, want, at string }{
+		{"no budget", "price m 1 1", "at least one budget", ""},
+		{"unknown subdirective", "budget b {\nlimit 1\nwindow 1h\n}\nbudgets 3", `unknown subdirective "budgets"`, ""},
+		{"bad scope", "budget b {\nscope galaxy\nlimit 1\nwindow 1h\n}", `scope "galaxy"`, ""},
+		{"bad unit", "budget b {\nunit bananas\nlimit 1\nwindow 1h\n}", `unit "bananas"`, ""},
+		{"zero limit", "budget b {\nlimit 0\nwindow 1h\n}", "limit must be > 0", "Caddyfile:4"},
+		{"fractional tokens", "budget b {\nlimit 1.5\nwindow 1h\n}", "whole number", "Caddyfile:4"},
+		{"dollars without unit usd", "budget team_usd {\nscope global\nlimit 25.00\nwindow 720h\n}", "add `unit usd`", "Caddyfile:5"},
+		{"no window", "budget b {\nlimit 10\n}", `budget "b": window is required`, "Caddyfile:3"},
+		{"no limit", "budget b {\nwindow 1h\n}", `budget "b": limit is required`, "Caddyfile:3"},
+		{"a repeated budget option", "budget b {\nlimit 10\nwindow 1h\nlimit 20\n}", "limit is set twice", "Caddyfile:6"},
+		{"a bad window", "budget b {\nlimit 10\nwindow 10\n}", "window", "Caddyfile:5"},
+		{"negative price", "budget b {\nlimit 10\nwindow 1h\n}\nprice m -1 2", "not a price", ""},
+		{"scope team without team", "budget t {\nscope team\nlimit 10\nwindow 1h\n}", "scope team needs the handler's team option", ""},
+		{"usd without a price", "budget d {\nunit usd\nlimit 25.00\nwindow 720h\n}", "a usd budget needs the price", ""},
+		{"bad format", "budget b {\nlimit 10\nwindow 1h\n}\nformat bedrock", `format "bedrock"`, ""},
+		{"duplicate budget", "budget b {\nlimit 10\nwindow 1h\n}\nbudget b {\nlimit 10\nwindow 1h\n}", "defined twice", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + tt.block + "\n}\n}")
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+			if tt.at != "" && strings.Count(err.Error(), tt.at) != 1 {
+				t.Fatalf("error %v, want the position %s once", err, tt.at)
+			}
+		})
+	}
+}
+
+func TestLLMBudgetCapCaddyfile(t *testing.T) {
+	const budgetBlock = "budget b {\nlimit 10\nwindow 1h\n}\n"
+	cfg, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + "chat_cap_field max_tokens\nmax_output_tokens 8192 refuse\n}\n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"chat_cap_field":"max_tokens"`, `"max_output_tokens":8192`, `"over_max_output_tokens":"refuse"`} {
+		if !strings.Contains(string(cfg), want) {
+			t.Errorf("adapted JSON lacks %s: %s", want, cfg)
+		}
+	}
+	cfg, _, err = adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + "max_output_tokens 8192\n}\n}")
+	if err != nil || strings.Contains(string(cfg), "over_max_output_tokens") || strings.Contains(string(cfg), "chat_cap_field") {
+		t.Errorf("defaults are left out of the adapted JSON: %s %v", cfg, err)
+	}
+
+	refusals := []struct{ name, lines, want string }{
+		{"chat_cap_field twice", "chat_cap_field max_tokens\nchat_cap_field max_tokens", "set twice"},
+		{"chat_cap_field unknown", "chat_cap_field max_new_tokens", `"max_new_tokens": want max_completion_tokens or max_tokens`},
+		{"chat_cap_field without a value", "chat_cap_field", "chat_cap_field takes"},
+		{"max_output_tokens twice", "max_output_tokens 10\nmax_output_tokens 20", "set twice"},
+		{"max_output_tokens 0", "max_output_tokens 0", "not a whole number above 0"},
+		{"max_output_tokens over the largest cap", "max_output_tokens 1000001", "between 1 and 1000000"},
+		{"max_output_tokens unknown mode", "max_output_tokens 10 truncate", `"truncate": want lower or refuse`},
+		{"max_output_tokens extra words", "max_output_tokens 10 refuse now", "takes <n> [lower|refuse]"},
+		{"max_output_tokens without n", "max_output_tokens", "takes <n> [lower|refuse]"},
+	}
+	for _, tt := range refusals {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + tt.lines + "\n}\n}")
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}

@@ -146,38 +146,6 @@ func TestFleetLimitJSONConfig(t *testing.T) {
 	}
 }
 
-func TestFleetLimitCaddyfileErrors(t *testing.T) {
-	const key = "key {http.request.header.X-API-Key}\n"
-	tests := []struct{ name, zone, want string }{
-		{"unknown subdirective", key + "evnts 5\nwindow 1m", `unknown subdirective "evnts"`},
-		{"missing events", key + "window 1m", "events must be > 0"},
-		{"negative burst", key + "events 5\nburst -2\nwindow 1m", "burst must be >= 0"},
-		{"bad window", key + "events 5\nwindow soon", "window"},
-		{"precision over the maximum", key + "events 5\nwindow 1m\nprecision 101", "precision must be between 1 and 100"},
-		{"a field set twice", key + "events 5\nevents 6\nwindow 1m", "events is set twice"},
-		{"max_keys over the maximum", key + "events 5\nwindow 1m\nmax_keys 99999999", "max_keys must be between"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			src := ":0 {\n fleetlimit {\n zone z {\n" + tt.zone + "\n}\n }\n}"
-			_, _, err := adaptCaddyfile(src)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("error %v, want one containing %q", err, tt.want)
-			}
-		})
-	}
-	for _, global := range []string{"near_limit maybe", "prefix a\n prefix b"} {
-		if _, _, err := adaptCaddyfile("{\n fleetguard {\n " + global + "\n }\n}\n:0 {\n respond ok\n}"); err == nil {
-			t.Fatalf("global option %q: want an error", global)
-		}
-	}
-	// The URL is checked when the Caddyfile is read, so its error has a line.
-	if _, _, err := adaptCaddyfile("{\n fleetguard {\n redis 127.0.0.1:6379\n }\n}\n:0 {\n respond ok\n}"); err == nil ||
-		!strings.Contains(err.Error(), "fleetguard: redis") || !strings.Contains(err.Error(), "Caddyfile:3") {
-		t.Fatalf("a URL without a scheme: %v, want an error naming the redis option and its line", err)
-	}
-}
-
 func TestInvalidRedisURLIsRefusedAtLoad(t *testing.T) {
 	port := freePort(t)
 	tc := startCaddy(t, fleetCaddyfile(port, "", ""))

@@ -294,43 +294,6 @@ func TestLLMBudgetShadowForwardsTheCapAsWritten(t *testing.T) {
 	}
 }
 
-func TestLLMBudgetCapCaddyfile(t *testing.T) {
-	const budgetBlock = "budget b {\nlimit 10\nwindow 1h\n}\n"
-	cfg, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + "chat_cap_field max_tokens\nmax_output_tokens 8192 refuse\n}\n}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{`"chat_cap_field":"max_tokens"`, `"max_output_tokens":8192`, `"over_max_output_tokens":"refuse"`} {
-		if !strings.Contains(string(cfg), want) {
-			t.Errorf("adapted JSON lacks %s: %s", want, cfg)
-		}
-	}
-	cfg, _, err = adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + "max_output_tokens 8192\n}\n}")
-	if err != nil || strings.Contains(string(cfg), "over_max_output_tokens") || strings.Contains(string(cfg), "chat_cap_field") {
-		t.Errorf("defaults are left out of the adapted JSON: %s %v", cfg, err)
-	}
-
-	refusals := []struct{ name, lines, want string }{
-		{"chat_cap_field twice", "chat_cap_field max_tokens\nchat_cap_field max_tokens", "set twice"},
-		{"chat_cap_field unknown", "chat_cap_field max_new_tokens", `"max_new_tokens": want max_completion_tokens or max_tokens`},
-		{"chat_cap_field without a value", "chat_cap_field", "chat_cap_field takes"},
-		{"max_output_tokens twice", "max_output_tokens 10\nmax_output_tokens 20", "set twice"},
-		{"max_output_tokens 0", "max_output_tokens 0", "not a whole number above 0"},
-		{"max_output_tokens over the largest cap", "max_output_tokens 1000001", "between 1 and 1000000"},
-		{"max_output_tokens unknown mode", "max_output_tokens 10 truncate", `"truncate": want lower or refuse`},
-		{"max_output_tokens extra words", "max_output_tokens 10 refuse now", "takes <n> [lower|refuse]"},
-		{"max_output_tokens without n", "max_output_tokens", "takes <n> [lower|refuse]"},
-	}
-	for _, tt := range refusals {
-		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + tt.lines + "\n}\n}")
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("error %v, want one containing %q", err, tt.want)
-			}
-		})
-	}
-}
-
 func TestLLMBudgetCapJSONConfigErrors(t *testing.T) {
 	tests := []struct {
 		name    string

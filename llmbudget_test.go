@@ -292,39 +292,6 @@ func TestLLMBudgetFailOpen(t *testing.T) {
 	}
 }
 
-func TestLLMBudgetConfigErrors(t *testing.T) {
-	// The block starts on line 3 of the Caddyfile (":0 {", "llmbudget {").
-	tests := []struct{ name, block, want, at string }{
-		{"no budget", "price m 1 1", "at least one budget", ""},
-		{"unknown subdirective", "budget b {\nlimit 1\nwindow 1h\n}\nbudgets 3", `unknown subdirective "budgets"`, ""},
-		{"bad scope", "budget b {\nscope galaxy\nlimit 1\nwindow 1h\n}", `scope "galaxy"`, ""},
-		{"bad unit", "budget b {\nunit bananas\nlimit 1\nwindow 1h\n}", `unit "bananas"`, ""},
-		{"zero limit", "budget b {\nlimit 0\nwindow 1h\n}", "limit must be > 0", "Caddyfile:4"},
-		{"fractional tokens", "budget b {\nlimit 1.5\nwindow 1h\n}", "whole number", "Caddyfile:4"},
-		{"dollars without unit usd", "budget team_usd {\nscope global\nlimit 25.00\nwindow 720h\n}", "add `unit usd`", "Caddyfile:5"},
-		{"no window", "budget b {\nlimit 10\n}", `budget "b": window is required`, "Caddyfile:3"},
-		{"no limit", "budget b {\nwindow 1h\n}", `budget "b": limit is required`, "Caddyfile:3"},
-		{"a repeated budget option", "budget b {\nlimit 10\nwindow 1h\nlimit 20\n}", "limit is set twice", "Caddyfile:6"},
-		{"a bad window", "budget b {\nlimit 10\nwindow 10\n}", "window", "Caddyfile:5"},
-		{"negative price", "budget b {\nlimit 10\nwindow 1h\n}\nprice m -1 2", "not a price", ""},
-		{"scope team without team", "budget t {\nscope team\nlimit 10\nwindow 1h\n}", "scope team needs the handler's team option", ""},
-		{"usd without a price", "budget d {\nunit usd\nlimit 25.00\nwindow 720h\n}", "a usd budget needs the price", ""},
-		{"bad format", "budget b {\nlimit 10\nwindow 1h\n}\nformat bedrock", `format "bedrock"`, ""},
-		{"duplicate budget", "budget b {\nlimit 10\nwindow 1h\n}\nbudget b {\nlimit 10\nwindow 1h\n}", "defined twice", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + tt.block + "\n}\n}")
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("error %v, want one containing %q", err, tt.want)
-			}
-			if tt.at != "" && strings.Count(err.Error(), tt.at) != 1 {
-				t.Fatalf("error %v, want the position %s once", err, tt.at)
-			}
-		})
-	}
-}
-
 func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
