@@ -153,9 +153,17 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if now := time.Now(); bob.WindowEnd.Sub(bob.WindowStart) != time.Hour || now.Before(bob.WindowStart) || !now.Before(bob.WindowEnd) {
 				t.Fatalf("window [%v, %v) is not the current hour", bob.WindowStart, bob.WindowEnd)
 			}
+			// The answer names bob's key by the hash key_hash= takes, and
+			// that hash names the same window again.
+			if bob.ScopeHash != keyhash.Of(bobKey).String() {
+				t.Fatalf("bob's scope_hash %q, want keyhash.Of(his key) %s", bob.ScopeHash, keyhash.Of(bobKey))
+			}
+			if again := budgetWindowAt(t, http.MethodGet, admin+"per_key?key_hash="+bob.ScopeHash); again != bob {
+				t.Fatalf("bob by the scope_hash of the answer: %+v, want %+v", again, bob)
+			}
 			alice := budgetWindowAt(t, http.MethodGet, admin+"per_key?key_hash="+aliceHash)
-			if alice.Used != "800" || alice.Remaining != "200" {
-				t.Fatalf("alice by hash: %+v, want 800 used", alice)
+			if alice.Used != "800" || alice.Remaining != "200" || alice.ScopeHash != aliceHash {
+				t.Fatalf("alice by hash: %+v, want 800 used under her hash", alice)
 			}
 			if redisCounter != nil {
 				// Both principals' counters, read from Redis itself.
@@ -168,12 +176,18 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if team.Used != "0.0124" || team.Limit != "1.5" || team.Remaining != "1.4876" || team.Unit != "usd" {
 				t.Fatalf("team window %+v, want 0.0124 of 1.5 USD", team)
 			}
-			if all := budgetWindowAt(t, http.MethodGet, admin+"all"); all.Used != "1600" || all.Scope != "global" {
-				t.Fatalf("global window %+v, want 1600 used", all)
+			if team.ScopeHash != keyhash.Of("red").String() {
+				t.Fatalf("team scope_hash %q, want keyhash.Of(\"red\") %s", team.ScopeHash, keyhash.Of("red"))
+			}
+			if again := budgetWindowAt(t, http.MethodGet, admin+"team_usd?team_hash="+team.ScopeHash); again != team {
+				t.Fatalf("team by the scope_hash of the answer: %+v, want %+v", again, team)
+			}
+			if all := budgetWindowAt(t, http.MethodGet, admin+"all"); all.Used != "1600" || all.Scope != "global" || all.ScopeHash != "" {
+				t.Fatalf("global window %+v, want 1600 used and no scope hash", all)
 			}
 
 			// Reset alice's window: bob's stays, and alice is admitted again.
-			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key_hash="+aliceHash); reset.Used != "0" || reset.Remaining != "1000" || reset.WindowStart != alice.WindowStart {
+			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key_hash="+aliceHash); reset.Used != "0" || reset.Remaining != "1000" || reset.WindowStart != alice.WindowStart || reset.ScopeHash != aliceHash {
 				t.Fatalf("reset answer %+v", reset)
 			}
 			if got := storeCounter(t, prefix, perKey, budget.Dims{Principal: aliceKey}); got != 0 {
@@ -189,8 +203,10 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if alice := budgetWindowAt(t, http.MethodGet, admin+"per_key?key_hash="+aliceHash); alice.Used != "100" {
 				t.Fatalf("alice after one request past the reset: %+v, want 100", alice)
 			}
-			// Bob, reset by his raw key.
-			budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key="+url.QueryEscape(bobKey))
+			// Bob, reset by his raw key: the answer names him by hash.
+			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key="+url.QueryEscape(bobKey)); reset.ScopeHash != bob.ScopeHash {
+				t.Fatalf("bob's reset answer %+v, want scope_hash %s", reset, bob.ScopeHash)
+			}
 			if resp, body := chat(t, llm, chatBody, "Authorization: "+bobKey); resp.StatusCode != http.StatusOK {
 				t.Fatalf("bob after the reset: %d %s, want 200", resp.StatusCode, body)
 			}
