@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +22,7 @@ import (
 
 // budgetsPath starts the admin API's budget endpoints:
 //
+//	GET  /fleetguard/budgets                               the running budgets
 //	GET  /fleetguard/budgets/<name>?<scope>=<value>        the current window
 //	POST /fleetguard/budgets/<name>/reset?<scope>=<value>  zero it
 //
@@ -30,7 +33,12 @@ import (
 // <scope>_hash=<32 hex digits> gives its hash (the scope_hash of an answer,
 // the principal_hash of the handler's logs). Caddy logs every admin
 // request's URI, query included: key_hash keeps an API key out of that log.
-const budgetsPath = "/fleetguard/budgets/"
+const budgetsPath = budgetListPath + "/"
+
+// budgetListPath is the budget list's own route, without the slash: a
+// subtree route alone (budgetsPath, which answers the list too) would make
+// http.ServeMux redirect it.
+const budgetListPath = "/fleetguard/budgets"
 
 // adminStoreTimeout bounds the store call of one admin request.
 const adminStoreTimeout = 2 * time.Second
@@ -55,7 +63,65 @@ type budgetWindow struct {
 	WindowEnd   time.Time   `json:"window_end"`
 }
 
+// listedBudget is one definition in the budget list. Limit is in the
+// budget's unit, as in budgetWindow.
+type listedBudget struct {
+	Name   string      `json:"name"`
+	Scope  string      `json:"scope"`
+	Unit   string      `json:"unit"`
+	Limit  json.Number `json:"limit"`
+	Window string      `json:"window"`
+	// Store names the store that keeps the budget's counters, as the status
+	// does.
+	Store string `json:"store"`
+	// Conflict is true when handlers of the running config define the name
+	// in more than one way: each definition is listed, and the budget's own
+	// endpoints answer 409.
+	Conflict bool `json:"conflict"`
+}
+
+// handleBudgetList lists the budgets the running configs define, sorted by
+// name, each with the definition that the budget's own endpoints use.
+func handleBudgetList(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		return apiErrorf(http.StatusMethodNotAllowed, "method %s not allowed on %s; use %s", r.Method, r.URL.Path, http.MethodGet)
+	}
+	if q := r.URL.Query(); len(q) > 0 {
+		// Refused, not ignored: the list has no filter, and an answer that
+		// looked filtered would mislead.
+		return apiErrorf(http.StatusBadRequest, "the budget list takes no query parameter (got %s); one budget's window is GET %s<budget>?<scope>=<value>",
+			strings.Join(slices.Sorted(maps.Keys(q)), ", "), budgetsPath)
+	}
+	out := struct {
+		Budgets []listedBudget `json:"budgets"`
+	}{Budgets: []listedBudget{}}
+	defs := runningDefs()
+	for _, name := range slices.Sorted(maps.Keys(defs)) {
+		rb, ok := resolveBudget(defs[name])
+		if !ok {
+			continue
+		}
+		for _, b := range rb.definitions {
+			out.Budgets = append(out.Budgets, listedBudget{
+				Name:     b.Name,
+				Scope:    b.Scope.String(),
+				Unit:     b.Unit.String(),
+				Limit:    amountJSON(b.Unit, b.Limit),
+				Window:   b.Window.String(),
+				Store:    rb.store.identity.String(),
+				Conflict: rb.conflict(),
+			})
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(out)
+}
+
 func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
+	if r.URL.Path == budgetsPath {
+		return handleBudgetList(w, r)
+	}
 	name, reset := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, budgetsPath), "/reset")
 	method := http.MethodGet
 	if reset {
