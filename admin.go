@@ -21,6 +21,8 @@ func init() {
 //     the fleet view is current, the errors met since the store started,
 //     how many keys each zone tracks and which budgets are defined. It shows
 //     no user keys, and no user, password or hash of one.
+//   - GET /fleetguard/budgets lists the budgets of the running configs:
+//     name, scope, unit, limit, window and store.
 //   - GET /fleetguard/budgets/<name>?<scope>=<value> shows a budget's
 //     current window for one scope value, and POST
 //     /fleetguard/budgets/<name>/reset?<scope>=<value> zeroes it (see
@@ -52,6 +54,7 @@ func (a *AdminAPI) Provision(ctx caddy.Context) error {
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/fleetguard/status", Handler: caddy.AdminHandlerFunc(handleStatus)},
+		{Pattern: budgetListPath, Handler: caddy.AdminHandlerFunc(handleBudgetList)},
 		{Pattern: budgetsPath, Handler: caddy.AdminHandlerFunc(a.handleBudget)},
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,10 +17,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
 
 // budgetsPath starts the admin API's budget endpoints:
 //
+//	GET  /fleetguard/budgets                               the running budgets
 //	GET  /fleetguard/budgets/<name>?<scope>=<value>        the current window
 //	POST /fleetguard/budgets/<name>/reset?<scope>=<value>  zero it
 //
@@ -26,10 +30,15 @@ import (
 // budget). The value is the raw one, exactly as the handler resolves it (for
 // the default principal, the whole Authorization header: "Bearer sk-…"), and
 // is hashed as on the request path; or, so the raw value need not be sent,
-// <scope>_hash=<32 hex digits> gives its hash (the principal_hash of the
-// handler's logs). Caddy logs every admin request's URI, query included:
-// key_hash keeps an API key out of that log.
-const budgetsPath = "/fleetguard/budgets/"
+// <scope>_hash=<32 hex digits> gives its hash (the scope_hash of an answer,
+// the principal_hash of the handler's logs). Caddy logs every admin
+// request's URI, query included: key_hash keeps an API key out of that log.
+const budgetsPath = budgetListPath + "/"
+
+// budgetListPath is the budget list's own route, without the slash: a
+// subtree route alone (budgetsPath, which answers the list too) would make
+// http.ServeMux redirect it.
+const budgetListPath = "/fleetguard/budgets"
 
 // adminStoreTimeout bounds the store call of one admin request.
 const adminStoreTimeout = 2 * time.Second
@@ -38,11 +47,15 @@ const adminStoreTimeout = 2 * time.Second
 // Remaining are in the budget's unit: an integer for tokens, a decimal number
 // of dollars for usd (the store counts micro-dollars).
 type budgetWindow struct {
-	Budget string      `json:"budget"`
-	Scope  string      `json:"scope"`
-	Unit   string      `json:"unit"`
-	Limit  json.Number `json:"limit"`
-	Used   json.Number `json:"used"`
+	Budget string `json:"budget"`
+	Scope  string `json:"scope"`
+	// ScopeHash is the hash of the scope value, as <scope>_hash= takes it,
+	// so that a caller who named the value once can name it again without
+	// sending it; absent for a global budget, which has no scope value.
+	ScopeHash string      `json:"scope_hash,omitempty"`
+	Unit      string      `json:"unit"`
+	Limit     json.Number `json:"limit"`
+	Used      json.Number `json:"used"`
 	// Remaining is Limit − Used, floored at 0 (a settle above its estimate
 	// can take Used past the limit).
 	Remaining   json.Number `json:"remaining"`
@@ -50,7 +63,65 @@ type budgetWindow struct {
 	WindowEnd   time.Time   `json:"window_end"`
 }
 
+// listedBudget is one definition in the budget list. Limit is in the
+// budget's unit, as in budgetWindow.
+type listedBudget struct {
+	Name   string      `json:"name"`
+	Scope  string      `json:"scope"`
+	Unit   string      `json:"unit"`
+	Limit  json.Number `json:"limit"`
+	Window string      `json:"window"`
+	// Store names the store that keeps the budget's counters, as the status
+	// does.
+	Store string `json:"store"`
+	// Conflict is true when handlers of the running config define the name
+	// in more than one way: each definition is listed, and the budget's own
+	// endpoints answer 409.
+	Conflict bool `json:"conflict"`
+}
+
+// handleBudgetList lists the budgets the running configs define, sorted by
+// name, each with the definition that the budget's own endpoints use.
+func handleBudgetList(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		return apiErrorf(http.StatusMethodNotAllowed, "method %s not allowed on %s; use %s", r.Method, r.URL.Path, http.MethodGet)
+	}
+	if q := r.URL.Query(); len(q) > 0 {
+		// Refused, not ignored: the list has no filter, and an answer that
+		// looked filtered would mislead.
+		return apiErrorf(http.StatusBadRequest, "the budget list takes no query parameter (got %s); one budget's window is GET %s<budget>?<scope>=<value>",
+			strings.Join(slices.Sorted(maps.Keys(q)), ", "), budgetsPath)
+	}
+	out := struct {
+		Budgets []listedBudget `json:"budgets"`
+	}{Budgets: []listedBudget{}}
+	defs := runningDefs()
+	for _, name := range slices.Sorted(maps.Keys(defs)) {
+		rb, ok := resolveBudget(defs[name])
+		if !ok {
+			continue
+		}
+		for _, b := range rb.definitions {
+			out.Budgets = append(out.Budgets, listedBudget{
+				Name:     b.Name,
+				Scope:    b.Scope.String(),
+				Unit:     b.Unit.String(),
+				Limit:    amountJSON(b.Unit, b.Limit),
+				Window:   b.Window.String(),
+				Store:    rb.store.identity.String(),
+				Conflict: rb.conflict(),
+			})
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(out)
+}
+
 func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
+	if r.URL.Path == budgetsPath {
+		return handleBudgetList(w, r)
+	}
 	name, reset := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, budgetsPath), "/reset")
 	method := http.MethodGet
 	if reset {
@@ -70,7 +141,7 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return apiErrorf(http.StatusConflict, "%v", err)
 	}
-	scopeID, err := scopeIDFromQuery(&b, r.URL.Query())
+	scope, err := scopeFromQuery(&b, r.URL.Query())
 	if err != nil {
 		return apiErrorf(http.StatusBadRequest, "%v", err)
 	}
@@ -78,9 +149,9 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 	defer cancel()
 	var st budget.Standing
 	if reset {
-		st, err = eng.budgets.Reset(ctx, &b, scopeID)
+		st, err = eng.budgets.Reset(ctx, &b, scope.id)
 	} else {
-		st, err = eng.budgets.Standing(ctx, &b, scopeID)
+		st, err = eng.budgets.Standing(ctx, &b, scope.id)
 	}
 	if err != nil {
 		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
@@ -89,7 +160,7 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 		a.logger.Info("budget window reset",
 			zap.String("budget", b.Name),
 			zap.String("scope", b.Scope.String()),
-			zap.String("scope_hash", strings.TrimPrefix(scopeID, b.Scope.String()+"-")),
+			zap.String("scope_hash", scope.hash),
 			zap.Time("window_start", st.Start),
 			zap.Time("window_end", st.End),
 			zap.String("remote_addr", r.RemoteAddr))
@@ -98,6 +169,7 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 	return json.NewEncoder(w).Encode(budgetWindow{
 		Budget:      b.Name,
 		Scope:       b.Scope.String(),
+		ScopeHash:   scope.hash,
 		Unit:        b.Unit.String(),
 		Limit:       amountJSON(b.Unit, b.Limit),
 		Used:        amountJSON(b.Unit, st.Used),
@@ -107,45 +179,53 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 	})
 }
 
-// scopeIDFromQuery reads the budget's scope value from the query: the
+// budgetScope names one scope value of a budget.
+type budgetScope struct {
+	// id names the value in the budget's store key (budget.ScopeID).
+	id string
+	// hash is keyhash.Of(value) as 32 hex digits, the form <scope>_hash=
+	// takes; empty for a global budget.
+	hash string
+}
+
+// scopeFromQuery reads the budget's scope value from the query: the
 // parameter named as the scope (raw, hashed here as on the request path) or
 // <scope>_hash (the hash). Any other parameter is refused, so that team= on
 // a key budget is not silently ignored. Errors never echo a value.
-func scopeIDFromQuery(b *budget.Budget, q url.Values) (string, error) {
+func scopeFromQuery(b *budget.Budget, q url.Values) (budgetScope, error) {
 	param := b.Scope.String()
 	for name := range q {
 		if b.Scope == budget.Global {
-			return "", fmt.Errorf("budget %q is global: it takes no query parameter (got %s)", b.Name, name)
+			return budgetScope{}, fmt.Errorf("budget %q is global: it takes no query parameter (got %s)", b.Name, name)
 		}
 		if name != param && name != param+"_hash" {
-			return "", fmt.Errorf("budget %q is kept per %s: it takes %s= or %s_hash=, not %s", b.Name, param, param, param, name)
+			return budgetScope{}, fmt.Errorf("budget %q is kept per %s: it takes %s= or %s_hash=, not %s", b.Name, param, param, param, name)
 		}
 	}
 	if b.Scope == budget.Global {
-		return budget.ScopeID(b, budget.Dims{}), nil
+		return budgetScope{id: budget.ScopeID(b, budget.Dims{})}, nil
 	}
 	raw, hasRaw := q[param]
 	hashed, hasHash := q[param+"_hash"]
+	var hash string
 	switch {
 	case hasRaw && hasHash:
-		return "", fmt.Errorf("give %s= or %s_hash=, not both", param, param)
+		return budgetScope{}, fmt.Errorf("give %s= or %s_hash=, not both", param, param)
 	case len(raw) > 1 || len(hashed) > 1:
-		return "", fmt.Errorf("give %s once", param)
+		return budgetScope{}, fmt.Errorf("give %s once", param)
 	case hasHash:
-		return budget.HashedScopeID(b.Scope, hashed[0])
-	case !hasRaw:
-		return "", fmt.Errorf("budget %q is kept per %s: the %s query parameter is required (the value as the handler resolves it, or its hash as %s_hash)", b.Name, param, param, param)
+		hash = hashed[0]
+	case hasRaw:
+		// The hash the request path's budget.ScopeID takes of the value.
+		hash = keyhash.Of(raw[0]).String()
+	default:
+		return budgetScope{}, fmt.Errorf("budget %q is kept per %s: the %s query parameter is required (the value as the handler resolves it, or its hash as %s_hash)", b.Name, param, param, param)
 	}
-	var dims budget.Dims
-	switch b.Scope {
-	case budget.PerKey:
-		dims.Principal = raw[0]
-	case budget.PerTeam:
-		dims.Team = raw[0]
-	case budget.PerModel:
-		dims.Model = raw[0]
+	id, err := budget.HashedScopeID(b.Scope, hash)
+	if err != nil {
+		return budgetScope{}, fmt.Errorf("%s_hash: %w", param, err)
 	}
-	return budget.ScopeID(b, dims), nil
+	return budgetScope{id: id, hash: hash}, nil
 }
 
 // amountJSON writes an amount in the budget's unit: tokens as an integer,

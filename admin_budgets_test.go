@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -153,9 +154,17 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if now := time.Now(); bob.WindowEnd.Sub(bob.WindowStart) != time.Hour || now.Before(bob.WindowStart) || !now.Before(bob.WindowEnd) {
 				t.Fatalf("window [%v, %v) is not the current hour", bob.WindowStart, bob.WindowEnd)
 			}
+			// The answer names bob's key by the hash key_hash= takes, and
+			// that hash names the same window again.
+			if bob.ScopeHash != keyhash.Of(bobKey).String() {
+				t.Fatalf("bob's scope_hash %q, want keyhash.Of(his key) %s", bob.ScopeHash, keyhash.Of(bobKey))
+			}
+			if again := budgetWindowAt(t, http.MethodGet, admin+"per_key?key_hash="+bob.ScopeHash); again != bob {
+				t.Fatalf("bob by the scope_hash of the answer: %+v, want %+v", again, bob)
+			}
 			alice := budgetWindowAt(t, http.MethodGet, admin+"per_key?key_hash="+aliceHash)
-			if alice.Used != "800" || alice.Remaining != "200" {
-				t.Fatalf("alice by hash: %+v, want 800 used", alice)
+			if alice.Used != "800" || alice.Remaining != "200" || alice.ScopeHash != aliceHash {
+				t.Fatalf("alice by hash: %+v, want 800 used under her hash", alice)
 			}
 			if redisCounter != nil {
 				// Both principals' counters, read from Redis itself.
@@ -168,12 +177,18 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if team.Used != "0.0124" || team.Limit != "1.5" || team.Remaining != "1.4876" || team.Unit != "usd" {
 				t.Fatalf("team window %+v, want 0.0124 of 1.5 USD", team)
 			}
-			if all := budgetWindowAt(t, http.MethodGet, admin+"all"); all.Used != "1600" || all.Scope != "global" {
-				t.Fatalf("global window %+v, want 1600 used", all)
+			if team.ScopeHash != keyhash.Of("red").String() {
+				t.Fatalf("team scope_hash %q, want keyhash.Of(\"red\") %s", team.ScopeHash, keyhash.Of("red"))
+			}
+			if again := budgetWindowAt(t, http.MethodGet, admin+"team_usd?team_hash="+team.ScopeHash); again != team {
+				t.Fatalf("team by the scope_hash of the answer: %+v, want %+v", again, team)
+			}
+			if all := budgetWindowAt(t, http.MethodGet, admin+"all"); all.Used != "1600" || all.Scope != "global" || all.ScopeHash != "" {
+				t.Fatalf("global window %+v, want 1600 used and no scope hash", all)
 			}
 
 			// Reset alice's window: bob's stays, and alice is admitted again.
-			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key_hash="+aliceHash); reset.Used != "0" || reset.Remaining != "1000" || reset.WindowStart != alice.WindowStart {
+			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key_hash="+aliceHash); reset.Used != "0" || reset.Remaining != "1000" || reset.WindowStart != alice.WindowStart || reset.ScopeHash != aliceHash {
 				t.Fatalf("reset answer %+v", reset)
 			}
 			if got := storeCounter(t, prefix, perKey, budget.Dims{Principal: aliceKey}); got != 0 {
@@ -189,8 +204,10 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if alice := budgetWindowAt(t, http.MethodGet, admin+"per_key?key_hash="+aliceHash); alice.Used != "100" {
 				t.Fatalf("alice after one request past the reset: %+v, want 100", alice)
 			}
-			// Bob, reset by his raw key.
-			budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key="+url.QueryEscape(bobKey))
+			// Bob, reset by his raw key: the answer names him by hash.
+			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key="+url.QueryEscape(bobKey)); reset.ScopeHash != bob.ScopeHash {
+				t.Fatalf("bob's reset answer %+v, want scope_hash %s", reset, bob.ScopeHash)
+			}
 			if resp, body := chat(t, llm, chatBody, "Authorization: "+bobKey); resp.StatusCode != http.StatusOK {
 				t.Fatalf("bob after the reset: %d %s, want 200", resp.StatusCode, body)
 			}
@@ -203,7 +220,6 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			}{
 				{http.MethodGet, "nope?key=x", http.StatusNotFound, `defines budget \"nope\"`},
 				{http.MethodPost, "nope/reset?key=x", http.StatusNotFound, `defines budget \"nope\"`},
-				{http.MethodGet, "", http.StatusNotFound, "use GET"},
 				{http.MethodGet, "per_key", http.StatusBadRequest, "the key query parameter is required"},
 				{http.MethodPost, "per_key/reset", http.StatusBadRequest, "the key query parameter is required"},
 				{http.MethodGet, "team_usd?key=x", http.StatusBadRequest, "not key"},
@@ -291,4 +307,94 @@ func logLines(t *testing.T, path string) []string {
 		t.Fatalf("%s is empty", path)
 	}
 	return lines
+}
+
+// budgetListAt asks for the budget list, at a path that must answer without
+// a redirect, and decodes it, keeping numbers as written.
+func budgetListAt(t *testing.T, url string) []listedBudget {
+	t.Helper()
+	resp, body := get(t, url)
+	if resp.StatusCode != http.StatusOK || resp.Request.URL.String() != url {
+		t.Fatalf("GET %s: %d %s (answered at %s)", url, resp.StatusCode, body, resp.Request.URL)
+	}
+	var list struct{ Budgets []listedBudget }
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.UseNumber()
+	if err := dec.Decode(&list); err != nil {
+		t.Fatalf("%s: %v", body, err)
+	}
+	return list.Budgets
+}
+
+// The budget list: every budget of the running config, by name, in its own
+// unit, on its store, at /fleetguard/budgets with or without the slash; a
+// reload that moves the budgets to Redis, adds one and drops one shows in
+// the list.
+func TestAdminBudgetList(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	tc := startCaddy(t, llmCaddyfile(port, up.URL, "", adminBudgets))
+	list := "http://" + tc.admin + budgetListPath
+	want := []listedBudget{
+		{Name: "all", Scope: "global", Unit: "tokens", Limit: "100000000", Window: "24h0m0s", Store: "memory|fleetguard"},
+		{Name: "per_key", Scope: "key", Unit: "tokens", Limit: "1000", Window: "1h0m0s", Store: "memory|fleetguard"},
+		{Name: "team_usd", Scope: "team", Unit: "usd", Limit: "1.5", Window: "1h0m0s", Store: "memory|fleetguard"},
+	}
+	for _, url := range []string{list, list + "/"} {
+		if got := budgetListAt(t, url); !slices.Equal(got, want) {
+			t.Fatalf("GET %s:\n got %+v\nwant %+v", url, got, want)
+		}
+	}
+
+	refusals := []struct {
+		method, url string
+		status      int
+		reason      string
+	}{
+		{http.MethodPost, list, http.StatusMethodNotAllowed, "use GET"},
+		{http.MethodDelete, list + "/", http.StatusMethodNotAllowed, "use GET"},
+		{http.MethodGet, list + "?key_hash=" + keyhash.Of("x").String(), http.StatusBadRequest, "takes no query parameter (got key_hash)"},
+		{http.MethodGet, list + "/?team=red&key=x", http.StatusBadRequest, "(got key, team)"},
+	}
+	for _, rf := range refusals {
+		resp, body := do(t, rf.method, rf.url, "")
+		if resp.StatusCode != rf.status || !strings.Contains(body, rf.reason) {
+			t.Errorf("%s %s: %d %s, want %d naming %q", rf.method, rf.url, resp.StatusCode, body, rf.status, rf.reason)
+		}
+		if allow := resp.Header.Get("Allow"); rf.status == http.StatusMethodNotAllowed && allow != http.MethodGet {
+			t.Errorf("%s %s: Allow %q, want GET", rf.method, rf.url, allow)
+		}
+	}
+
+	// A reload onto Redis that drops team_usd, raises per_key and adds a
+	// dollar budget per model.
+	srv := redistest.Start(t)
+	onRedis := "fleetguard {\n redis " + srv.URL() + "\n prefix adminlist\n }"
+	budgets := `budget per_key {
+			scope key
+			limit 2000
+			window 1h
+		}
+		budget model_usd {
+			scope model
+			unit usd
+			limit 0.25
+			window 30m
+		}
+		budget all {
+			limit 100000000
+			window 24h
+		}`
+	if code, body := tc.load("application/json", string(tc.adapt(llmCaddyfile(port, up.URL, onRedis, budgets)))); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	redisStore := "redis|" + srv.Addr() + "|0|adminlist|plain"
+	want = []listedBudget{
+		{Name: "all", Scope: "global", Unit: "tokens", Limit: "100000000", Window: "24h0m0s", Store: redisStore},
+		{Name: "model_usd", Scope: "model", Unit: "usd", Limit: "0.25", Window: "30m0s", Store: redisStore},
+		{Name: "per_key", Scope: "key", Unit: "tokens", Limit: "2000", Window: "1h0m0s", Store: redisStore},
+	}
+	if got := budgetListAt(t, list); !slices.Equal(got, want) {
+		t.Fatalf("after the reload:\n got %+v\nwant %+v", got, want)
+	}
 }

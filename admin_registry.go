@@ -1,6 +1,7 @@
 package fleetguard
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -72,41 +73,83 @@ func (reg *budgetRegistry) names() []string {
 	return names
 }
 
-// lookupBudget finds the running definition of the budget called name, and
-// the store that keeps its counters: the definition of the newest config
-// that defines it. Two handlers of that config that define it differently
-// share one counter under two limits; the admin API does not pick one, and
-// says so (errBudgetConflict). errUnknownBudget: no running handler defines it.
-func lookupBudget(name string) (*store, budget.Budget, error) {
-	var newest *budgetDef
-	var newestStore *store
-	var candidates []budgetDef // the defs of one store, copied under its lock
+// placedDef is a definition and the store whose registry holds it.
+type placedDef struct {
+	budgetDef
+	store *store
+}
+
+// runningDefs copies every definition the stores in the pool hold, by
+// budget name, each store's under its lock.
+func runningDefs() map[string][]placedDef {
+	byName := make(map[string][]placedDef)
 	stores.Range(func(_, v any) bool {
 		e := v.(*store)
 		e.budgetDefs.mu.Lock()
-		defs := slices.Clone(e.budgetDefs.defs[name])
-		e.budgetDefs.mu.Unlock()
-		for i := range defs {
-			if newest == nil || defs[i].seq > newest.seq {
-				newest, newestStore, candidates = &defs[i], e, defs
+		defer e.budgetDefs.mu.Unlock()
+		for name, defs := range e.budgetDefs.defs {
+			for _, d := range defs {
+				byName[name] = append(byName[name], placedDef{budgetDef: d, store: e})
 			}
 		}
 		return true
 	})
-	if newest == nil {
-		return nil, budget.Budget{}, fmt.Errorf("%w: no llmbudget handler of the running config defines budget %q", errUnknownBudget, name)
+	return byName
+}
+
+// runningBudget is what the running configs mean by one budget name: the
+// definitions that the newest config defining it gives it, and the store
+// of that config, which keeps its counters.
+type runningBudget struct {
+	store *store
+	// definitions are distinct, sorted by scope, unit, window and limit. Two
+	// or more are a conflict: handlers of one config that define one name
+	// differently share its counter under different rules, and the admin
+	// API does not pick one.
+	definitions []budget.Budget
+}
+
+func (rb runningBudget) conflict() bool { return len(rb.definitions) > 1 }
+
+// resolveBudget is what defs, the definitions of one name, mean: those of
+// the config of the newest registration (see budgetRegistry). ok is false
+// for no definition.
+func resolveBudget(defs []placedDef) (rb runningBudget, ok bool) {
+	if len(defs) == 0 {
+		return runningBudget{}, false
 	}
-	var differ []string
-	for _, d := range candidates {
-		if d.config == newest.config && d.budget != newest.budget {
-			differ = append(differ, describeBudget(d.budget))
+	newest := slices.MaxFunc(defs, func(a, b placedDef) int { return cmp.Compare(a.seq, b.seq) })
+	rb.store = newest.store
+	for _, d := range defs {
+		if d.config == newest.config && !slices.Contains(rb.definitions, d.budget) {
+			rb.definitions = append(rb.definitions, d.budget)
 		}
 	}
-	if len(differ) > 0 {
-		return nil, budget.Budget{}, fmt.Errorf("%w: budget %q is defined differently by llmbudget handlers of the running config (%s and %s), so they share one counter under different rules; give each definition its own name",
-			errBudgetConflict, name, describeBudget(newest.budget), strings.Join(differ, " and "))
+	slices.SortFunc(rb.definitions, func(a, b budget.Budget) int {
+		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Unit, b.Unit),
+			cmp.Compare(a.Window, b.Window), cmp.Compare(a.Limit, b.Limit))
+	})
+	return rb, true
+}
+
+// lookupBudget finds the running definition of the budget called name, and
+// the store that keeps its counters (resolveBudget). errUnknownBudget: no
+// running handler defines it; errBudgetConflict: the newest config that
+// does defines it in more than one way.
+func lookupBudget(name string) (*store, budget.Budget, error) {
+	rb, ok := resolveBudget(runningDefs()[name])
+	if !ok {
+		return nil, budget.Budget{}, fmt.Errorf("%w: no llmbudget handler of the running config defines budget %q", errUnknownBudget, name)
 	}
-	return newestStore, newest.budget, nil
+	if rb.conflict() {
+		described := make([]string, len(rb.definitions))
+		for i, b := range rb.definitions {
+			described[i] = describeBudget(b)
+		}
+		return nil, budget.Budget{}, fmt.Errorf("%w: budget %q is defined differently by llmbudget handlers of the running config (%s), so they share one counter under different rules; give each definition its own name",
+			errBudgetConflict, name, strings.Join(described, " and "))
+	}
+	return rb.store, rb.definitions[0], nil
 }
 
 var (

@@ -1,10 +1,12 @@
 package fleetguard
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +115,18 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	}
 	tc := startCaddy(t, withLimit("1000", ""))
 	budgetURL := "http://" + tc.admin + budgetsPath + "g"
+	listURL := "http://" + tc.admin + budgetListPath
+	// g as the list shows it, with the limit limit.
+	listedG := func(limit string) listedBudget {
+		return listedBudget{Name: "g", Scope: "global", Unit: "tokens", Limit: json.Number(limit), Window: "1h0m0s", Store: "memory|fleetguard"}
+	}
+	wantList := func(when string, want ...listedBudget) {
+		t.Helper()
+		if got := budgetListAt(t, listURL); !slices.Equal(got, want) {
+			t.Fatalf("the list %s:\n got %+v\nwant %+v", when, got, want)
+		}
+	}
+	wantList("of the first config", listedG("1000"))
 	if resp, body := chat(t, url, chatBody); resp.StatusCode != http.StatusOK {
 		t.Fatalf("request: %d %s", resp.StatusCode, body)
 	}
@@ -127,6 +141,7 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	if w := budgetWindowAt(t, http.MethodGet, budgetURL); w.Limit != "2000" || w.Used != "100" {
 		t.Fatalf("after the reload: %+v, want the new limit over the same counter", w)
 	}
+	wantList("after the reload", listedG("2000"))
 
 	// A config that fails to start (its second site's port is taken).
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
@@ -141,6 +156,7 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	if w := budgetWindowAt(t, http.MethodGet, budgetURL); w.Limit != "2000" {
 		t.Fatalf("after a failed reload: %+v, want the running limit 2000", w)
 	}
+	wantList("after a failed reload", listedG("2000"))
 
 	// Two sites that define g two ways.
 	other := fmt.Sprintf("\n:%d {\n llmbudget {\n team {http.request.header.X-Team}\n budget g {\n scope team\n limit 500\n window 1h\n }\n }\n respond ok\n }", freePort(t))
@@ -151,6 +167,10 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "scope global, limit 2000 tokens") || !strings.Contains(body, "scope team, limit 500 tokens") {
 		t.Fatalf("one budget defined two ways: %d %s, want 409 naming both", resp.StatusCode, body)
 	}
+	// The list shows both definitions, flagged, in the order of the 409.
+	inConflict, perTeam := listedG("2000"), listedG("500")
+	inConflict.Conflict, perTeam.Conflict, perTeam.Scope = true, true, "team"
+	wantList("with g defined two ways", inConflict, perTeam)
 
 	// A reload without g: it is gone.
 	noG := llmCaddyfile(port, up.URL, "", "budget h {\n limit 10\n window 1h\n }")
@@ -160,4 +180,7 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	if resp, body := get(t, budgetURL); resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("a budget the running config dropped: %d %s, want 404", resp.StatusCode, body)
 	}
+	h := listedG("10")
+	h.Name = "h"
+	wantList("after a reload that drops g and adds h", h)
 }
