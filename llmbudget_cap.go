@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"fmt"
+	"net/http"
 
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
@@ -47,6 +48,19 @@ func (h *LLMBudget) compileOutputCap() error {
 	}
 	if h.OverMaxOutputTokens != "" && h.MaxOutputTokens == 0 {
 		return fmt.Errorf("llmbudget: over_max_output_tokens needs max_output_tokens")
+	}
+	return nil
+}
+
+// boundOutput decides the cap per output c is held to and the body it is
+// forwarded with (its output bounded, its stream asked for usage).
+func (h *LLMBudget) boundOutput(format usage.Format, c *call) *refusal {
+	var err error
+	if c.outputCap, err = h.outputCap(c.req); err != nil {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "output_cap_too_large", message: err.Error(), body: c.body}
+	}
+	if c.forward, c.askedUsage, err = h.forwardBody(format, c.req, c.body, c.outputCap); err != nil {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "invalid_request", message: err.Error(), body: c.body}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
@@ -247,6 +248,28 @@ func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) out
 	u.OutputTokens = max(r.Usage.OutputTokens, (r.OutputTextBytes+usage.BytesPerToken-1)/usage.BytesPerToken)
 	u.OutputTokens = min(u.OutputTokens, outputCap)
 	return outcome{usage: u, source: sourceEstimated}
+}
+
+// finish decides, once, what the response used and hands the settle to the
+// background. It runs deferred, so it also runs when the client goes away,
+// the upstream fails or a later handler panics.
+func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price, model string) {
+	mw.drain()
+	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
+	spend, err := price.SpendOf(out.usage)
+	if err != nil {
+		// No request uses that much, or less than nothing: the report is
+		// broken or hostile, so the usage is unknown and the reservation
+		// stands, as for a response that reports none.
+		metrics.llmInvalidUsage.Inc()
+		h.logger.Warn("the upstream reported usage out of range; the reservation is kept",
+			zap.String("reservation", res.ID), zap.Error(err))
+		out, spend = outcome{source: sourceReserved}, budget.Spend{}
+	}
+	reserved := promptEstimate + outputCap
+	// The response reaches the client first: the settle runs after this
+	// handler has returned, off the response path.
+	h.store.settleLater(func() { h.settle(res, out, spend, reserved, model) })
 }
 
 type writeOnly struct{ io.Writer }

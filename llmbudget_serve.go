@@ -9,10 +9,10 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
@@ -43,8 +43,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	if ref != nil {
 		return h.refuse(w, r, next, format, ref)
 	}
-	h.countAll(admitted)
-	h.setRateLimitHeaders(w.Header(), res.Holds, time.Now())
+	h.admit(w, res.Holds)
 	h.restoreBody(r, c.forward)
 	mw := newMeteringWriter(w, format)
 	// The client did not ask for the usage chunk (or said no): it still
@@ -120,11 +119,8 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 		}
 		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, message: err.Error(), body: body}
 	}
-	if c.outputCap, err = h.outputCap(c.req); err != nil {
-		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "output_cap_too_large", message: err.Error(), body: body}
-	}
-	if c.forward, c.askedUsage, err = h.forwardBody(format, c.req, body, c.outputCap); err != nil {
-		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "invalid_request", message: err.Error(), body: body}
+	if ref := h.boundOutput(format, c); ref != nil {
+		return ref
 	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	c.dims = budget.Dims{Model: c.req.Model}
@@ -176,6 +172,24 @@ func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *ref
 		return nil, &refusal{kind: refusedBudget, denial: denial, dims: c.dims}
 	}
 	return res, nil
+}
+
+// budgetStoreFailed logs the first failure of an outage.
+func (e *store) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
+	if e.budgetStoreDown.CompareAndSwap(false, true) {
+		msg := "budget store unreachable; denying budgeted requests with 503 until it returns"
+		if failOpen {
+			msg = "budget store unreachable; admitting budgeted requests unbudgeted (fail_open) until it returns"
+		}
+		log.Error(msg, zap.Error(err))
+	}
+}
+
+// budgetStoreOK logs the end of an outage.
+func (e *store) budgetStoreOK(log *zap.Logger) {
+	if e.budgetStoreDown.Load() && e.budgetStoreDown.CompareAndSwap(true, false) {
+		log.Info("budget store reachable again")
+	}
 }
 
 // apiCredential is the credential the API being called authenticates with,

@@ -3,35 +3,14 @@ package fleetguard
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/internal/safego"
 )
-
-// finish decides, once, what the response used and hands the settle to the
-// background. It runs deferred, so it also runs when the client goes away,
-// the upstream fails or a later handler panics.
-func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price, model string) {
-	mw.drain()
-	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
-	spend, err := price.SpendOf(out.usage)
-	if err != nil {
-		// No request uses that much, or less than nothing: the report is
-		// broken or hostile, so the usage is unknown and the reservation
-		// stands, as for a response that reports none.
-		metrics.llmInvalidUsage.Inc()
-		h.logger.Warn("the upstream reported usage out of range; the reservation is kept",
-			zap.String("reservation", res.ID), zap.Error(err))
-		out, spend = outcome{source: sourceReserved}, budget.Spend{}
-	}
-	reserved := promptEstimate + outputCap
-	// The response reaches the client first: the settle runs after this
-	// handler has returned, off the response path.
-	h.store.settleLater(func() { h.settle(res, out, spend, reserved, model) })
-}
 
 // settle applies the outcome of a response to its reservation, on a context
 // of its own (the request's is done, and a reload may have cleaned up the
@@ -118,4 +97,35 @@ func holdNames(holds []budget.Hold) []string {
 		names[i] = h.Budget.Name
 	}
 	return names
+}
+
+// maxPendingSettles bounds the settles running in the background.
+const maxPendingSettles = 1024
+
+// settleLater runs settle in the background, or now when too many are
+// pending.
+func (e *store) settleLater(settle func()) {
+	select {
+	case e.settleSlots <- struct{}{}:
+	default:
+		defer safego.Recover("llmbudget settle", e.reportPanic)
+		settle()
+		return
+	}
+	e.settles.Add(1)
+	go func() {
+		defer func() { <-e.settleSlots; e.settles.Done() }()
+		defer safego.Recover("llmbudget settle", e.reportPanic)
+		settle()
+	}()
+}
+
+// waitSettles waits at most timeout for the pending settles.
+func (e *store) waitSettles(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { e.settles.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	}
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/internal/keyhash"
-	"github.com/fleetguard/fleetguard/internal/safego"
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
@@ -168,60 +167,11 @@ type store struct {
 	logger *zap.Logger
 }
 
-// maxPendingSettles bounds the settles running in the background.
-const maxPendingSettles = 1024
-
-// settleLater runs settle in the background, or now when too many are
-// pending.
-func (e *store) settleLater(settle func()) {
-	select {
-	case e.settleSlots <- struct{}{}:
-	default:
-		defer safego.Recover("llmbudget settle", e.reportPanic)
-		settle()
-		return
-	}
-	e.settles.Add(1)
-	go func() {
-		defer func() { <-e.settleSlots; e.settles.Done() }()
-		defer safego.Recover("llmbudget settle", e.reportPanic)
-		settle()
-	}()
-}
-
 // reportPanic logs and counts a panic recovered in background work.
 func (e *store) reportPanic(where string, value any, stack []byte) {
 	metrics.panics.WithLabelValues(where).Inc()
 	e.logger.Error("recovered a panic in fleetguard's background work; Caddy keeps serving",
 		zap.String("where", where), zap.Any("panic", value), zap.ByteString("stack", stack))
-}
-
-// waitSettles waits at most timeout for the pending settles.
-func (e *store) waitSettles(timeout time.Duration) {
-	done := make(chan struct{})
-	go func() { e.settles.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(timeout):
-	}
-}
-
-// budgetStoreFailed logs the first failure of an outage.
-func (e *store) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
-	if e.budgetStoreDown.CompareAndSwap(false, true) {
-		msg := "budget store unreachable; denying budgeted requests with 503 until it returns"
-		if failOpen {
-			msg = "budget store unreachable; admitting budgeted requests unbudgeted (fail_open) until it returns"
-		}
-		log.Error(msg, zap.Error(err))
-	}
-}
-
-// budgetStoreOK logs the end of an outage.
-func (e *store) budgetStoreOK(log *zap.Logger) {
-	if e.budgetStoreDown.Load() && e.budgetStoreDown.CompareAndSwap(true, false) {
-		log.Info("budget store reachable again")
-	}
 }
 
 // newStore builds and starts the store of id; connect is nil for the
