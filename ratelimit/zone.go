@@ -106,8 +106,7 @@ func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, keyhas
 		e, ring := z.arena.at(i)
 		return s, e, ring, h
 	}
-	if z.keys.Load() < z.maxKeys.Load() {
-		z.keys.Add(1)
+	if z.reserveKey() {
 		e, ring := z.insert(s, h, now, 0)
 		return s, e, ring, h
 	}
@@ -121,6 +120,21 @@ func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, keyhas
 	}
 	e, ring := z.insert(s, h, now, flagOverflow)
 	return s, e, ring, h
+}
+
+// reserveKey counts one more tracked key if the zone has room for it. Shards
+// insert concurrently, so the check and the count are one step: max_keys is
+// exact, and the arena never holds more than MaxKeys entries.
+func (z *Zone) reserveKey() bool {
+	for {
+		n := z.keys.Load()
+		if n >= z.maxKeys.Load() {
+			return false
+		}
+		if z.keys.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 func (z *Zone) insert(s *shard, h keyhash.Hash, now int64, flags uint8) (*entry, []uint32) {
