@@ -227,10 +227,10 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 	if len(checks) == 1 {
 		// The usual single zone, without the stack arrays of the general case.
 		c, v := &checks[0], &out[0]
-		s, en, ring, held := c.Zone.lock(c.Key, now)
-		tat, oldest := e.judge(c, en, ring, held, now, staleAfter, near, v)
+		s, en, ring, untracked := c.Zone.lock(c.Key, now)
+		tat, oldest := e.judge(c, en, ring, untracked, now, staleAfter, near, v)
 		if v.Allowed {
-			record(en, ring, c.Limit, tat, oldest, now, v)
+			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
 		}
 		s.mu.Unlock()
 		if v.Allowed {
@@ -249,21 +249,21 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	var shards [MaxChecks]*shard
 	var entries [MaxChecks]*entry
 	var rings [MaxChecks][]uint32
+	var untracked [MaxChecks]*untrackedState
 	var tats, oldest [MaxChecks]int64
 	checks = checks[:min(len(checks), MaxChecks)]
 	denied := -1
 	for i := range checks {
 		c := &checks[i]
-		var held keyhash.Hash
-		shards[i], entries[i], rings[i], held = c.Zone.lock(c.Key, now)
-		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], held, now, staleAfter, near, &out[i])
+		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now)
+		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], untracked[i], now, staleAfter, near, &out[i])
 		if !out[i].Allowed && denied < 0 {
 			denied = i
 		}
 	}
 	if denied < 0 {
 		for i := range checks {
-			record(entries[i], rings[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
+			record(entries[i], rings[i], untracked[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
 		}
 	}
 	for i := len(checks) - 1; i >= 0; i-- {
@@ -273,11 +273,15 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 }
 
 // judge decides one check at now and fills v; it changes only the key's
-// clock (slots that left, last seen, demand). It returns the GCRA state to
-// record and the oldest slot that counts. The caller holds the key's shard
-// lock.
-func (e *Engine) judge(c *Check, en *entry, ring []uint32, held keyhash.Hash, now, staleAfter int64, near bool, v *Verdict) (tat, oldest int64) {
+// clock (slots that left, last seen, demand). The key's state is its entry
+// and ring, or, when the zone does not track it (en nil), its untracked
+// local cap. It returns the GCRA state to record and the oldest slot that
+// counts. The caller holds the key's shard lock.
+func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter int64, near bool, v *Verdict) (tat, oldest int64) {
 	l := c.Limit
+	if en == nil {
+		return judgeUntracked(l, untracked, now, v), 0
+	}
 	en.advance(ring, l.slots.Of(now))
 	en.lastSeen = now
 	en.demand++
@@ -288,7 +292,7 @@ func (e *Engine) judge(c *Check, en *entry, ring []uint32, held keyhash.Hash, no
 	case used >= l.Events:
 		v.Fleet = true
 		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-l.Events+1))
-	case near && !e.shareAdmits(c.Zone, held, en, l, used, now, staleAfter):
+	case near && !e.shareAdmits(c.Zone, c.Key, en, l, used, now, staleAfter):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
 	case !g.allowed:
@@ -300,9 +304,26 @@ func (e *Engine) judge(c *Check, en *entry, ring []uint32, held keyhash.Hash, no
 	return g.newTAT, oldest
 }
 
-// record counts an admitted request in the key's ring. The caller holds the
-// key's shard lock.
-func record(en *entry, ring []uint32, l *Limit, tat, oldest, now int64, v *Verdict) {
+// judgeUntracked decides a request of a key the zone does not track: by the
+// local cap alone, as nothing counts the key's window. It returns the GCRA
+// state to record.
+func judgeUntracked(l *Limit, st *untrackedState, now int64, v *Verdict) (tat int64) {
+	g := gcraCheck(st.tat, now, l)
+	*v = Verdict{Allowed: g.allowed, RetryAfter: time.Duration(g.retryAfter)}
+	if g.allowed {
+		v.Remaining = g.remaining
+		v.Reset = time.Duration(gcraRefill(g.newTAT, now, g.remaining, l))
+	}
+	return g.newTAT
+}
+
+// record counts an admitted request in the key's ring, or for an untracked
+// key in its local cap alone. The caller holds the key's shard lock.
+func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
+	if en == nil {
+		untracked.tat = tat
+		return
+	}
 	ring[slotIndex(en.head, int64(len(ring)))]++
 	en.pendCur++
 	en.sinceRead++

@@ -37,9 +37,8 @@ type entry struct {
 }
 
 const (
-	flagQueued   uint8 = 1 << iota // waiting in the engine's early-sync queue
-	flagOverflow                   // an overflow bucket, not a tracked key
-	flagRated                      // ownRate and fleetRate hold a measurement
+	flagQueued uint8 = 1 << iota // waiting in the engine's early-sync queue
+	flagRated                    // ownRate and fleetRate hold a measurement
 )
 
 // demandHorizon is the time constant of the demand rates, in sync intervals:
