@@ -112,17 +112,28 @@ func TestSlotStoreConformance(t *testing.T) {
 		}},
 		{"the expiry is re-armed by every step", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
 			s := newStore(t)
-			add := []Step{{Key: prefix + "ttl", Oldest: 0, TTL: 300 * time.Millisecond, Adds: [2]SlotCount{{Slot: 1, Count: 1}}}}
-			read := []Step{{Key: prefix + "ttl", Oldest: 0, TTL: 300 * time.Millisecond}}
-			syncSteps(t, s, add)
-			for i := 0; i < 3; i++ {
-				time.Sleep(150 * time.Millisecond)
-				if r := syncSteps(t, s, read)[0]; slotMap(r)[1] != 1 {
-					t.Fatalf("re-read %d: %+v, want the slot kept alive", i, r)
+			key := prefix + "ttl"
+			syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: time.Hour, Adds: [2]SlotCount{{Slot: 1, Count: 1}}}})
+			// Each step, a read too, sets the expiry to its own TTL.
+			for _, ttl := range []time.Duration{10 * time.Minute, 2 * time.Hour, 5 * time.Minute} {
+				if r := syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: ttl}})[0]; slotMap(r)[1] != 1 {
+					t.Fatalf("read: %+v, want the slot kept", r)
+				}
+				if got := expiresIn(t, s, key); got > ttl || got < ttl-time.Minute {
+					t.Fatalf("after a step with TTL %v the key expires in %v", ttl, got)
 				}
 			}
-			time.Sleep(450 * time.Millisecond)
-			if r := syncSteps(t, s, read)[0]; len(r.Slots) != 0 {
+			// Past its expiry the key is gone: a read finds nothing.
+			syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: 20 * time.Millisecond}})
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if expiresIn(t, s, key) <= 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the key outlived its expiry")
+				}
+			}
+			if r := syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: time.Minute}})[0]; len(r.Slots) != 0 {
 				t.Fatalf("after the expiry: %+v, want nothing", r)
 			}
 		}},
@@ -184,4 +195,27 @@ func TestRedisStoreSpreadsOverClusterNodes(t *testing.T) {
 	if total != 50 || withKeys < 2 {
 		t.Fatalf("%d keys stored on %d nodes, want 50 spread over several", total, withKeys)
 	}
+}
+
+// expiresIn is how long until the store drops key (0 or less: gone).
+func expiresIn(t testing.TB, s SlotStore, key string) time.Duration {
+	t.Helper()
+	switch s := s.(type) {
+	case *MemoryStore:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		k, ok := s.keys[key]
+		if !ok {
+			return 0
+		}
+		return k.expires.Sub(s.now())
+	case *RedisStore:
+		d, err := s.client.PTTL(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d // -2 ns when the key does not exist
+	}
+	t.Fatalf("expiresIn: a store of type %T", s)
+	return 0
 }
