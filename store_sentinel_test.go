@@ -308,7 +308,12 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 	// One more window, all of it after the recovery, then a last sync.
 	time.Sleep(window + 2*slot)
 	answers := tr.finish()
-	time.Sleep(200 * time.Millisecond)
+	// The last admits are pushed by the first pass that starts after them.
+	finished := time.Now()
+	await(t, 5*time.Second, "a pass after the last request", func() bool {
+		st := storeStatusOf(t, tc, prefix)
+		return st.LastSyncAgeMS != nil && time.Duration(*st.LastSyncAgeMS)*time.Millisecond < time.Since(finished)-100*time.Millisecond
+	})
 	readAt := time.Now()
 	final := fleetSlots(t, promoted, prefix)
 
