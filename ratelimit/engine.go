@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,6 +90,13 @@ type Engine struct {
 
 	passMu sync.Mutex // one reconcile pass (or eviction) at a time
 
+	// member is this instance's number in the fleet's membership, and
+	// members the fleet's size as of the last heartbeat (0: not known yet,
+	// and then no key admits on a floor share).
+	member     int64
+	members    atomic.Int64
+	membersKey string
+
 	// Keys queued for an early sync; kick wakes the reconciler for them.
 	queueMu sync.Mutex
 	queue   []queued
@@ -112,17 +120,19 @@ func NewEngine(o Options) (*Engine, error) {
 		o.Logger = zap.NewNop()
 	}
 	e := &Engine{
-		store:   o.Store,
-		prefix:  o.Prefix,
-		idleTTL: o.IdleTTL,
-		log:     o.Logger,
-		onPass:  o.OnPass,
-		onEarly: o.OnEarlySync,
-		onPanic: o.OnPanic,
-		solo:    o.Solo,
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		kick:    make(chan struct{}, 1),
+		store:      o.Store,
+		prefix:     o.Prefix,
+		idleTTL:    o.IdleTTL,
+		log:        o.Logger,
+		onPass:     o.OnPass,
+		onEarly:    o.OnEarlySync,
+		onPanic:    o.OnPanic,
+		member:     1 + rand.Int64N(1<<53-1),
+		membersKey: o.Prefix + ":rl:members",
+		solo:       o.Solo,
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+		kick:       make(chan struct{}, 1),
 	}
 	e.SetSyncInterval(o.SyncInterval)
 	e.SetNearLimit(!o.FixedInterval)
@@ -150,6 +160,33 @@ func (e *Engine) NearLimit() bool { return e.nearLimit.Load() }
 // SyncInterval is the reconciler's period.
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }
 
+// floorFraction is the part of a key's limit the instances share as floor
+// shares: each of N live instances may admit floorFraction × events / N of a
+// key in any window without telling the store. The rest is for the
+// instances that sync the key.
+const floorFraction = 0.5
+
+// floor is this instance's floor share of l's limit, or 0 when there is none
+// (a solo engine, a fleet whose size is not known yet, or a share too small
+// to spare the store a sync).
+func (e *Engine) floor(events int64) int64 {
+	n := e.members.Load()
+	if n <= 0 || !e.nearLimit.Load() {
+		return 0
+	}
+	f := int64(floorFraction * float64(events) / float64(n))
+	if f < 4 {
+		return 0
+	}
+	return f
+}
+
+// memberTTL is how long a key's registration as synced by this instance
+// lasts without being renewed by a pass.
+func (e *Engine) memberTTL() time.Duration {
+	return time.Duration(4 * e.interval.Load())
+}
+
 // staleAfter is how long a read of the fleet's counts is trusted: past it the
 // store is taken as unreachable (if it is) or the key as idle.
 func (e *Engine) staleAfter() int64 {
@@ -169,15 +206,18 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 		return nil
 	}
 	if z := find(*e.zones.Load()); z != nil {
+		z.events.Store(l.Events)
 		return z
 	}
 	e.zonesMu.Lock()
 	defer e.zonesMu.Unlock()
 	cur := *e.zones.Load()
 	if z := find(cur); z != nil {
+		z.events.Store(l.Events)
 		return z
 	}
 	z := newZone(e.prefix, name, len(cur), l.slots)
+	z.events.Store(l.Events)
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
 	return z
@@ -279,25 +319,64 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 func (e *Engine) judge(c *Check, en *entry, ring []uint32, held keyhash.Hash, now, staleAfter int64, near bool, v *Verdict) (tat, oldest int64) {
 	l := c.Limit
 	en.advance(ring, l.slots.Of(now))
+	events, floor := l.Events, int64(0)
+	if near {
+		floor = e.floor(l.Events)
+		e.chooseMode(en, ring, floor, now, staleAfter)
+		if en.flags&flagSynced != 0 {
+			// Every live instance that does not sync the key may hold its
+			// floor share unreported.
+			events -= max(e.members.Load()-1-int64(en.syncing), 0) * floor
+		}
+	}
 	en.lastSeen = now
 	en.demand++
 	used, oldest := en.scan(ring)
 	g := gcraCheck(en.tat, now, l)
 	*v = Verdict{}
+	onFloor := near && en.flags&flagFloor != 0
 	switch {
-	case used >= l.Events:
+	case used >= events:
 		v.Fleet = true
-		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-l.Events+1))
-	case near && !e.shareAdmits(c.Zone, held, en, l, used, now, staleAfter):
+		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-events+1))
+	case onFloor && !e.floorAdmits(c.Zone, held, en, used, floor):
+		v.Fleet = true
+		v.RetryAfter = time.Duration(e.interval.Load())
+	case near && !onFloor && !e.shareAdmits(c.Zone, held, en, events, used, now, staleAfter):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
 	case !g.allowed:
 		v.RetryAfter = time.Duration(g.retryAfter)
 	default:
 		v.Allowed = true
-		v.Remaining = max(min(g.remaining, l.Events-used-1), 0)
+		v.Remaining = max(min(g.remaining, events-used-1), 0)
 	}
 	return g.newTAT, oldest
+}
+
+// chooseMode puts a key on its floor share when it needs no store: a key new
+// to this instance (no first-contact read), and a synced key idle for so
+// long that its registration has lapsed (staleAfter, then memberTTL). The
+// caller holds the key's shard lock.
+func (e *Engine) chooseMode(en *entry, ring []uint32, floor, now, staleAfter int64) {
+	switch {
+	case floor == 0:
+	case en.flags&(flagFloor|flagSynced) == 0 && en.readAt < 0 && en.readAt == -en.lastSeen && en.demand == 0:
+		en.flags |= flagFloor // new here: lastSeen and readAt as init left them
+	case en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()):
+		en.toFloor(ring)
+	}
+}
+
+// floorAdmits admits a key on its floor share while this instance's own
+// admits in the window stay under it; from half of it on, the key is queued
+// to start syncing (push its admits, register, read the fleet's counts) so
+// that it rarely meets the floor.
+func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor int64) bool {
+	if (used+1)*2 >= floor {
+		e.enqueue(z, h, en)
+	}
+	return used < floor
 }
 
 // record counts an admitted request in the key's ring. The caller holds the
@@ -318,16 +397,16 @@ func record(en *entry, ring []uint32, l *Limit, tat, oldest, now int64, v *Verdi
 // meanwhile; a key whose fleet headroom is small against the fleet's demand
 // admits only this instance's share of it until the next read; a key that has
 // spent half of what it may spend is queued for an early sync.
-func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, l *Limit, used, now, staleAfter int64) bool {
+func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, events, used, now, staleAfter int64) bool {
 	since := int64(en.sinceRead)
 	var allowance int64
 	if !en.fresh(now, staleAfter) {
 		e.enqueue(z, h, en)
-		allowance = ceilFraction(l.Events, firstShare)
+		allowance = ceilFraction(events, firstShare)
 	} else {
 		// The fleet's headroom as of the last read, plus what has left the
 		// window since.
-		headroom := l.Events - used + since
+		headroom := events - used + since
 		allowance = headroom
 		// If the fleet could spend the headroom within two intervals (until
 		// the next read, plus what the others admitted since their last push),

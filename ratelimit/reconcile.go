@@ -22,6 +22,10 @@ type plan struct {
 	hash   keyhash.Hash
 	demand uint32 // this instance's demand pushed by the step
 	readAt int64  // the entry's previous read (see entry.readAt)
+	// join: the step pushes a floor-share key's admits and registers it as
+	// synced; leave: it deregisters a synced key that went back under its
+	// floor share.
+	join, leave bool
 }
 
 // Start runs the reconciler in the background until Close. Calling it again
@@ -34,6 +38,8 @@ func (e *Engine) Start() {
 			ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 			if err := p.Ping(ctx); err != nil {
 				e.storeFailed(err)
+			} else {
+				e.heartbeat(ctx)
 			}
 			cancel()
 		}
@@ -120,7 +126,24 @@ func (e *Engine) timedPass(early bool) {
 	// from calling a briefly busy store dead).
 	ctx, cancel := context.WithTimeout(context.Background(), passTimeout(time.Duration(e.interval.Load())))
 	defer cancel()
+	if !early {
+		e.heartbeat(ctx)
+	}
 	_ = e.pass(ctx, time.Now().UnixNano(), early)
+}
+
+// heartbeat tells the store this instance is live and learns the fleet's
+// size, which sets every key's floor share. A solo engine has no fleet. A
+// failed heartbeat keeps the size last learned: the pass that follows finds
+// out whether the store is down.
+func (e *Engine) heartbeat(ctx context.Context) {
+	if e.solo {
+		return
+	}
+	n, err := e.store.Heartbeat(ctx, e.membersKey, e.member, time.Now().UnixMilli(), time.Duration(e.staleAfter()))
+	if err == nil && n > 0 {
+		e.members.Store(n)
+	}
 }
 
 // passTimeout bounds one reconcile pass: one interval, at least 200ms, at
@@ -210,7 +233,7 @@ func (e *Engine) claimActive(now int64) ([]plan, []Step) {
 	var steps []Step
 	for _, z := range *e.zones.Load() {
 		for i := range z.shards {
-			plans, steps = claimShard(z, &z.shards[i], now, staleAfter, plans, steps)
+			plans, steps = e.claimShard(z, &z.shards[i], now, staleAfter, plans, steps)
 		}
 	}
 	return plans, steps
@@ -219,13 +242,16 @@ func (e *Engine) claimActive(now int64) ([]plan, []Step) {
 // claimShard appends the active keys of one shard. The unlock is deferred so
 // that a recovered panic (see safely) never leaves the shard locked for the
 // request path.
-func claimShard(z *Zone, s *shard, now, staleAfter int64, plans []plan, steps []Step) ([]plan, []Step) {
+func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []plan, steps []Step) ([]plan, []Step) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for h, idx := range s.entries {
-		en, _ := z.arena.at(idx)
+		en, ring := z.arena.at(idx)
+		if en.flags&flagFloor != 0 && en.flags&flagQueued == 0 {
+			continue // on its floor share: nothing for the store
+		}
 		if en.pending() || en.demand > 0 || now-en.lastSeen < staleAfter {
-			p, st := claim(z, h, en, now)
+			p, st := e.claim(z, h, en, ring, now)
 			plans, steps = append(plans, p), append(steps, st)
 		}
 	}
@@ -241,7 +267,7 @@ func (e *Engine) claimQueued(now int64) ([]plan, []Step) {
 	plans := make([]plan, 0, len(q))
 	steps := make([]Step, 0, len(q))
 	for _, k := range q {
-		if p, st, ok := claimQueuedKey(k, now); ok {
+		if p, st, ok := e.claimQueuedKey(k, now); ok {
 			plans, steps = append(plans, p), append(steps, st)
 		}
 	}
@@ -249,20 +275,23 @@ func (e *Engine) claimQueued(now int64) ([]plan, []Step) {
 }
 
 // claimQueuedKey claims one queued key if it is still queued.
-func claimQueuedKey(k queued, now int64) (plan, Step, bool) {
+func (e *Engine) claimQueuedKey(k queued, now int64) (plan, Step, bool) {
 	s := k.zone.shardOf(k.hash)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if en, _ := k.zone.lookup(s, k.hash); en != nil && en.flags&flagQueued != 0 {
-		p, st := claim(k.zone, k.hash, en, now)
+	if en, ring := k.zone.lookup(s, k.hash); en != nil && en.flags&flagQueued != 0 {
+		p, st := e.claim(k.zone, k.hash, en, ring, now)
 		return p, st, true
 	}
 	return plan{}, Step{}, false
 }
 
-// claim takes the key's unpushed admits and demand into a step. The caller
-// holds the key's shard lock.
-func claim(z *Zone, h keyhash.Hash, en *entry, now int64) (plan, Step) {
+// claim takes the key's unpushed admits and demand into a step. A key on its
+// floor share pushes its admits in the window and registers as synced; a
+// synced key renews its registration, or gives it up when the fleet's count
+// has fallen under a quarter of its floor share. The caller holds the key's
+// shard lock.
+func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now int64) (plan, Step) {
 	p := plan{zone: z, hash: h, demand: en.demand, readAt: en.readAt}
 	st := Step{
 		Key:    z.storeKey(h),
@@ -270,6 +299,20 @@ func claim(z *Zone, h keyhash.Hash, en *entry, now int64) (plan, Step) {
 		Demand: int64(en.demand),
 		Oldest: z.slots.Oldest(now),
 		TTL:    time.Duration(2 * z.slots.N * z.slots.Len),
+	}
+	switch {
+	case en.flags&flagFloor != 0:
+		p.join = true
+		st.Adds = [2]SlotCount{}
+		en.advance(ring, z.slots.Of(now))
+		st.Window = en.window(ring)
+		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
+	case en.flags&flagSynced != 0:
+		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
+		en.advance(ring, z.slots.Of(now))
+		if used, _ := en.scan(ring); used*4 < e.floor(z.events.Load()) && en.fresh(now, e.staleAfter()) {
+			p.leave, st.MemberTTL = true, 0
+		}
 	}
 	en.pendCur, en.pendPrev, en.demand = 0, 0, 0
 	en.flags &^= flagQueued
@@ -291,6 +334,14 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 		return
 	}
 	en.advance(ring, z.slots.Of(now))
+	switch {
+	case p.leave:
+		en.toFloor(ring)
+		return
+	case p.join:
+		en.flags = en.flags&^flagFloor | flagSynced
+	}
+	en.syncing = uint16(min(r.Syncing, math.MaxUint16))
 	n := int64(len(ring))
 	for _, sc := range r.Slots {
 		if sc.Slot > en.head || sc.Slot <= en.head-n {

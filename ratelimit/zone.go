@@ -33,6 +33,7 @@ type Zone struct {
 
 	maxKeys atomic.Int64
 	keys    atomic.Int64 // tracked keys, overflow buckets not included
+	events  atomic.Int64 // the zone's limit, for the reconciler's floor shares
 	shards  [shardCount]shard
 	arena   arena
 }
