@@ -164,7 +164,7 @@ func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.
 // shares: each of N live instances may admit floorFraction × events / N of a
 // key in any window without telling the store. The rest is for the
 // instances that sync the key.
-const floorFraction = 0.5
+const floorFraction = 0.8
 
 // floor is this instance's floor share of l's limit, or 0 when there is none
 // (a solo engine, a fleet whose size is not known yet, or a share too small
@@ -369,11 +369,11 @@ func (e *Engine) chooseMode(en *entry, ring []uint32, floor, now, staleAfter int
 }
 
 // floorAdmits admits a key on its floor share while this instance's own
-// admits in the window stay under it; from half of it on, the key is queued
-// to start syncing (push its admits, register, read the fleet's counts) so
-// that it rarely meets the floor.
+// admits in the window stay under it; from three quarters of it on, the key
+// is queued to start syncing (push its admits, register, read the fleet's
+// counts), early enough that it rarely meets the floor.
 func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor int64) bool {
-	if (used+1)*2 >= floor {
+	if (used+1)*4 >= 3*floor {
 		e.enqueue(z, h, en)
 	}
 	return used < floor

@@ -39,7 +39,7 @@ func (e *Engine) Start() {
 			if err := p.Ping(ctx); err != nil {
 				e.storeFailed(err)
 			} else {
-				e.heartbeat(ctx)
+				e.heartbeat(ctx, time.Now().UnixMilli())
 			}
 			cancel()
 		}
@@ -127,7 +127,7 @@ func (e *Engine) timedPass(early bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), passTimeout(time.Duration(e.interval.Load())))
 	defer cancel()
 	if !early {
-		e.heartbeat(ctx)
+		e.heartbeat(ctx, time.Now().UnixMilli())
 	}
 	_ = e.pass(ctx, time.Now().UnixNano(), early)
 }
@@ -136,11 +136,11 @@ func (e *Engine) timedPass(early bool) {
 // size, which sets every key's floor share. A solo engine has no fleet. A
 // failed heartbeat keeps the size last learned: the pass that follows finds
 // out whether the store is down.
-func (e *Engine) heartbeat(ctx context.Context) {
+func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 	if e.solo {
 		return
 	}
-	n, err := e.store.Heartbeat(ctx, e.membersKey, e.member, time.Now().UnixMilli(), time.Duration(e.staleAfter()))
+	n, err := e.store.Heartbeat(ctx, e.membersKey, e.member, nowMs, time.Duration(e.staleAfter()))
 	if err == nil && n > 0 {
 		e.members.Store(n)
 	}
