@@ -267,8 +267,9 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 	if len(checks) == 1 {
 		// The usual single zone, without the stack arrays of the general case.
 		c, v := &checks[0], &out[0]
-		s, en, ring, held := c.Zone.lock(c.Key, now)
-		tat, oldest := e.judge(c, en, ring, held, now, staleAfter, near, v)
+		floor := e.floorIf(near, c.Limit)
+		s, en, ring, held := c.Zone.lock(c.Key, now, floor > 0)
+		tat, oldest := e.judge(c, s, en, ring, held, now, staleAfter, floor, near, v)
 		if v.Allowed {
 			record(en, ring, c.Limit, tat, oldest, now, v)
 		}
@@ -295,8 +296,9 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	for i := range checks {
 		c := &checks[i]
 		var held keyhash.Hash
-		shards[i], entries[i], rings[i], held = c.Zone.lock(c.Key, now)
-		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], held, now, staleAfter, near, &out[i])
+		floor := e.floorIf(near, c.Limit)
+		shards[i], entries[i], rings[i], held = c.Zone.lock(c.Key, now, floor > 0)
+		tats[i], oldest[i] = e.judge(c, shards[i], entries[i], rings[i], held, now, staleAfter, floor, near, &out[i])
 		if !out[i].Allowed && denied < 0 {
 			denied = i
 		}
@@ -316,13 +318,16 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 // clock (slots that left, last seen, demand). It returns the GCRA state to
 // record and the oldest slot that counts. The caller holds the key's shard
 // lock.
-func (e *Engine) judge(c *Check, en *entry, ring []uint32, held keyhash.Hash, now, staleAfter int64, near bool, v *Verdict) (tat, oldest int64) {
+func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, held keyhash.Hash, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
 	l := c.Limit
 	en.advance(ring, l.slots.Of(now))
-	events, floor := l.Events, int64(0)
+	events := l.Events
 	if near {
-		floor = e.floor(l.Events)
-		e.chooseMode(en, ring, floor, now, staleAfter)
+		if floor > 0 && en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
+			// Idle for so long that its registration has lapsed: back on
+			// its floor share, with no store call.
+			c.Zone.toFloor(s, held, en, ring)
+		}
 		if en.flags&flagSynced != 0 {
 			// Every live instance that does not sync the key may hold its
 			// floor share unreported.
@@ -354,18 +359,14 @@ func (e *Engine) judge(c *Check, en *entry, ring []uint32, held keyhash.Hash, no
 	return g.newTAT, oldest
 }
 
-// chooseMode puts a key on its floor share when it needs no store: a key new
-// to this instance (no first-contact read), and a synced key idle for so
-// long that its registration has lapsed (staleAfter, then memberTTL). The
-// caller holds the key's shard lock.
-func (e *Engine) chooseMode(en *entry, ring []uint32, floor, now, staleAfter int64) {
-	switch {
-	case floor == 0:
-	case en.flags&(flagFloor|flagSynced) == 0 && en.readAt < 0 && en.readAt == -en.lastSeen && en.demand == 0:
-		en.flags |= flagFloor // new here: lastSeen and readAt as init left them
-	case en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()):
-		en.toFloor(ring)
+// floorIf is the floor share of l when the near-limit mechanisms are on
+// (near), else 0. A key new to this instance starts on it: no first-contact
+// read, no store.
+func (e *Engine) floorIf(near bool, l *Limit) int64 {
+	if !near {
+		return 0
 	}
+	return e.floor(l.Events)
 }
 
 // floorAdmits admits a key on its floor share while this instance's own

@@ -245,11 +245,8 @@ func (e *Engine) claimActive(now int64) ([]plan, []Step) {
 func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []plan, steps []Step) ([]plan, []Step) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for h, idx := range s.entries {
+	for h, idx := range s.active {
 		en, ring := z.arena.at(idx)
-		if en.flags&flagFloor != 0 && en.flags&flagQueued == 0 {
-			continue // on its floor share: nothing for the store
-		}
 		if en.pending() || en.demand > 0 || now-en.lastSeen < staleAfter {
 			p, st := e.claim(z, h, en, ring, now)
 			plans, steps = append(plans, p), append(steps, st)
@@ -336,10 +333,10 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	en.advance(ring, z.slots.Of(now))
 	switch {
 	case p.leave:
-		en.toFloor(ring)
+		z.toFloor(s, p.hash, en, ring)
 		return
 	case p.join:
-		en.flags = en.flags&^flagFloor | flagSynced
+		z.toSynced(s, p.hash, en)
 	}
 	en.syncing = uint16(min(r.Syncing, math.MaxUint16))
 	n := int64(len(ring))

@@ -41,6 +41,10 @@ type Zone struct {
 type shard struct {
 	mu      sync.Mutex
 	entries map[keyhash.Hash]int32 // index into the zone's arena
+	// active are the entries a full reconcile pass visits: all but those on
+	// their floor share, which need no store (a pass costs nothing per key
+	// on its floor share).
+	active map[keyhash.Hash]int32
 }
 
 func newZone(prefix, name string, id int, slots window.Slots) *Zone {
@@ -49,6 +53,7 @@ func newZone(prefix, name string, id int, slots window.Slots) *Zone {
 	z.arena.ringLen = int(slots.N) + 1
 	for i := range z.shards {
 		z.shards[i].entries = make(map[keyhash.Hash]int32)
+		z.shards[i].active = make(map[keyhash.Hash]int32)
 	}
 	return z
 }
@@ -99,8 +104,9 @@ func overflowHash(h keyhash.Hash) keyhash.Hash {
 
 // lock locks the shard that holds h's state (h itself, or its overflow bucket
 // when the zone is full) and returns it with the hash it is held under; the
-// caller unlocks the shard.
-func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, keyhash.Hash) {
+// caller unlocks the shard. A key new to the zone starts on its floor share
+// when onFloor.
+func (z *Zone) lock(h keyhash.Hash, now int64, onFloor bool) (*shard, *entry, []uint32, keyhash.Hash) {
 	s := z.shardOf(h)
 	s.mu.Lock()
 	if i, ok := s.entries[h]; ok {
@@ -109,7 +115,11 @@ func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, keyhas
 	}
 	if z.keys.Load() < z.maxKeys.Load() {
 		z.keys.Add(1)
-		e, ring := z.insert(s, h, now, 0)
+		var flags uint8
+		if onFloor {
+			flags = flagFloor
+		}
+		e, ring := z.insert(s, h, now, flags)
 		return s, e, ring, h
 	}
 	s.mu.Unlock()
@@ -131,7 +141,22 @@ func (z *Zone) insert(s *shard, h keyhash.Hash, now int64, flags uint8) (*entry,
 	e.init(now, z.slots)
 	e.flags = flags
 	clear(ring)
+	if flags&flagFloor == 0 {
+		s.active[h] = i
+	}
 	return e, ring
+}
+
+// toFloor puts the key h of the locked shard s back on its floor share.
+func (z *Zone) toFloor(s *shard, h keyhash.Hash, e *entry, ring []uint32) {
+	e.toFloor(ring)
+	delete(s.active, h)
+}
+
+// toSynced marks the key h of the locked shard s as synced by this instance.
+func (z *Zone) toSynced(s *shard, h keyhash.Hash, e *entry) {
+	e.flags = e.flags&^flagFloor | flagSynced
+	s.active[h] = s.entries[h]
 }
 
 // lookup returns the state of h in a locked shard s, or nil.
@@ -154,6 +179,7 @@ func (z *Zone) evict(now, idleTTL int64) {
 			e, _ := z.arena.at(idx)
 			if !e.pending() && now-e.lastSeen >= ttl && e.tat <= now {
 				delete(s.entries, h)
+				delete(s.active, h)
 				if e.flags&flagOverflow == 0 {
 					z.keys.Add(-1)
 				}
