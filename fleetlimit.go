@@ -68,9 +68,13 @@ type ZoneConfig struct {
 	// (a local GCRA). Default: Events.
 	Burst int64 `json:"burst,omitempty"`
 	// MaxKeys caps how many keys the zone tracks on this instance, and so its
-	// memory. A new key that arrives while the zone is full is counted in one
-	// of 64 shared overflow buckets (picked by the key's hash), each limited
-	// like one key, until idle keys are evicted. Default 100000.
+	// memory. A new key that arrives while the zone is full is not tracked
+	// (not synced with the fleet, no window count) until idle keys are
+	// evicted: it is limited by the local cap alone, Burst at once and Events
+	// per Window after on each instance, with a cap of its own that other
+	// keys' traffic cannot spend. The zone holds such caps for 16384 keys at
+	// once (384 KiB); past that a new key replaces the cap closest to fresh.
+	// Default 100000.
 	MaxKeys int64 `json:"max_keys,omitempty"`
 }
 

@@ -438,3 +438,37 @@ func TestRateLimitHeadersOption(t *testing.T) {
 		t.Fatalf("a bad ratelimit_headers: %v", err)
 	}
 }
+
+// Past max_keys a flood of unique keys must not cost a new key its own
+// requests: the new key is limited by its local burst on this instance, not
+// by what the flood did.
+func TestMaxKeysFloodDoesNotRefuseANewKey(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+}
+:%d {
+	fleetlimit {
+		zone flood {
+			key {http.request.header.X-Key}
+			events 2
+			window 1m
+			max_keys 8
+		}
+	}
+	respond "ok"
+}`, port))
+	for i := range 1000 {
+		get(t, url, "X-Key: flood-"+strconv.Itoa(i))
+	}
+	for i := 1; i <= 2; i++ {
+		if resp, body := get(t, url, "X-Key: newcomer"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("a new key's request %d after the flood: %d %q, want 200", i, resp.StatusCode, body)
+		}
+	}
+	// Its burst (= events) spent, the new key is limited on its own account.
+	if resp, _ := get(t, url, "X-Key: newcomer"); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("the new key past its burst: %d, want 429", resp.StatusCode)
+	}
+}

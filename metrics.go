@@ -207,7 +207,7 @@ func observeResolve(kind, outcome string) {
 
 var (
 	trackedKeysDesc = prometheus.NewDesc("fleetguard_fleetlimit_tracked_keys",
-		"Keys a zone tracks on this instance (bounded by max_keys; overflow buckets not included).", []string{"zone"}, nil)
+		"Keys a zone tracks on this instance (bounded by max_keys; keys past it are limited by the local cap alone and not counted here).", []string{"zone"}, nil)
 	storeHealthyDesc = prometheus.NewDesc("fleetguard_store_healthy",
 		"1 while the store answers, 0 while it does not, by store and component: fleetlimit (the reconciler; 0 means limits are per instance) and llmbudget (the reservation breaker; 0 means budgeted requests get 503 or fail_open).",
 		[]string{"store", "component"}, nil)

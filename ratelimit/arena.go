@@ -9,7 +9,7 @@ import (
 // addressed by index, so a tracked key costs its entry, its ring and a map
 // slot, with no per-key allocation or pointer for the collector to scan.
 // MaxKeys is the largest max_keys a zone takes.
-const MaxKeys = maxChunks*chunkSize - OverflowBuckets
+const MaxKeys = maxChunks * chunkSize
 
 const (
 	chunkBits = 10

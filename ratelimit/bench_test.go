@@ -54,6 +54,28 @@ func BenchmarkAllowBusyKey(b *testing.B) {
 	}
 }
 
+// BenchmarkAllowUntrackedKey is BenchmarkAllowExistingKey for a key that
+// arrived while its zone was full: its local cap alone, in the shard's
+// table of untracked keys.
+func BenchmarkAllowUntrackedKey(b *testing.B) {
+	e := memoryEngine(b)
+	l := mustLimit(b, maxEvents, time.Hour, 0)
+	z := e.Zone("z", l)
+	z.SetMaxKeys(1)
+	allow(e, z, l, "tracked", time.Now().UnixNano())
+	key := "Bearer sk-live-0123456789abcdef"
+	allow(e, z, l, key, time.Now().UnixNano())
+	checks := []Check{{Zone: z, Limit: l}}
+	out := make([]Verdict, 1)
+	b.ReportAllocs()
+	for b.Loop() {
+		checks[0].Key = keyhash.Of(key)
+		if d := e.Allow(time.Now().UnixNano(), checks, out); d != -1 {
+			b.Fatal("denied")
+		}
+	}
+}
+
 // BenchmarkAllowParallel spreads 1024 keys over all cores.
 func BenchmarkAllowParallel(b *testing.B) {
 	e := memoryEngine(b)

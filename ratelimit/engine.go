@@ -268,10 +268,10 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 		// The usual single zone, without the stack arrays of the general case.
 		c, v := &checks[0], &out[0]
 		floor := e.floorIf(near, c.Limit)
-		s, en, ring, held := c.Zone.lock(c.Key, now, floor > 0)
-		tat, oldest := e.judge(c, s, en, ring, held, now, staleAfter, floor, near, v)
+		s, en, ring, untracked := c.Zone.lock(c.Key, now, floor > 0)
+		tat, oldest := e.judge(c, s, en, ring, untracked, now, staleAfter, floor, near, v)
 		if v.Allowed {
-			record(en, ring, c.Limit, tat, oldest, now, v)
+			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
 		}
 		s.mu.Unlock()
 		if v.Allowed {
@@ -290,22 +290,22 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	var shards [MaxChecks]*shard
 	var entries [MaxChecks]*entry
 	var rings [MaxChecks][]uint32
+	var untracked [MaxChecks]*untrackedState
 	var tats, oldest [MaxChecks]int64
 	checks = checks[:min(len(checks), MaxChecks)]
 	denied := -1
 	for i := range checks {
 		c := &checks[i]
-		var held keyhash.Hash
 		floor := e.floorIf(near, c.Limit)
-		shards[i], entries[i], rings[i], held = c.Zone.lock(c.Key, now, floor > 0)
-		tats[i], oldest[i] = e.judge(c, shards[i], entries[i], rings[i], held, now, staleAfter, floor, near, &out[i])
+		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now, floor > 0)
+		tats[i], oldest[i] = e.judge(c, shards[i], entries[i], rings[i], untracked[i], now, staleAfter, floor, near, &out[i])
 		if !out[i].Allowed && denied < 0 {
 			denied = i
 		}
 	}
 	if denied < 0 {
 		for i := range checks {
-			record(entries[i], rings[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
+			record(entries[i], rings[i], untracked[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
 		}
 	}
 	for i := len(checks) - 1; i >= 0; i-- {
@@ -315,18 +315,22 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 }
 
 // judge decides one check at now and fills v; it changes only the key's
-// clock (slots that left, last seen, demand). It returns the GCRA state to
-// record and the oldest slot that counts. The caller holds the key's shard
-// lock.
-func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, held keyhash.Hash, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
+// clock (slots that left, last seen, demand). The key's state is its entry
+// and ring, or, when the zone does not track it (en nil), its untracked
+// local cap. It returns the GCRA state to record and the oldest slot that
+// counts. The caller holds the key's shard lock.
+func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
 	l := c.Limit
+	if en == nil {
+		return judgeUntracked(l, untracked, now, v), 0
+	}
 	en.advance(ring, l.slots.Of(now))
 	events := l.Events
 	if near {
 		if floor > 0 && en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
 			// Idle for so long that its registration has lapsed: back on
 			// its floor share, with no store call.
-			c.Zone.toFloor(s, held, en, ring)
+			c.Zone.toFloor(s, c.Key, en, ring)
 		}
 		if en.flags&flagSynced != 0 {
 			// Every live instance that does not sync the key may hold its
@@ -344,10 +348,10 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, held keyhas
 	case used >= events:
 		v.Fleet = true
 		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-events+1))
-	case onFloor && !e.floorAdmits(c.Zone, held, en, used, floor):
+	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
-	case near && !onFloor && !e.shareAdmits(c.Zone, held, en, events, used, now, staleAfter):
+	case near && !onFloor && !e.shareAdmits(c.Zone, c.Key, en, events, used, now, staleAfter):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
 	case !g.allowed:
@@ -380,9 +384,26 @@ func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor int
 	return used < floor
 }
 
-// record counts an admitted request in the key's ring. The caller holds the
-// key's shard lock.
-func record(en *entry, ring []uint32, l *Limit, tat, oldest, now int64, v *Verdict) {
+// judgeUntracked decides a request of a key the zone does not track: by the
+// local cap alone, as nothing counts the key's window. It returns the GCRA
+// state to record.
+func judgeUntracked(l *Limit, st *untrackedState, now int64, v *Verdict) (tat int64) {
+	g := gcraCheck(st.tat, now, l)
+	*v = Verdict{Allowed: g.allowed, RetryAfter: time.Duration(g.retryAfter)}
+	if g.allowed {
+		v.Remaining = g.remaining
+		v.Reset = time.Duration(gcraRefill(g.newTAT, now, g.remaining, l))
+	}
+	return g.newTAT
+}
+
+// record counts an admitted request in the key's ring, or for an untracked
+// key in its local cap alone. The caller holds the key's shard lock.
+func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
+	if en == nil {
+		untracked.tat = tat
+		return
+	}
 	ring[slotIndex(en.head, int64(len(ring)))]++
 	en.pendCur++
 	en.sinceRead++

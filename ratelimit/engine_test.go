@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"sort"
-	"strconv"
 	"testing"
 	"time"
 
@@ -196,45 +195,6 @@ func TestAnotherWindowIsAnotherZone(t *testing.T) {
 	}
 	if zs.storeKey(hashOf("k")) == zl.storeKey(hashOf("k")) {
 		t.Fatal("zones of one name with other windows must not share store keys")
-	}
-}
-
-// Past max_keys a new key shares one of the overflow buckets: memory stays
-// bounded, and the bucket is limited like one key.
-func TestMaxKeysBoundsMemoryWithOverflowBuckets(t *testing.T) {
-	e := memoryEngine(t)
-	l := mustLimit(t, 3, time.Minute, 0)
-	z := e.Zone("z", l)
-	z.SetMaxKeys(10)
-	now := time.Now().UnixNano()
-	for i := 0; i < 10_000; i++ {
-		allow(e, z, l, "k"+strconv.Itoa(i), now)
-	}
-	if z.Keys() != 10 {
-		t.Fatalf("tracked keys = %d, want the cap 10", z.Keys())
-	}
-	if n := int(z.arena.next); n > 10+OverflowBuckets {
-		t.Fatalf("the arena holds %d entries, want at most max_keys + %d", n, OverflowBuckets)
-	}
-	// Every bucket has long been full (10 000 keys over 64 buckets, 3 each).
-	if v := allow(e, z, l, "one more", now); v.Allowed || !v.Fleet {
-		t.Fatalf("a key in a full overflow bucket: %+v, want denied", v)
-	}
-	// A tracked key keeps its own limit.
-	if v := allow(e, z, l, "k0", now); !v.Allowed {
-		t.Fatal("a tracked key is not affected by the overflow")
-	}
-	// Once idle keys are pushed and evicted, new keys are tracked again.
-	if err := e.pass(context.Background(), now, false); err != nil {
-		t.Fatal(err)
-	}
-	e.evict(now + int64(time.Hour))
-	if z.Keys() != 0 {
-		t.Fatalf("after eviction %d tracked keys", z.Keys())
-	}
-	later := now + int64(time.Hour)
-	if v := allow(e, z, l, "one more", later); !v.Allowed || z.Keys() != 1 {
-		t.Fatalf("after eviction a new key is tracked: %+v, keys %d", v, z.Keys())
 	}
 }
 

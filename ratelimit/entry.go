@@ -41,9 +41,8 @@ type entry struct {
 }
 
 const (
-	flagQueued   uint8 = 1 << iota // waiting in the engine's early-sync queue
-	flagOverflow                   // an overflow bucket, not a tracked key
-	flagRated                      // ownRate and fleetRate hold a measurement
+	flagQueued uint8 = 1 << iota // waiting in the engine's early-sync queue
+	flagRated                    // ownRate and fleetRate hold a measurement
 	// flagFloor: the key admits within this instance's floor share without
 	// the store; its ring holds this instance's admits since it entered
 	// floor mode, none of them pushed.

@@ -21,3 +21,10 @@ func gcraCheck(tat, now int64, l *Limit) gcra {
 	}
 	return gcra{allowed: true, newTAT: newTAT, remaining: (l.tolerance - ahead) / l.emission}
 }
+
+// gcraRefill is how long after now, when a key's theoretical arrival time is
+// tat and remaining more requests fit, until one more fits: at most one
+// emission interval.
+func gcraRefill(tat, now, remaining int64, l *Limit) int64 {
+	return max(tat-now+(remaining+1)*l.emission-l.tolerance, 0)
+}

@@ -15,12 +15,6 @@ const shardCount = 64 // a power of two; keys spread by the low bits of their ha
 // say.
 const DefaultMaxKeys = 100_000
 
-// OverflowBuckets is how many shared buckets take the keys that arrive while a
-// zone tracks max_keys keys already: such a key is counted, fleet-wide, in the
-// bucket its hash picks, together with the other untracked keys of that
-// bucket. Memory stays bounded by max_keys + OverflowBuckets entries.
-const OverflowBuckets = 64
-
 // Zone is the key space of one named limit with one window and precision.
 // Zones live in the Engine, not in a config, so their counters survive a
 // config reload. Two handlers naming the same zone with the same window share
@@ -32,7 +26,7 @@ type Zone struct {
 	storeID string // <prefix>:rl:{<name>:  — the key's hash and the window follow
 
 	maxKeys atomic.Int64
-	keys    atomic.Int64 // tracked keys, overflow buckets not included
+	keys    atomic.Int64 // tracked keys
 	events  atomic.Int64 // the zone's limit, for the reconciler's floor shares
 	shards  [shardCount]shard
 	arena   arena
@@ -45,6 +39,9 @@ type shard struct {
 	// their floor share, which need no store (a pass costs nothing per key
 	// on its floor share).
 	active map[keyhash.Hash]int32
+	// untracked holds the local caps of the shard's keys that arrived while
+	// the zone was full; nil until the first such key.
+	untracked *untrackedTable
 }
 
 func newZone(prefix, name string, id int, slots window.Slots) *Zone {
@@ -65,8 +62,9 @@ func (z *Zone) Name() string { return z.name }
 // ascending ID so that concurrent requests lock shards in one order.
 func (z *Zone) ID() int { return z.id }
 
-// SetMaxKeys caps how many keys the zone tracks; keys past the cap share the
-// overflow buckets until tracked keys are evicted. 0 means DefaultMaxKeys.
+// SetMaxKeys caps how many keys the zone tracks; a new key past the cap is
+// limited by the local cap alone (see UntrackedKeys) until tracked keys are
+// evicted. 0 means DefaultMaxKeys.
 func (z *Zone) SetMaxKeys(n int64) {
 	if n <= 0 {
 		n = DefaultMaxKeys
@@ -97,41 +95,47 @@ func (z *Zone) storeKey(h keyhash.Hash) string {
 
 func (z *Zone) shardOf(h keyhash.Hash) *shard { return &z.shards[h.Lo&(shardCount-1)] }
 
-// overflowHash names the overflow bucket of a key that is not tracked.
-func overflowHash(h keyhash.Hash) keyhash.Hash {
-	return keyhash.Hash{Hi: 0, Lo: 1<<63 | h.Hi%OverflowBuckets}
-}
-
-// lock locks the shard that holds h's state (h itself, or its overflow bucket
-// when the zone is full) and returns it with the hash it is held under; the
-// caller unlocks the shard. A key new to the zone starts on its floor share
-// when onFloor.
-func (z *Zone) lock(h keyhash.Hash, now int64, onFloor bool) (*shard, *entry, []uint32, keyhash.Hash) {
+// lock locks the shard of h and returns it with h's state: its entry, made
+// now if the zone has room (on its floor share when onFloor), or else its
+// untracked local cap. The caller unlocks the shard.
+func (z *Zone) lock(h keyhash.Hash, now int64, onFloor bool) (*shard, *entry, []uint32, *untrackedState) {
 	s := z.shardOf(h)
 	s.mu.Lock()
 	if i, ok := s.entries[h]; ok {
 		e, ring := z.arena.at(i)
-		return s, e, ring, h
+		return s, e, ring, nil
 	}
-	if z.keys.Load() < z.maxKeys.Load() {
-		z.keys.Add(1)
+	if z.reserveKey() {
 		var flags uint8
 		if onFloor {
 			flags = flagFloor
 		}
 		e, ring := z.insert(s, h, now, flags)
-		return s, e, ring, h
+		if s.untracked != nil {
+			// A key tracked from now on keeps what it spent of its burst.
+			e.tat = s.untracked.take(h)
+		}
+		return s, e, ring, nil
 	}
-	s.mu.Unlock()
-	h = overflowHash(h)
-	s = z.shardOf(h)
-	s.mu.Lock()
-	if i, ok := s.entries[h]; ok {
-		e, ring := z.arena.at(i)
-		return s, e, ring, h
+	if s.untracked == nil {
+		s.untracked = new(untrackedTable)
 	}
-	e, ring := z.insert(s, h, now, flagOverflow)
-	return s, e, ring, h
+	return s, nil, nil, s.untracked.find(h)
+}
+
+// reserveKey counts one more tracked key if the zone has room for it. Shards
+// insert concurrently, so the check and the count are one step: max_keys is
+// exact, and the arena never holds more than MaxKeys entries.
+func (z *Zone) reserveKey() bool {
+	for {
+		n := z.keys.Load()
+		if n >= z.maxKeys.Load() {
+			return false
+		}
+		if z.keys.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 func (z *Zone) insert(s *shard, h keyhash.Hash, now int64, flags uint8) (*entry, []uint32) {
@@ -180,9 +184,7 @@ func (z *Zone) evict(now, idleTTL int64) {
 			if !e.pending() && now-e.lastSeen >= ttl && e.tat <= now {
 				delete(s.entries, h)
 				delete(s.active, h)
-				if e.flags&flagOverflow == 0 {
-					z.keys.Add(-1)
-				}
+				z.keys.Add(-1)
 				z.arena.free(idx)
 			}
 		}
