@@ -96,6 +96,10 @@ type Engine struct {
 	member     int64
 	members    atomic.Int64
 	membersKey string
+	warmUntil  atomic.Int64 // Unix ns: until then keys new here are read first
+	// lastSeenMembers is the fleet's size the last heartbeat saw (the
+	// reconciler's goroutine alone uses it).
+	lastSeenMembers int64
 
 	// Keys queued for an early sync; kick wakes the reconciler for them.
 	queueMu sync.Mutex
@@ -268,8 +272,8 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 		// The usual single zone, without the stack arrays of the general case.
 		c, v := &checks[0], &out[0]
 		floor := e.floorIf(near, c.Limit)
-		s, en, ring, untracked := c.Zone.lock(c.Key, now, floor > 0)
-		tat, oldest := e.judge(c, s, en, ring, untracked, now, staleAfter, floor, near, v)
+		s, en, ring, untracked := c.Zone.lock(c.Key, now, e.newOnFloor(floor, now))
+		tat, oldest := e.judge(c, en, ring, untracked, now, staleAfter, floor, near, v)
 		if v.Allowed {
 			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
 		}
@@ -297,8 +301,8 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	for i := range checks {
 		c := &checks[i]
 		floor := e.floorIf(near, c.Limit)
-		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now, floor > 0)
-		tats[i], oldest[i] = e.judge(c, shards[i], entries[i], rings[i], untracked[i], now, staleAfter, floor, near, &out[i])
+		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now, e.newOnFloor(floor, now))
+		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], untracked[i], now, staleAfter, floor, near, &out[i])
 		if !out[i].Allowed && denied < 0 {
 			denied = i
 		}
@@ -319,7 +323,7 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 // and ring, or, when the zone does not track it (en nil), its untracked
 // local cap. It returns the GCRA state to record and the oldest slot that
 // counts. The caller holds the key's shard lock.
-func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
+func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
 	l := c.Limit
 	if en == nil {
 		return judgeUntracked(l, untracked, now, v), 0
@@ -327,12 +331,13 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 	en.advance(ring, l.slots.Of(now))
 	events := l.Events
 	if near {
-		if floor > 0 && en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
-			// Idle for so long that its registration has lapsed: back on
-			// its floor share, with no store call.
-			c.Zone.toFloor(s, c.Key, en, ring)
+		if en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
+			// Idle for so long that its registration has lapsed, and its
+			// read is stale: it reads again before it syncs again, or goes
+			// on its floor share.
+			en.flags &^= flagSynced | flagLeaving
 		}
-		if en.flags&flagSynced != 0 {
+		if en.flags&flagFloor == 0 {
 			// Every live instance that does not sync the key may hold its
 			// floor share unreported.
 			events -= max(e.members.Load()-1-int64(en.syncing), 0) * floor
@@ -364,14 +369,24 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 }
 
 // floorIf is the floor share of l when the near-limit mechanisms are on
-// (near), else 0. A key new to this instance starts on it: no first-contact
-// read, no store.
+// (near), else 0.
 func (e *Engine) floorIf(near bool, l *Limit) int64 {
 	if !near {
 		return 0
 	}
 	return e.floor(l.Events)
 }
+
+// newOnFloor reports whether a key new to this instance starts on its floor
+// share, which it does unless the instance has just joined the fleet.
+func (e *Engine) newOnFloor(floor, now int64) bool {
+	return floor > 0 && now >= e.warmUntil.Load()
+}
+
+// warmUp is how long a joining instance reads keys new to it before putting
+// them on their floor share: long enough for the keys in use to be
+// requested.
+func warmUp(staleAfter int64) int64 { return staleAfter }
 
 // floorAdmits admits a key on its floor share while this instance's own
 // admits in the window stay under it; from three quarters of it on, the key

@@ -20,6 +20,7 @@ type entry struct {
 	tat      int64 // GCRA theoretical arrival time, Unix ns
 	lastSeen int64 // last request for the key, Unix ns
 	readAt   int64 // last successful read of the fleet's counts, Unix ns; before the first, minus the first request's time
+	leftAt   int64 // when the key deregistered (flagLeaving), Unix ns
 	head     int64 // the slot of ring's newest count
 
 	pendCur  uint32 // unclaimed admits in slot head
@@ -51,6 +52,9 @@ const (
 	// key; its admits are pushed and the fleet's counts read, as in the
 	// near-limit mechanisms.
 	flagSynced
+	// flagLeaving: a synced key that deregistered at leftAt; it stays
+	// synced until the others have read so.
+	flagLeaving
 )
 
 // demandHorizon is the time constant of the demand rates, in sync intervals:
@@ -140,7 +144,7 @@ func (e *entry) toFloor(ring []uint32) {
 	ring[slotIndex(e.head, n)] = e.pendCur
 	ring[slotIndex(e.head-1, n)] = e.pendPrev
 	e.pendCur, e.pendPrev, e.sinceRead = 0, 0, 0
-	e.flags = e.flags&^flagSynced | flagFloor
+	e.flags = e.flags&^(flagSynced|flagLeaving) | flagFloor
 }
 
 // window lists this instance's admits in the ring, slot by slot, for a key

@@ -62,6 +62,11 @@ func (e *Engine) Close(timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	_ = e.Reconcile(ctx)
+	if !e.solo && e.members.Load() > 0 {
+		// Leave the fleet now rather than when the heartbeat lapses: the
+		// others' floor shares grow at their next heartbeat.
+		_, _ = e.store.Heartbeat(ctx, e.membersKey, e.member, time.Now().UnixMilli(), 0)
+	}
 }
 
 func (e *Engine) run() {
@@ -137,12 +142,31 @@ func (e *Engine) timedPass(early bool) {
 // failed heartbeat keeps the size last learned: the pass that follows finds
 // out whether the store is down.
 func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
-	if e.solo {
+	if e.solo || len(*e.zones.Load()) == 0 {
+		return // no fleet limit here: nothing for the fleet to know
+	}
+	seen, err := e.store.Heartbeat(ctx, e.membersKey, e.member, nowMs, time.Duration(e.staleAfter()))
+	if err != nil {
+		// With every key on its floor share, the heartbeat is the only call:
+		// it tells whether the store is reachable.
+		e.storeFailed(err)
 		return
 	}
-	n, err := e.store.Heartbeat(ctx, e.membersKey, e.member, nowMs, time.Duration(e.staleAfter()))
-	if err == nil && n > 0 {
-		e.members.Store(n)
+	e.storeOK()
+	if seen > 0 {
+		// A smaller fleet counts from the second heartbeat that sees it: a
+		// store that restarted empty sees the live instances come back one
+		// by one within an interval, and a floor share taken meanwhile
+		// would be too large.
+		n := max(seen, e.lastSeenMembers)
+		e.lastSeenMembers = seen
+		if e.members.Swap(n) == 0 {
+			// Just joined: for a while, keys new here are read before they
+			// go on their floor share, so that a key already hot elsewhere
+			// is synced at once rather than after three quarters of a floor
+			// share (meanwhile the others hold that share back for it).
+			e.warmUntil.Store(nowMs*int64(time.Millisecond) + warmUp(e.staleAfter()))
+		}
 	}
 }
 
@@ -247,6 +271,18 @@ func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []pl
 	defer s.mu.Unlock()
 	for h, idx := range s.active {
 		en, ring := z.arena.at(idx)
+		if en.flags&flagLeaving != 0 && now-en.leftAt >= e.leaveAfter() && en.flags&flagQueued == 0 {
+			// Every other instance has read since it left: they hold its
+			// floor share back for it now. It may use it if the fleet's
+			// count still leaves room for every floor share; if the key got
+			// busy meanwhile, it stays synced (its next step registers it).
+			en.advance(ring, z.slots.Of(now))
+			if used, _ := en.scan(ring); en.fresh(now, staleAfter) && used+e.members.Load()*e.floor(z.events.Load()) <= z.events.Load() {
+				z.toFloor(s, h, en, ring)
+				continue
+			}
+			en.flags &^= flagLeaving
+		}
 		if en.pending() || en.demand > 0 || now-en.lastSeen < staleAfter {
 			p, st := e.claim(z, h, en, ring, now)
 			plans, steps = append(plans, p), append(steps, st)
@@ -254,6 +290,12 @@ func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []pl
 	}
 	return plans, steps
 }
+
+// leaveAfter is how long a key that left stays synced (pushing its admits
+// while deregistered) before it goes on its floor share: two intervals, so
+// that every other instance that syncs the key has read that it left
+// (passes are jittered by 10%) and holds back its floor share.
+func (e *Engine) leaveAfter() int64 { return 2 * e.interval.Load() }
 
 // claimQueued plans the keys queued for an early sync.
 func (e *Engine) claimQueued(now int64) ([]plan, []Step) {
@@ -304,6 +346,16 @@ func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now in
 		en.advance(ring, z.slots.Of(now))
 		st.Window = en.window(ring)
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
+	case en.flags&flagSynced == 0 && e.floor(z.events.Load()) > 0:
+		// Tracked before it could go on a floor share (joining, or the
+		// fleet's size not known yet): sync it, and let the fleet's count
+		// say whether it may leave.
+		p.join = true
+		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
+	case en.flags&flagLeaving != 0:
+		// Deregistered, and still pushing its admits until the others have
+		// read that it left (see leaveAfter).
+		st.Member, st.Now = e.member, now/int64(time.Millisecond)
 	case en.flags&flagSynced != 0:
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 		en.advance(ring, z.slots.Of(now))
@@ -333,8 +385,8 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	en.advance(ring, z.slots.Of(now))
 	switch {
 	case p.leave:
-		z.toFloor(s, p.hash, en, ring)
-		return
+		en.flags |= flagLeaving
+		en.leftAt = now
 	case p.join:
 		z.toSynced(s, p.hash, en)
 	}

@@ -159,7 +159,7 @@ func (z *Zone) toFloor(s *shard, h keyhash.Hash, e *entry, ring []uint32) {
 
 // toSynced marks the key h of the locked shard s as synced by this instance.
 func (z *Zone) toSynced(s *shard, h keyhash.Hash, e *entry) {
-	e.flags = e.flags&^flagFloor | flagSynced
+	e.flags = e.flags&^(flagFloor|flagLeaving) | flagSynced
 	s.active[h] = s.entries[h]
 }
 
