@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -224,6 +225,13 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 	z.events.Store(l.Events)
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
+	if e.members.Load() == 0 && e.started.Load() {
+		// The first zone of a running engine: join the fleet now, so that
+		// the first requests already have their floor shares.
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		e.heartbeat(ctx, time.Now().UnixMilli())
+		cancel()
+	}
 	return z
 }
 
@@ -353,7 +361,7 @@ func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedS
 	case used >= events:
 		v.Fleet = true
 		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-events+1))
-	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor):
+	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor, now):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
 	case near && !onFloor && !e.shareAdmits(c.Zone, c.Key, en, events, used, now, staleAfter):
@@ -378,22 +386,23 @@ func (e *Engine) floorIf(near bool, l *Limit) int64 {
 }
 
 // newOnFloor reports whether a key new to this instance starts on its floor
-// share, which it does unless the instance has just joined the fleet.
-func (e *Engine) newOnFloor(floor, now int64) bool {
-	return floor > 0 && now >= e.warmUntil.Load()
-}
+// share: whenever there is one.
+func (e *Engine) newOnFloor(floor, now int64) bool { return floor > 0 }
 
-// warmUp is how long a joining instance reads keys new to it before putting
-// them on their floor share: long enough for the keys in use to be
-// requested.
-func warmUp(staleAfter int64) int64 { return staleAfter }
+// warmUp is how long after joining a key's second request syncs it (see
+// floorAdmits): two intervals, long enough for the keys busy elsewhere to be
+// requested here twice, short enough that few cold keys are.
+func warmUp(interval int64) int64 { return 2 * interval }
 
 // floorAdmits admits a key on its floor share while this instance's own
 // admits in the window stay under it; from three quarters of it on, the key
 // is queued to start syncing (push its admits, register, read the fleet's
-// counts), early enough that it rarely meets the floor.
-func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor int64) bool {
-	if (used+1)*4 >= 3*floor {
+// counts), early enough that it rarely meets the floor. Just after this
+// instance joined, a key's second request queues it too: a key busy here is
+// likely busy elsewhere, where the others hold a floor share back for this
+// instance until it syncs the key.
+func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor, now int64) bool {
+	if (used+1)*4 >= 3*floor || used >= 1 && now < e.warmUntil.Load() {
 		e.enqueue(z, h, en)
 	}
 	return used < floor

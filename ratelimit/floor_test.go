@@ -196,7 +196,7 @@ func TestAHotInstanceLeavesTheOthersTheirFloorShare(t *testing.T) {
 	}
 	// It may stop a little short of that: the near-limit share keeps some
 	// headroom back.
-	if want := events - 3*80; hot < want*9/10 || hot > want {
+	if want := events - 3*80; hot < want*3/4 || hot > want {
 		t.Fatalf("the hot instance admitted %d, want the limit less the others' shares (%d) or a little less", hot, want)
 	}
 }
@@ -212,6 +212,7 @@ func TestARegistrationOfAKilledInstanceLapses(t *testing.T) {
 	now := time.Now().UnixNano()
 	f.tick(now, true)
 	f.tick(now, true) // a fleet of 2
+	now = a.e.warmUntil.Load()
 	// a takes the key past three quarters of its floor share (400 at N=2):
 	// it starts syncing.
 	for range 320 {

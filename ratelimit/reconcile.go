@@ -165,7 +165,7 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 			// go on their floor share, so that a key already hot elsewhere
 			// is synced at once rather than after three quarters of a floor
 			// share (meanwhile the others hold that share back for it).
-			e.warmUntil.Store(nowMs*int64(time.Millisecond) + warmUp(e.staleAfter()))
+			e.warmUntil.Store(nowMs*int64(time.Millisecond) + warmUp(e.interval.Load()))
 		}
 	}
 }
@@ -291,6 +291,14 @@ func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []pl
 	return plans, steps
 }
 
+// busy reports whether the fleet's count of a key, as last read, is a
+// quarter of its floor share or more: too much to go on it.
+func busy(en *entry, ring []uint32, z *Zone, now, floor int64) bool {
+	en.advance(ring, z.slots.Of(now))
+	used, _ := en.scan(ring)
+	return used*4 >= floor
+}
+
 // leaveAfter is how long a key that left stays synced (pushing its admits
 // while deregistered) before it goes on its floor share: two intervals, so
 // that every other instance that syncs the key has read that it left
@@ -346,10 +354,10 @@ func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now in
 		en.advance(ring, z.slots.Of(now))
 		st.Window = en.window(ring)
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
-	case en.flags&flagSynced == 0 && e.floor(z.events.Load()) > 0:
-		// Tracked before it could go on a floor share (joining, or the
-		// fleet's size not known yet): sync it, and let the fleet's count
-		// say whether it may leave.
+	case en.flags&flagSynced == 0 && en.readAt > 0 && e.floor(z.events.Load()) > 0 && busy(en, ring, z, now, e.floor(z.events.Load())):
+		// Tracked before it could go on a floor share (the fleet's size
+		// not known yet), and found busy by a read: sync it. One found
+		// idle goes on its floor share when this step's reply is merged.
 		p.join = true
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 	case en.flags&flagLeaving != 0:
@@ -431,6 +439,15 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	}
 	en.fleetDemand = uint32(r.Demand)
 	en.readAt = now
+	if en.flags&(flagFloor|flagSynced) == 0 {
+		// Read before it could go on a floor share: it goes there now if
+		// the fleet's count is small, as for a leave (it never registered,
+		// so the others already hold its share back for it).
+		events, floor := z.events.Load(), e.floor(z.events.Load())
+		if used, _ := en.scan(ring); floor > 0 && used*4 < floor && used+e.members.Load()*floor <= events {
+			z.toFloor(s, p.hash, en, ring)
+		}
+	}
 }
 
 func abs(v int64) int64 {
