@@ -389,20 +389,20 @@ func (e *Engine) floorIf(near bool, l *Limit) int64 {
 // share: whenever there is one.
 func (e *Engine) newOnFloor(floor, now int64) bool { return floor > 0 }
 
-// warmUp is how long after joining a key's second request syncs it (see
-// floorAdmits): two intervals, long enough for the keys busy elsewhere to be
-// requested here twice, short enough that few cold keys are.
-func warmUp(interval int64) int64 { return 2 * interval }
+// warmUp is how long after joining an eighth of a key's floor share syncs it
+// (see floorAdmits): as long as a read is trusted, long enough for a key busy
+// elsewhere to be requested that often here.
+func warmUp(staleAfter int64) int64 { return staleAfter }
 
 // floorAdmits admits a key on its floor share while this instance's own
 // admits in the window stay under it; from three quarters of it on, the key
 // is queued to start syncing (push its admits, register, read the fleet's
 // counts), early enough that it rarely meets the floor. Just after this
-// instance joined, a key's second request queues it too: a key busy here is
-// likely busy elsewhere, where the others hold a floor share back for this
-// instance until it syncs the key.
+// instance joined, an eighth of its floor share queues it too: a key busy
+// here is likely busy elsewhere, where the others hold a floor share back
+// for this instance until it syncs the key.
 func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor, now int64) bool {
-	if (used+1)*4 >= 3*floor || used >= 1 && now < e.warmUntil.Load() {
+	if (used+1)*4 >= 3*floor || (used+1)*8 >= floor && now < e.warmUntil.Load() {
 		e.enqueue(z, h, en)
 	}
 	return used < floor

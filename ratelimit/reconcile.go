@@ -165,7 +165,7 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 			// go on their floor share, so that a key already hot elsewhere
 			// is synced at once rather than after three quarters of a floor
 			// share (meanwhile the others hold that share back for it).
-			e.warmUntil.Store(nowMs*int64(time.Millisecond) + warmUp(e.interval.Load()))
+			e.warmUntil.Store(nowMs*int64(time.Millisecond) + warmUp(e.staleAfter()))
 		}
 	}
 }
