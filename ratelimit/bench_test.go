@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"runtime"
 	"strconv"
 	"testing"
@@ -143,5 +144,41 @@ func TestAllowExistingKeyDoesNotAllocate(t *testing.T) {
 	})
 	if n != 0 {
 		t.Fatalf("Allow on an existing key allocates %v times, want 0", n)
+	}
+}
+
+// BenchmarkPassWithKeysOnTheirFloor is one full reconcile pass of a fleet
+// instance tracking 100k or 1M keys on their floor share, plus one synced
+// key: the pass visits only the synced one.
+func BenchmarkPassWithKeysOnTheirFloor(b *testing.B) {
+	for _, keys := range []int{100_000, 1_000_000} {
+		b.Run(strconv.Itoa(keys), func(b *testing.B) {
+			store := NewMemoryStore()
+			e := newEngine(b, Options{Store: store, Prefix: "bench", SyncInterval: 100 * time.Millisecond})
+			l := mustLimit(b, 1000, 10*time.Second, 0)
+			z := e.Zone("z", l)
+			z.SetMaxKeys(int64(keys) + 1)
+			now := time.Now().UnixNano()
+			e.heartbeat(context.Background(), now/int64(time.Millisecond))
+			now = e.warmUntil.Load()
+			checks := []Check{{Zone: z, Limit: l}}
+			out := make([]Verdict, 1)
+			for i := range keys {
+				checks[0].Key = keyhash.Of("key-" + strconv.Itoa(i))
+				e.Allow(now, checks, out)
+			}
+			for range 700 { // past three quarters of its floor share (800): it syncs
+				checks[0].Key = keyhash.Of("hot")
+				e.Allow(now, checks, out)
+			}
+			ctx := context.Background()
+			_ = e.pass(ctx, now, true)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := e.pass(ctx, now, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

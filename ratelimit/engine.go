@@ -1,7 +1,9 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,6 +91,17 @@ type Engine struct {
 
 	passMu sync.Mutex // one reconcile pass (or eviction) at a time
 
+	// member is this instance's number in the fleet's membership, and
+	// members the fleet's size as of the last heartbeat (0: not known yet,
+	// and then no key admits on a floor share).
+	member     int64
+	members    atomic.Int64
+	membersKey string
+	warmUntil  atomic.Int64 // Unix ns: until then keys new here are read first
+	// lastSeenMembers is the fleet's size the last heartbeat saw (the
+	// reconciler's goroutine alone uses it).
+	lastSeenMembers int64
+
 	// Keys queued for an early sync; kick wakes the reconciler for them.
 	queueMu sync.Mutex
 	queue   []queued
@@ -112,17 +125,19 @@ func NewEngine(o Options) (*Engine, error) {
 		o.Logger = zap.NewNop()
 	}
 	e := &Engine{
-		store:   o.Store,
-		prefix:  o.Prefix,
-		idleTTL: o.IdleTTL,
-		log:     o.Logger,
-		onPass:  o.OnPass,
-		onEarly: o.OnEarlySync,
-		onPanic: o.OnPanic,
-		solo:    o.Solo,
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-		kick:    make(chan struct{}, 1),
+		store:      o.Store,
+		prefix:     o.Prefix,
+		idleTTL:    o.IdleTTL,
+		log:        o.Logger,
+		onPass:     o.OnPass,
+		onEarly:    o.OnEarlySync,
+		onPanic:    o.OnPanic,
+		member:     1 + rand.Int64N(1<<53-1),
+		membersKey: o.Prefix + ":rl:members",
+		solo:       o.Solo,
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+		kick:       make(chan struct{}, 1),
 	}
 	e.SetSyncInterval(o.SyncInterval)
 	e.SetNearLimit(!o.FixedInterval)
@@ -150,6 +165,33 @@ func (e *Engine) NearLimit() bool { return e.nearLimit.Load() }
 // SyncInterval is the reconciler's period.
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }
 
+// floorFraction is the part of a key's limit the instances share as floor
+// shares: each of N live instances may admit floorFraction × events / N of a
+// key in any window without telling the store. The rest is for the
+// instances that sync the key.
+const floorFraction = 0.8
+
+// floor is this instance's floor share of l's limit, or 0 when there is none
+// (a solo engine, a fleet whose size is not known yet, or a share too small
+// to spare the store a sync).
+func (e *Engine) floor(events int64) int64 {
+	n := e.members.Load()
+	if n <= 0 || !e.nearLimit.Load() {
+		return 0
+	}
+	f := int64(floorFraction * float64(events) / float64(n))
+	if f < 4 {
+		return 0
+	}
+	return f
+}
+
+// memberTTL is how long a key's registration as synced by this instance
+// lasts without being renewed by a pass.
+func (e *Engine) memberTTL() time.Duration {
+	return time.Duration(4 * e.interval.Load())
+}
+
 // staleAfter is how long a read of the fleet's counts is trusted: past it the
 // store is taken as unreachable (if it is) or the key as idle.
 func (e *Engine) staleAfter() int64 {
@@ -169,17 +211,27 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 		return nil
 	}
 	if z := find(*e.zones.Load()); z != nil {
+		z.events.Store(l.Events)
 		return z
 	}
 	e.zonesMu.Lock()
 	defer e.zonesMu.Unlock()
 	cur := *e.zones.Load()
 	if z := find(cur); z != nil {
+		z.events.Store(l.Events)
 		return z
 	}
 	z := newZone(e.prefix, name, len(cur), l.slots)
+	z.events.Store(l.Events)
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
+	if e.members.Load() == 0 && e.started.Load() {
+		// The first zone of a running engine: join the fleet now, so that
+		// the first requests already have their floor shares.
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		e.heartbeat(ctx, time.Now().UnixMilli())
+		cancel()
+	}
 	return z
 }
 
@@ -227,8 +279,9 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 	if len(checks) == 1 {
 		// The usual single zone, without the stack arrays of the general case.
 		c, v := &checks[0], &out[0]
-		s, en, ring, untracked := c.Zone.lock(c.Key, now)
-		tat, oldest := e.judge(c, en, ring, untracked, now, staleAfter, near, v)
+		floor := e.floorIf(near, c.Limit)
+		s, en, ring, untracked := c.Zone.lock(c.Key, now, e.newOnFloor(floor, now))
+		tat, oldest := e.judge(c, en, ring, untracked, now, staleAfter, floor, near, v)
 		if v.Allowed {
 			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
 		}
@@ -255,8 +308,9 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	denied := -1
 	for i := range checks {
 		c := &checks[i]
-		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now)
-		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], untracked[i], now, staleAfter, near, &out[i])
+		floor := e.floorIf(near, c.Limit)
+		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now, e.newOnFloor(floor, now))
+		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], untracked[i], now, staleAfter, floor, near, &out[i])
 		if !out[i].Allowed && denied < 0 {
 			denied = i
 		}
@@ -277,31 +331,81 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 // and ring, or, when the zone does not track it (en nil), its untracked
 // local cap. It returns the GCRA state to record and the oldest slot that
 // counts. The caller holds the key's shard lock.
-func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter int64, near bool, v *Verdict) (tat, oldest int64) {
+func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
 	l := c.Limit
 	if en == nil {
 		return judgeUntracked(l, untracked, now, v), 0
 	}
 	en.advance(ring, l.slots.Of(now))
+	events := l.Events
+	if near {
+		if en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
+			// Idle for so long that its registration has lapsed, and its
+			// read is stale: it reads again before it syncs again, or goes
+			// on its floor share.
+			en.flags &^= flagSynced | flagLeaving
+		}
+		if en.flags&flagFloor == 0 {
+			// Every live instance that does not sync the key may hold its
+			// floor share unreported.
+			events -= max(e.members.Load()-1-int64(en.syncing), 0) * floor
+		}
+	}
 	en.lastSeen = now
 	en.demand++
 	used, oldest := en.scan(ring)
 	g := gcraCheck(en.tat, now, l)
 	*v = Verdict{}
+	onFloor := near && en.flags&flagFloor != 0
 	switch {
-	case used >= l.Events:
+	case used >= events:
 		v.Fleet = true
-		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-l.Events+1))
-	case near && !e.shareAdmits(c.Zone, c.Key, en, l, used, now, staleAfter):
+		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-events+1))
+	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor, now):
+		v.Fleet = true
+		v.RetryAfter = time.Duration(e.interval.Load())
+	case near && !onFloor && !e.shareAdmits(c.Zone, c.Key, en, events, used, now, staleAfter):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
 	case !g.allowed:
 		v.RetryAfter = time.Duration(g.retryAfter)
 	default:
 		v.Allowed = true
-		v.Remaining = max(min(g.remaining, l.Events-used-1), 0)
+		v.Remaining = max(min(g.remaining, events-used-1), 0)
 	}
 	return g.newTAT, oldest
+}
+
+// floorIf is the floor share of l when the near-limit mechanisms are on
+// (near), else 0.
+func (e *Engine) floorIf(near bool, l *Limit) int64 {
+	if !near {
+		return 0
+	}
+	return e.floor(l.Events)
+}
+
+// newOnFloor reports whether a key new to this instance starts on its floor
+// share: whenever there is one.
+func (e *Engine) newOnFloor(floor, now int64) bool { return floor > 0 }
+
+// warmUp is how long after joining an eighth of a key's floor share syncs it
+// (see floorAdmits): as long as a read is trusted, long enough for a key busy
+// elsewhere to be requested that often here.
+func warmUp(staleAfter int64) int64 { return staleAfter }
+
+// floorAdmits admits a key on its floor share while this instance's own
+// admits in the window stay under it; from three quarters of it on, the key
+// is queued to start syncing (push its admits, register, read the fleet's
+// counts), early enough that it rarely meets the floor. Just after this
+// instance joined, an eighth of its floor share queues it too: a key busy
+// here is likely busy elsewhere, where the others hold a floor share back
+// for this instance until it syncs the key.
+func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor, now int64) bool {
+	if (used+1)*4 >= 3*floor || (used+1)*8 >= floor && now < e.warmUntil.Load() {
+		e.enqueue(z, h, en)
+	}
+	return used < floor
 }
 
 // judgeUntracked decides a request of a key the zone does not track: by the
@@ -339,16 +443,16 @@ func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, 
 // meanwhile; a key whose fleet headroom is small against the fleet's demand
 // admits only this instance's share of it until the next read; a key that has
 // spent half of what it may spend is queued for an early sync.
-func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, l *Limit, used, now, staleAfter int64) bool {
+func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, events, used, now, staleAfter int64) bool {
 	since := int64(en.sinceRead)
 	var allowance int64
 	if !en.fresh(now, staleAfter) {
 		e.enqueue(z, h, en)
-		allowance = ceilFraction(l.Events, firstShare)
+		allowance = ceilFraction(events, firstShare)
 	} else {
 		// The fleet's headroom as of the last read, plus what has left the
 		// window since.
-		headroom := l.Events - used + since
+		headroom := events - used + since
 		allowance = headroom
 		// If the fleet could spend the headroom within two intervals (until
 		// the next read, plus what the others admitted since their last push),

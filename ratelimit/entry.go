@@ -20,6 +20,7 @@ type entry struct {
 	tat      int64 // GCRA theoretical arrival time, Unix ns
 	lastSeen int64 // last request for the key, Unix ns
 	readAt   int64 // last successful read of the fleet's counts, Unix ns; before the first, minus the first request's time
+	leftAt   int64 // when the key deregistered (flagLeaving), Unix ns
 	head     int64 // the slot of ring's newest count
 
 	pendCur  uint32 // unclaimed admits in slot head
@@ -33,12 +34,27 @@ type entry struct {
 	// ratio is this instance's share, and the fleet's tells how much it may
 	// admit before the next reads.
 	ownRate, fleetRate float32
-	flags              uint8
+	// syncing is how many other instances were registered as syncing the
+	// key at the last read: each of the rest may hold its floor share
+	// unreported (see Engine.floor).
+	syncing uint16
+	flags   uint8
 }
 
 const (
 	flagQueued uint8 = 1 << iota // waiting in the engine's early-sync queue
 	flagRated                    // ownRate and fleetRate hold a measurement
+	// flagFloor: the key admits within this instance's floor share without
+	// the store; its ring holds this instance's admits since it entered
+	// floor mode, none of them pushed.
+	flagFloor
+	// flagSynced: this instance is registered with the store as syncing the
+	// key; its admits are pushed and the fleet's counts read, as in the
+	// near-limit mechanisms.
+	flagSynced
+	// flagLeaving: a synced key that deregistered at leftAt; it stays
+	// synced until the others have read so.
+	flagLeaving
 )
 
 // demandHorizon is the time constant of the demand rates, in sync intervals:
@@ -111,10 +127,37 @@ func sumCounts(counts []uint32) uint64 {
 	return sum
 }
 
-// pending reports whether the entry holds admits the store has not seen, or
-// waits for an early sync.
+// pending reports whether the entry holds admits to push, or waits for an
+// early sync. A key on its floor share pushes nothing until it starts
+// syncing: its admits are covered by the share the others leave it.
 func (e *entry) pending() bool {
-	return e.pendCur|e.pendPrev != 0 || e.flags&flagQueued != 0
+	return e.pendCur|e.pendPrev != 0 && e.flags&flagFloor == 0 || e.flags&flagQueued != 0
+}
+
+// toFloor puts a synced key back on its floor share: its ring then counts
+// only this instance's admits from now on (those before are the fleet's,
+// pushed), starting with the unpushed ones. The caller has deregistered the
+// key, or its registration has lapsed.
+func (e *entry) toFloor(ring []uint32) {
+	clear(ring)
+	n := int64(len(ring))
+	ring[slotIndex(e.head, n)] = e.pendCur
+	ring[slotIndex(e.head-1, n)] = e.pendPrev
+	e.pendCur, e.pendPrev, e.sinceRead = 0, 0, 0
+	e.flags = e.flags&^(flagSynced|flagLeaving) | flagFloor
+}
+
+// window lists this instance's admits in the ring, slot by slot, for a key
+// that starts syncing after admitting on its floor share.
+func (e *entry) window(ring []uint32) []SlotCount {
+	n := int64(len(ring))
+	var out []SlotCount
+	for slot := e.head - n + 1; slot <= e.head; slot++ {
+		if c := ring[slotIndex(slot, n)]; c != 0 {
+			out = append(out, SlotCount{Slot: slot, Count: int64(c)})
+		}
+	}
+	return out
 }
 
 // untilFree returns how long until the count at head has dropped by need, as

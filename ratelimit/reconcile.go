@@ -22,6 +22,10 @@ type plan struct {
 	hash   keyhash.Hash
 	demand uint32 // this instance's demand pushed by the step
 	readAt int64  // the entry's previous read (see entry.readAt)
+	// join: the step pushes a floor-share key's admits and registers it as
+	// synced; leave: it deregisters a synced key that went back under its
+	// floor share.
+	join, leave bool
 }
 
 // Start runs the reconciler in the background until Close. Calling it again
@@ -34,6 +38,8 @@ func (e *Engine) Start() {
 			ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 			if err := p.Ping(ctx); err != nil {
 				e.storeFailed(err)
+			} else {
+				e.heartbeat(ctx, time.Now().UnixMilli())
 			}
 			cancel()
 		}
@@ -56,6 +62,11 @@ func (e *Engine) Close(timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	_ = e.Reconcile(ctx)
+	if !e.solo && e.members.Load() > 0 {
+		// Leave the fleet now rather than when the heartbeat lapses: the
+		// others' floor shares grow at their next heartbeat.
+		_, _ = e.store.Heartbeat(ctx, e.membersKey, e.member, time.Now().UnixMilli(), 0)
+	}
 }
 
 func (e *Engine) run() {
@@ -120,7 +131,43 @@ func (e *Engine) timedPass(early bool) {
 	// from calling a briefly busy store dead).
 	ctx, cancel := context.WithTimeout(context.Background(), passTimeout(time.Duration(e.interval.Load())))
 	defer cancel()
+	if !early {
+		e.heartbeat(ctx, time.Now().UnixMilli())
+	}
 	_ = e.pass(ctx, time.Now().UnixNano(), early)
+}
+
+// heartbeat tells the store this instance is live and learns the fleet's
+// size, which sets every key's floor share. A solo engine has no fleet. A
+// failed heartbeat keeps the size last learned: the pass that follows finds
+// out whether the store is down.
+func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
+	if e.solo || len(*e.zones.Load()) == 0 {
+		return // no fleet limit here: nothing for the fleet to know
+	}
+	seen, err := e.store.Heartbeat(ctx, e.membersKey, e.member, nowMs, time.Duration(e.staleAfter()))
+	if err != nil {
+		// With every key on its floor share, the heartbeat is the only call:
+		// it tells whether the store is reachable.
+		e.storeFailed(err)
+		return
+	}
+	e.storeOK()
+	if seen > 0 {
+		// A smaller fleet counts from the second heartbeat that sees it: a
+		// store that restarted empty sees the live instances come back one
+		// by one within an interval, and a floor share taken meanwhile
+		// would be too large.
+		n := max(seen, e.lastSeenMembers)
+		e.lastSeenMembers = seen
+		if e.members.Swap(n) == 0 {
+			// Just joined: for a while, keys new here are read before they
+			// go on their floor share, so that a key already hot elsewhere
+			// is synced at once rather than after three quarters of a floor
+			// share (meanwhile the others hold that share back for it).
+			e.warmUntil.Store(nowMs*int64(time.Millisecond) + warmUp(e.staleAfter()))
+		}
+	}
 }
 
 // passTimeout bounds one reconcile pass: one interval, at least 200ms, at
@@ -210,7 +257,7 @@ func (e *Engine) claimActive(now int64) ([]plan, []Step) {
 	var steps []Step
 	for _, z := range *e.zones.Load() {
 		for i := range z.shards {
-			plans, steps = claimShard(z, &z.shards[i], now, staleAfter, plans, steps)
+			plans, steps = e.claimShard(z, &z.shards[i], now, staleAfter, plans, steps)
 		}
 	}
 	return plans, steps
@@ -219,18 +266,44 @@ func (e *Engine) claimActive(now int64) ([]plan, []Step) {
 // claimShard appends the active keys of one shard. The unlock is deferred so
 // that a recovered panic (see safely) never leaves the shard locked for the
 // request path.
-func claimShard(z *Zone, s *shard, now, staleAfter int64, plans []plan, steps []Step) ([]plan, []Step) {
+func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []plan, steps []Step) ([]plan, []Step) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for h, idx := range s.entries {
-		en, _ := z.arena.at(idx)
+	for h, idx := range s.active {
+		en, ring := z.arena.at(idx)
+		if en.flags&flagLeaving != 0 && now-en.leftAt >= e.leaveAfter() && en.flags&flagQueued == 0 {
+			// Every other instance has read since it left: they hold its
+			// floor share back for it now. It may use it if the fleet's
+			// count still leaves room for every floor share; if the key got
+			// busy meanwhile, it stays synced (its next step registers it).
+			en.advance(ring, z.slots.Of(now))
+			if used, _ := en.scan(ring); en.fresh(now, staleAfter) && used+e.members.Load()*e.floor(z.events.Load()) <= z.events.Load() {
+				z.toFloor(s, h, en, ring)
+				continue
+			}
+			en.flags &^= flagLeaving
+		}
 		if en.pending() || en.demand > 0 || now-en.lastSeen < staleAfter {
-			p, st := claim(z, h, en, now)
+			p, st := e.claim(z, h, en, ring, now)
 			plans, steps = append(plans, p), append(steps, st)
 		}
 	}
 	return plans, steps
 }
+
+// busy reports whether the fleet's count of a key, as last read, is a
+// quarter of its floor share or more: too much to go on it.
+func busy(en *entry, ring []uint32, z *Zone, now, floor int64) bool {
+	en.advance(ring, z.slots.Of(now))
+	used, _ := en.scan(ring)
+	return used*4 >= floor
+}
+
+// leaveAfter is how long a key that left stays synced (pushing its admits
+// while deregistered) before it goes on its floor share: two intervals, so
+// that every other instance that syncs the key has read that it left
+// (passes are jittered by 10%) and holds back its floor share.
+func (e *Engine) leaveAfter() int64 { return 2 * e.interval.Load() }
 
 // claimQueued plans the keys queued for an early sync.
 func (e *Engine) claimQueued(now int64) ([]plan, []Step) {
@@ -241,7 +314,7 @@ func (e *Engine) claimQueued(now int64) ([]plan, []Step) {
 	plans := make([]plan, 0, len(q))
 	steps := make([]Step, 0, len(q))
 	for _, k := range q {
-		if p, st, ok := claimQueuedKey(k, now); ok {
+		if p, st, ok := e.claimQueuedKey(k, now); ok {
 			plans, steps = append(plans, p), append(steps, st)
 		}
 	}
@@ -249,20 +322,23 @@ func (e *Engine) claimQueued(now int64) ([]plan, []Step) {
 }
 
 // claimQueuedKey claims one queued key if it is still queued.
-func claimQueuedKey(k queued, now int64) (plan, Step, bool) {
+func (e *Engine) claimQueuedKey(k queued, now int64) (plan, Step, bool) {
 	s := k.zone.shardOf(k.hash)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if en, _ := k.zone.lookup(s, k.hash); en != nil && en.flags&flagQueued != 0 {
-		p, st := claim(k.zone, k.hash, en, now)
+	if en, ring := k.zone.lookup(s, k.hash); en != nil && en.flags&flagQueued != 0 {
+		p, st := e.claim(k.zone, k.hash, en, ring, now)
 		return p, st, true
 	}
 	return plan{}, Step{}, false
 }
 
-// claim takes the key's unpushed admits and demand into a step. The caller
-// holds the key's shard lock.
-func claim(z *Zone, h keyhash.Hash, en *entry, now int64) (plan, Step) {
+// claim takes the key's unpushed admits and demand into a step. A key on its
+// floor share pushes its admits in the window and registers as synced; a
+// synced key renews its registration, or gives it up when the fleet's count
+// has fallen under a quarter of its floor share. The caller holds the key's
+// shard lock.
+func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now int64) (plan, Step) {
 	p := plan{zone: z, hash: h, demand: en.demand, readAt: en.readAt}
 	st := Step{
 		Key:    z.storeKey(h),
@@ -270,6 +346,30 @@ func claim(z *Zone, h keyhash.Hash, en *entry, now int64) (plan, Step) {
 		Demand: int64(en.demand),
 		Oldest: z.slots.Oldest(now),
 		TTL:    time.Duration(2 * z.slots.N * z.slots.Len),
+	}
+	switch {
+	case en.flags&flagFloor != 0:
+		p.join = true
+		st.Adds = [2]SlotCount{}
+		en.advance(ring, z.slots.Of(now))
+		st.Window = en.window(ring)
+		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
+	case en.flags&flagSynced == 0 && en.readAt > 0 && e.floor(z.events.Load()) > 0 && busy(en, ring, z, now, e.floor(z.events.Load())):
+		// Tracked before it could go on a floor share (the fleet's size
+		// not known yet), and found busy by a read: sync it. One found
+		// idle goes on its floor share when this step's reply is merged.
+		p.join = true
+		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
+	case en.flags&flagLeaving != 0:
+		// Deregistered, and still pushing its admits until the others have
+		// read that it left (see leaveAfter).
+		st.Member, st.Now = e.member, now/int64(time.Millisecond)
+	case en.flags&flagSynced != 0:
+		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
+		en.advance(ring, z.slots.Of(now))
+		if used, _ := en.scan(ring); used*4 < e.floor(z.events.Load()) && en.fresh(now, e.staleAfter()) {
+			p.leave, st.MemberTTL = true, 0
+		}
 	}
 	en.pendCur, en.pendPrev, en.demand = 0, 0, 0
 	en.flags &^= flagQueued
@@ -291,6 +391,14 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 		return
 	}
 	en.advance(ring, z.slots.Of(now))
+	switch {
+	case p.leave:
+		en.flags |= flagLeaving
+		en.leftAt = now
+	case p.join:
+		z.toSynced(s, p.hash, en)
+	}
+	en.syncing = uint16(min(r.Syncing, math.MaxUint16))
 	n := int64(len(ring))
 	for _, sc := range r.Slots {
 		if sc.Slot > en.head || sc.Slot <= en.head-n {
@@ -331,6 +439,15 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	}
 	en.fleetDemand = uint32(r.Demand)
 	en.readAt = now
+	if en.flags&(flagFloor|flagSynced) == 0 {
+		// Read before it could go on a floor share: it goes there now if
+		// the fleet's count is small, as for a leave (it never registered,
+		// so the others already hold its share back for it).
+		events, floor := z.events.Load(), e.floor(z.events.Load())
+		if used, _ := en.scan(ring); floor > 0 && used*4 < floor && used+e.members.Load()*floor <= events {
+			z.toFloor(s, p.hash, en, ring)
+		}
+	}
 }
 
 func abs(v int64) int64 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -15,6 +16,11 @@ import (
 var syncLua string
 
 var syncScript = redis.NewScript(syncLua)
+
+//go:embed heartbeat.lua
+var heartbeatLua string
+
+var heartbeatScript = redis.NewScript(heartbeatLua)
 
 // RedisStore keeps the fleet's slot counts in Redis (standalone, Sentinel or
 // Cluster, through go-redis's UniversalClient): one hash per zone and key,
@@ -72,6 +78,15 @@ func (r *RedisStore) Sync(ctx context.Context, steps []Step, replies []Reply) er
 	return nil
 }
 
+// Heartbeat implements SlotStore.
+func (r *RedisStore) Heartbeat(ctx context.Context, key string, member, now int64, ttl time.Duration) (int64, error) {
+	n, err := heartbeatScript.Run(ctx, r.client, []string{key}, member, now, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("fleet heartbeat: %w", err)
+	}
+	return n, nil
+}
+
 // Ping checks that the store answers.
 func (r *RedisStore) Ping(ctx context.Context) error {
 	if err := r.client.Ping(ctx).Err(); err != nil {
@@ -96,11 +111,13 @@ func (r *RedisStore) run(ctx context.Context, steps []Step, replies []Reply, tod
 	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
 			st := &steps[i]
-			args := make([]any, 0, 7)
-			args = append(args, st.Oldest, st.TTL.Milliseconds(), st.Demand)
-			for _, a := range st.Adds {
-				if a.Count > 0 {
-					args = append(args, a.Slot, a.Count)
+			args := make([]any, 0, 10+2*len(st.Window))
+			args = append(args, st.Oldest, st.TTL.Milliseconds(), st.Demand, st.Member, st.Now, st.MemberTTL.Milliseconds())
+			for _, adds := range [2][]SlotCount{st.Adds[:], st.Window} {
+				for _, a := range adds {
+					if a.Count > 0 {
+						args = append(args, a.Slot, a.Count)
+					}
 				}
 			}
 			cmds[j] = syncScript.EvalSha(ctx, p, []string{st.Key}, args...)
@@ -123,7 +140,7 @@ func (r *RedisStore) run(ctx context.Context, steps []Step, replies []Reply, tod
 
 func parseReply(key string, res any) Reply {
 	vals, ok := res.([]any)
-	if !ok || len(vals)%2 != 1 {
+	if !ok || len(vals) < 2 || len(vals)%2 != 0 {
 		return Reply{Err: fmt.Errorf("syncing %s: unexpected reply %v", key, res)}
 	}
 	ints := make([]int64, len(vals))
@@ -134,8 +151,8 @@ func parseReply(key string, res any) Reply {
 		}
 		ints[i] = n
 	}
-	r := Reply{Demand: ints[0], Slots: make([]SlotCount, 0, len(ints)/2)}
-	for i := 1; i < len(ints); i += 2 {
+	r := Reply{Demand: ints[0], Syncing: ints[1], Slots: make([]SlotCount, 0, len(ints)/2)}
+	for i := 2; i < len(ints); i += 2 {
 		r.Slots = append(r.Slots, SlotCount{Slot: ints[i], Count: max(ints[i+1], 0)})
 	}
 	return r

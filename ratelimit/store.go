@@ -22,6 +22,15 @@ type Step struct {
 	Demand int64
 	Oldest int64
 	TTL    time.Duration
+	// Window holds more admits to add, one per slot: those an instance made
+	// under its floor share, pushed when it starts syncing the key.
+	Window []SlotCount
+	// Member, when not 0, is the instance taking part: it is registered as
+	// syncing the key until Now+MemberTTL (Unix ms), or deregistered when
+	// MemberTTL is 0.
+	Member    int64
+	Now       int64
+	MemberTTL time.Duration
 }
 
 // Reply is what a Step left in the store.
@@ -31,6 +40,10 @@ type Reply struct {
 	// Demand is the key's demand counter: every request any instance has seen
 	// for the key while it was stored.
 	Demand int64
+	// Syncing is how many other instances are registered as syncing the key
+	// (their admits are in Slots); every other live instance may hold up to
+	// its floor share unreported.
+	Syncing int64
 	// Err is set when the step failed; it may or may not have applied.
 	Err error
 }
@@ -41,18 +54,25 @@ type SlotStore interface {
 	// independent: one that fails does not stop the others. It returns the
 	// first step's error, if any. A store never re-sends a step by itself.
 	Sync(ctx context.Context, steps []Step, replies []Reply) error
+	// Heartbeat registers member as live in the membership key until
+	// now+ttl (Unix ms) and returns how many members are live, itself
+	// included: the fleet's size.
+	Heartbeat(ctx context.Context, key string, member, now int64, ttl time.Duration) (int64, error)
 }
 
-// MemoryStore is the embedded SlotStore of a single instance.
+// MemoryStore is the embedded SlotStore of a single instance (and, shared by
+// several engines, a fleet in tests).
 type MemoryStore struct {
-	mu   sync.Mutex
-	keys map[string]*memoryKey
-	now  func() time.Time
+	mu      sync.Mutex
+	keys    map[string]*memoryKey
+	members map[string]map[int64]int64 // membership key -> member -> live until (Unix ms)
+	now     func() time.Time
 }
 
 type memoryKey struct {
 	slots   map[int64]int64
 	demand  int64
+	syncing map[int64]int64 // member -> registered until (Unix ms)
 	expires time.Time
 }
 
@@ -60,7 +80,35 @@ var _ SlotStore = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty in-process slot store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{keys: make(map[string]*memoryKey), now: time.Now}
+	return &MemoryStore{keys: make(map[string]*memoryKey), members: make(map[string]map[int64]int64), now: time.Now}
+}
+
+// Heartbeat implements SlotStore.
+func (m *MemoryStore) Heartbeat(_ context.Context, key string, member, now int64, ttl time.Duration) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	set := m.members[key]
+	if set == nil {
+		set = make(map[int64]int64)
+		m.members[key] = set
+	}
+	set[member] = now + ttl.Milliseconds()
+	return liveMembers(set, now, 0), nil
+}
+
+// liveMembers counts the members of set live at now (Unix ms), but except,
+// and forgets the others.
+func liveMembers(set map[int64]int64, now, except int64) int64 {
+	var n int64
+	for member, until := range set {
+		switch {
+		case until <= now:
+			delete(set, member)
+		case member != except:
+			n++
+		}
+	}
+	return n
 }
 
 // Sync implements SlotStore.
@@ -80,24 +128,35 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 		delete(m.keys, st.Key)
 		k = nil
 	}
-	writes := st.Demand > 0
+	writes := st.Demand > 0 || (st.Member != 0 && st.MemberTTL > 0)
 	for _, a := range st.Adds {
+		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
+	}
+	for _, a := range st.Window {
 		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
 	}
 	if k == nil && !writes {
 		return Reply{}
 	}
 	if k == nil {
-		k = &memoryKey{slots: make(map[int64]int64)}
+		k = &memoryKey{slots: make(map[int64]int64), syncing: make(map[int64]int64)}
 		m.keys[st.Key] = k
 	}
-	for _, a := range st.Adds {
-		if a.Count > 0 && a.Slot >= st.Oldest {
-			k.slots[a.Slot] += a.Count
+	for _, adds := range [][]SlotCount{st.Adds[:], st.Window} {
+		for _, a := range adds {
+			if a.Count > 0 && a.Slot >= st.Oldest {
+				k.slots[a.Slot] += a.Count
+			}
 		}
 	}
 	k.demand += st.Demand
-	r := Reply{Demand: k.demand, Slots: make([]SlotCount, 0, len(k.slots))}
+	switch {
+	case st.Member != 0 && st.MemberTTL > 0:
+		k.syncing[st.Member] = st.Now + st.MemberTTL.Milliseconds()
+	case st.Member != 0:
+		delete(k.syncing, st.Member)
+	}
+	r := Reply{Demand: k.demand, Syncing: liveMembers(k.syncing, st.Now, st.Member), Slots: make([]SlotCount, 0, len(k.slots))}
 	for s, c := range k.slots {
 		if s < st.Oldest {
 			delete(k.slots, s)

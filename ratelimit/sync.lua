@@ -1,14 +1,20 @@
--- One reconcile step of one key: a hash with a field per slot (the slot number)
--- and the field "d" (the key's demand counter).
+-- One reconcile step of one key: a hash with a field per slot (the slot number),
+-- the field "d" (the key's demand counter), and a field per instance that
+-- syncs the key ("-" and the instance's number, so that a field never reads
+-- as a slot that counts) holding until when (Unix ms).
 -- KEYS[1]  the key
 -- ARGV[1]  the oldest slot that still counts; older fields are dropped
 -- ARGV[2]  the expiry to re-arm, in milliseconds
 -- ARGV[3]  demand to add
--- ARGV[4…] pairs of slot and count to add
--- Returns { demand, slot, count, slot, count, … } for the slots that count.
+-- ARGV[4]  the instance's number, or 0
+-- ARGV[5]  now, Unix ms
+-- ARGV[6]  the instance's registration lasts this long, in ms (0: deregister)
+-- ARGV[7…] pairs of slot and count to add
+-- Returns { demand, syncing, slot, count, slot, count, … } for the slots that
+-- count, where syncing is how many other instances are registered.
 local key = KEYS[1]
 local oldest = tonumber(ARGV[1])
-for i = 4, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
 	if tonumber(ARGV[i]) >= oldest then
 		redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
 	end
@@ -16,16 +22,31 @@ end
 if tonumber(ARGV[3]) > 0 then
 	redis.call('HINCRBY', key, 'd', ARGV[3])
 end
+local self = '-' .. ARGV[4]
+local now = tonumber(ARGV[5])
+if ARGV[4] ~= '0' then
+	if tonumber(ARGV[6]) > 0 then
+		redis.call('HSET', key, self, now + tonumber(ARGV[6]))
+	else
+		redis.call('HDEL', key, self)
+	end
+end
 local fields = redis.call('HGETALL', key)
 if #fields == 0 then
-	return { 0 }
+	return { 0, 0 }
 end
-local out = { 0 }
+local out = { 0, 0 }
 local old = {}
 for i = 1, #fields, 2 do
 	local f = fields[i]
 	if f == 'd' then
 		out[1] = tonumber(fields[i + 1])
+	elseif string.sub(f, 1, 1) == '-' then
+		if tonumber(fields[i + 1]) <= now then
+			old[#old + 1] = f
+		elseif f ~= self then
+			out[2] = out[2] + 1
+		end
 	elseif tonumber(f) < oldest then
 		old[#old + 1] = f
 	else

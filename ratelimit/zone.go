@@ -27,6 +27,7 @@ type Zone struct {
 
 	maxKeys atomic.Int64
 	keys    atomic.Int64 // tracked keys
+	events  atomic.Int64 // the zone's limit, for the reconciler's floor shares
 	shards  [shardCount]shard
 	arena   arena
 }
@@ -34,6 +35,10 @@ type Zone struct {
 type shard struct {
 	mu      sync.Mutex
 	entries map[keyhash.Hash]int32 // index into the zone's arena
+	// active are the entries a full reconcile pass visits: all but those on
+	// their floor share, which need no store (a pass costs nothing per key
+	// on its floor share).
+	active map[keyhash.Hash]int32
 	// untracked holds the local caps of the shard's keys that arrived while
 	// the zone was full; nil until the first such key.
 	untracked *untrackedTable
@@ -45,6 +50,7 @@ func newZone(prefix, name string, id int, slots window.Slots) *Zone {
 	z.arena.ringLen = int(slots.N) + 1
 	for i := range z.shards {
 		z.shards[i].entries = make(map[keyhash.Hash]int32)
+		z.shards[i].active = make(map[keyhash.Hash]int32)
 	}
 	return z
 }
@@ -90,9 +96,9 @@ func (z *Zone) storeKey(h keyhash.Hash) string {
 func (z *Zone) shardOf(h keyhash.Hash) *shard { return &z.shards[h.Lo&(shardCount-1)] }
 
 // lock locks the shard of h and returns it with h's state: its entry, made
-// now if the zone has room, or else its untracked local cap. The caller
-// unlocks the shard.
-func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, *untrackedState) {
+// now if the zone has room (on its floor share when onFloor), or else its
+// untracked local cap. The caller unlocks the shard.
+func (z *Zone) lock(h keyhash.Hash, now int64, onFloor bool) (*shard, *entry, []uint32, *untrackedState) {
 	s := z.shardOf(h)
 	s.mu.Lock()
 	if i, ok := s.entries[h]; ok {
@@ -100,7 +106,11 @@ func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, *untra
 		return s, e, ring, nil
 	}
 	if z.reserveKey() {
-		e, ring := z.insert(s, h, now)
+		var flags uint8
+		if onFloor {
+			flags = flagFloor
+		}
+		e, ring := z.insert(s, h, now, flags)
 		if s.untracked != nil {
 			// A key tracked from now on keeps what it spent of its burst.
 			e.tat = s.untracked.take(h)
@@ -128,13 +138,29 @@ func (z *Zone) reserveKey() bool {
 	}
 }
 
-func (z *Zone) insert(s *shard, h keyhash.Hash, now int64) (*entry, []uint32) {
+func (z *Zone) insert(s *shard, h keyhash.Hash, now int64, flags uint8) (*entry, []uint32) {
 	i := z.arena.alloc()
 	s.entries[h] = i
 	e, ring := z.arena.at(i)
 	e.init(now, z.slots)
+	e.flags = flags
 	clear(ring)
+	if flags&flagFloor == 0 {
+		s.active[h] = i
+	}
 	return e, ring
+}
+
+// toFloor puts the key h of the locked shard s back on its floor share.
+func (z *Zone) toFloor(s *shard, h keyhash.Hash, e *entry, ring []uint32) {
+	e.toFloor(ring)
+	delete(s.active, h)
+}
+
+// toSynced marks the key h of the locked shard s as synced by this instance.
+func (z *Zone) toSynced(s *shard, h keyhash.Hash, e *entry) {
+	e.flags = e.flags&^(flagFloor|flagLeaving) | flagSynced
+	s.active[h] = s.entries[h]
 }
 
 // lookup returns the state of h in a locked shard s, or nil.
@@ -157,6 +183,7 @@ func (z *Zone) evict(now, idleTTL int64) {
 			e, _ := z.arena.at(idx)
 			if !e.pending() && now-e.lastSeen >= ttl && e.tat <= now {
 				delete(s.entries, h)
+				delete(s.active, h)
 				z.keys.Add(-1)
 				z.arena.free(idx)
 			}
