@@ -114,6 +114,9 @@ func TestLLMBudgetConfigErrors(t *testing.T) {
 			if tt.at != "" && strings.Count(err.Error(), tt.at) != 1 {
 				t.Fatalf("error %v, want the position %s once", err, tt.at)
 			}
+			if n := strings.Count(err.Error(), "Caddyfile:"); n != 1 {
+				t.Fatalf("error %v names %d positions, want one", err, n)
+			}
 		})
 	}
 }
