@@ -161,27 +161,25 @@ func (a *answer) pace(i int) {
 }
 
 func (a *answer) chatStream(includeUsage bool) {
-	a.w.Header().Set("Content-Type", "text/event-stream")
-	for i := 0; i < a.chunks; i++ {
-		a.send(fmt.Sprintf("data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%02d \"}}],\"usage\":null}\n\n", a.model, i))
-		a.pace(i)
-	}
-	if a.cut {
-		return
-	}
-	if includeUsage && !a.noUsage {
-		s := a.s
-		a.send(fmt.Sprintf("data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", a.model, s.Input, a.output, s.Input+a.output))
-	}
-	a.send("data: [DONE]\n\n")
+	a.openAIStream(includeUsage, "c", "chat.completion.chunk", a.output,
+		func(i int) string { return fmt.Sprintf(`{"index":0,"delta":{"content":"tok%02d "}}],"usage":null`, i) })
 }
 
 // completionStream streams a legacy completion: its text in choices[].text,
 // the usage chunk as chatStream sends it.
 func (a *answer) completionStream(includeUsage bool) {
+	a.openAIStream(includeUsage, "cmpl", "text_completion", a.s.Output,
+		func(i int) string { return fmt.Sprintf(`{"text":"tok%02d ","index":0,"logprobs":null,"finish_reason":null}]`, i) })
+}
+
+// openAIStream sends an OpenAI-style stream of objects with id and object:
+// chunk(i) is the rest of chunk i after its choices' opening bracket; the
+// usage chunk (choices empty) reports output tokens when asked for, then
+// [DONE].
+func (a *answer) openAIStream(includeUsage bool, id, object string, output int, chunk func(i int) string) {
 	a.w.Header().Set("Content-Type", "text/event-stream")
 	for i := 0; i < a.chunks; i++ {
-		a.send(fmt.Sprintf("data: {\"id\":\"cmpl\",\"object\":\"text_completion\",\"model\":%q,\"choices\":[{\"text\":\"tok%02d \",\"index\":0,\"logprobs\":null,\"finish_reason\":null}]}\n\n", a.model, i))
+		a.send(fmt.Sprintf("data: {\"id\":%q,\"object\":%q,\"model\":%q,\"choices\":[%s}\n\n", id, object, a.model, chunk(i)))
 		a.pace(i)
 	}
 	if a.cut {
@@ -189,7 +187,7 @@ func (a *answer) completionStream(includeUsage bool) {
 	}
 	if includeUsage && !a.noUsage {
 		s := a.s
-		a.send(fmt.Sprintf("data: {\"id\":\"cmpl\",\"object\":\"text_completion\",\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", a.model, s.Input, s.Output, s.Input+s.Output))
+		a.send(fmt.Sprintf("data: {\"id\":%q,\"object\":%q,\"model\":%q,\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", id, object, a.model, s.Input, output, s.Input+output))
 	}
 	a.send("data: [DONE]\n\n")
 }
