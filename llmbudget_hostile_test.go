@@ -128,12 +128,19 @@ func TestUsageOutOfRangeKeepsTheReservation(t *testing.T) {
 	}
 	// The same Caddy still serves, and charges what a sound report says.
 	answer.Store(chatAnswer("30", "70"))
+	s.servesAndCharges("after the hostile answers", 100)
+}
+
+// servesAndCharges sends a chat request, which must be served, and checks
+// that it charged budget g what the upstream reports (charged).
+func (s *hostileSetup) servesAndCharges(when string, charged int64) {
+	s.t.Helper()
 	before := s.counter("g")
-	if resp, body := chat(t, s.url, chatBody); resp.StatusCode != http.StatusOK {
-		t.Fatalf("after the hostile answers: %d %s", resp.StatusCode, body)
+	if resp, body := chat(s.t, s.url, chatBody); resp.StatusCode != http.StatusOK {
+		s.t.Fatalf("%s: %d %s", when, resp.StatusCode, body)
 	}
-	if got := s.counter("g"); got != before+100 {
-		t.Errorf("a sound report after them: counter %d, want %d", got, before+100)
+	if got := s.counter("g"); got != before+charged {
+		s.t.Errorf("%s: counter %d, want %d", when, got, before+charged)
 	}
 }
 
@@ -154,13 +161,7 @@ func TestPanicInASettleLeavesCaddyServing(t *testing.T) {
 		t.Fatalf("panics_total{where=\"llmbudget settle\"} moved by %v, want 1", got)
 	}
 	settleFault.Store(nil)
-	before := s.counter("g")
-	if resp, body := chat(t, s.url, chatBody); resp.StatusCode != http.StatusOK {
-		t.Fatalf("after the panic: %d %s", resp.StatusCode, body)
-	}
-	if got := s.counter("g"); got != before+100 {
-		t.Errorf("the settle after the panic: counter %d, want %d", got, before+100)
-	}
+	s.servesAndCharges("after the panic", 100)
 }
 
 // Methods are read without regard to case: a "post" is budgeted like a

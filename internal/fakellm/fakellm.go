@@ -169,7 +169,9 @@ func (a *answer) chatStream(includeUsage bool) {
 // the usage chunk as chatStream sends it.
 func (a *answer) completionStream(includeUsage bool) {
 	a.openAIStream(includeUsage, "cmpl", "text_completion", a.s.Output,
-		func(i int) string { return fmt.Sprintf(`{"text":"tok%02d ","index":0,"logprobs":null,"finish_reason":null}]`, i) })
+		func(i int) string {
+			return fmt.Sprintf(`{"text":"tok%02d ","index":0,"logprobs":null,"finish_reason":null}]`, i)
+		})
 }
 
 // openAIStream sends an OpenAI-style stream of objects with id and object:
