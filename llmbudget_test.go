@@ -368,7 +368,8 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 
 // TestOnRedisCluster runs both handlers on a 3-node Redis Cluster: the budget
 // script touches several keys under one hash tag, the fleet counters push one
-// transaction per slot.
+// transaction per slot. The fleet limit of 10 gives this lone instance a
+// floor share of 8: past 6 the key syncs, and its counter reaches the store.
 func TestOnRedisCluster(t *testing.T) {
 	c := redistest.StartCluster(t)
 	up := newFakeLLM(t)
@@ -382,7 +383,7 @@ func TestOnRedisCluster(t *testing.T) {
 		budget all {
 			limit 100000
 			window 1h
-		}`), "reverse_proxy", "fleetlimit {\n zone z {\n key {http.request.header.Authorization}\n events 100\n window 1m\n }\n }\n reverse_proxy", 1)
+		}`), "reverse_proxy", "fleetlimit {\n zone z {\n key {http.request.header.Authorization}\n events 10\n window 1m\n }\n }\n reverse_proxy", 1)
 	startCaddy(t, cfg)
 	for i := 1; i <= 8; i++ {
 		waitSettles() // each request sees the last one settled

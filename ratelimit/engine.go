@@ -98,9 +98,10 @@ type Engine struct {
 	members    atomic.Int64
 	membersKey string
 	warmUntil  atomic.Int64 // Unix ns: until then keys new here are read first
-	// lastSeenMembers is the fleet's size the last heartbeat saw (the
-	// reconciler's goroutine alone uses it).
-	lastSeenMembers int64
+	// lastSeenMembers is the fleet's size the last heartbeat saw, and
+	// lastHeartbeat when it was sent (Unix ms).
+	lastSeenMembers atomic.Int64
+	lastHeartbeat   atomic.Int64
 
 	// Keys queued for an early sync; kick wakes the reconciler for them.
 	queueMu sync.Mutex

@@ -131,10 +131,17 @@ func (e *Engine) timedPass(early bool) {
 	// from calling a briefly busy store dead).
 	ctx, cancel := context.WithTimeout(context.Background(), passTimeout(time.Duration(e.interval.Load())))
 	defer cancel()
-	if !early {
-		e.heartbeat(ctx, time.Now().UnixMilli())
+	if now := time.Now().UnixMilli(); !early && now-e.lastHeartbeat.Load() >= e.heartbeatEvery() {
+		e.heartbeat(ctx, now)
 	}
 	_ = e.pass(ctx, time.Now().UnixNano(), early)
+}
+
+// heartbeatEvery spaces the heartbeats (ms): a quarter of their lifetime
+// (staleAfter), so that a missed one or two do not drop an instance, and a
+// change of the fleet's size is known within that time.
+func (e *Engine) heartbeatEvery() int64 {
+	return e.staleAfter() / 4 / int64(time.Millisecond)
 }
 
 // heartbeat tells the store this instance is live and learns the fleet's
@@ -145,6 +152,7 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 	if e.solo || len(*e.zones.Load()) == 0 {
 		return // no fleet limit here: nothing for the fleet to know
 	}
+	e.lastHeartbeat.Store(nowMs)
 	seen, err := e.store.Heartbeat(ctx, e.membersKey, e.member, nowMs, time.Duration(e.staleAfter()))
 	if err != nil {
 		// With every key on its floor share, the heartbeat is the only call:
@@ -158,8 +166,7 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 		// store that restarted empty sees the live instances come back one
 		// by one within an interval, and a floor share taken meanwhile
 		// would be too large.
-		n := max(seen, e.lastSeenMembers)
-		e.lastSeenMembers = seen
+		n := max(seen, e.lastSeenMembers.Swap(seen))
 		if e.members.Swap(n) == 0 {
 			// Just joined: for a while, keys new here are read before they
 			// go on their floor share, so that a key already hot elsewhere

@@ -24,19 +24,11 @@ if tonumber(ARGV[3]) > 0 then
 end
 local self = '-' .. ARGV[4]
 local now = tonumber(ARGV[5])
-if ARGV[4] ~= '0' then
-	if tonumber(ARGV[6]) > 0 then
-		redis.call('HSET', key, self, now + tonumber(ARGV[6]))
-	else
-		redis.call('HDEL', key, self)
-	end
-end
+local ttl = tonumber(ARGV[6])
 local fields = redis.call('HGETALL', key)
-if #fields == 0 then
-	return { 0, 0 }
-end
 local out = { 0, 0 }
 local old = {}
+local mine = nil -- this instance's registration (until when), if any
 for i = 1, #fields, 2 do
 	local f = fields[i]
 	if f == 'd' then
@@ -44,7 +36,9 @@ for i = 1, #fields, 2 do
 	elseif string.sub(f, 1, 1) == '-' then
 		if tonumber(fields[i + 1]) <= now then
 			old[#old + 1] = f
-		elseif f ~= self then
+		elseif f == self then
+			mine = tonumber(fields[i + 1])
+		else
 			out[2] = out[2] + 1
 		end
 	elseif tonumber(f) < oldest then
@@ -54,8 +48,19 @@ for i = 1, #fields, 2 do
 		out[#out + 1] = tonumber(fields[i + 1])
 	end
 end
+if ARGV[4] ~= '0' then
+	-- A registration is renewed once half its life is spent, not by every
+	-- step; it is dropped at once.
+	if ttl > 0 and (mine == nil or mine < now + ttl / 2) then
+		redis.call('HSET', key, self, now + ttl)
+	elseif ttl == 0 and mine ~= nil then
+		old[#old + 1] = self
+	end
+end
 if #old > 0 then
 	redis.call('HDEL', key, unpack(old))
 end
-redis.call('PEXPIRE', key, ARGV[2])
+if #fields > 0 or (ARGV[4] ~= '0' and ttl > 0) then
+	redis.call('PEXPIRE', key, ARGV[2])
+end
 return out
