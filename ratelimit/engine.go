@@ -188,9 +188,11 @@ func (e *Engine) floor(events int64) int64 {
 }
 
 // memberTTL is how long a key's registration as synced by this instance
-// lasts without being renewed by a pass.
+// lasts without being renewed by a pass: as long as a read is trusted. A
+// registration that outlives its instance (a crash) costs nothing: the
+// others only hold back less for an instance that admits nothing.
 func (e *Engine) memberTTL() time.Duration {
-	return time.Duration(4 * e.interval.Load())
+	return time.Duration(e.staleAfter())
 }
 
 // staleAfter is how long a read of the fleet's counts is trusted: past it the

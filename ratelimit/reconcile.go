@@ -153,7 +153,7 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 		return // no fleet limit here: nothing for the fleet to know
 	}
 	e.lastHeartbeat.Store(nowMs)
-	seen, err := e.store.Heartbeat(ctx, e.membersKey, e.member, nowMs, time.Duration(e.staleAfter()))
+	m, err := e.store.Heartbeat(ctx, e.membersKey, e.member, nowMs, time.Duration(e.staleAfter()))
 	if err != nil {
 		// With every key on its floor share, the heartbeat is the only call:
 		// it tells whether the store is reachable.
@@ -161,17 +161,19 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 		return
 	}
 	e.storeOK()
-	if seen > 0 {
-		// A smaller fleet counts from the second heartbeat that sees it: a
-		// store that restarted empty sees the live instances come back one
-		// by one within an interval, and a floor share taken meanwhile
-		// would be too large.
-		n := max(seen, e.lastSeenMembers.Swap(seen))
+	if m.Live > 0 {
+		n := m.Live
+		if m.Fresh {
+			// The membership was empty (a store that restarted empty): the
+			// live instances come back one by one within a heartbeat, and a
+			// floor share taken from the smaller count meanwhile would be
+			// too large. Keep the size last known until they have.
+			n = max(n, e.lastSeenMembers.Load())
+		}
+		e.lastSeenMembers.Store(m.Live)
 		if e.members.Swap(n) == 0 {
-			// Just joined: for a while, keys new here are read before they
-			// go on their floor share, so that a key already hot elsewhere
-			// is synced at once rather than after three quarters of a floor
-			// share (meanwhile the others hold that share back for it).
+			// Just joined: for a while, a key busy here syncs early (see
+			// floorAdmits), as it is likely busy elsewhere too.
 			e.warmUntil.Store(nowMs*int64(time.Millisecond) + warmUp(e.staleAfter()))
 		}
 	}

@@ -79,12 +79,15 @@ func (r *RedisStore) Sync(ctx context.Context, steps []Step, replies []Reply) er
 }
 
 // Heartbeat implements SlotStore.
-func (r *RedisStore) Heartbeat(ctx context.Context, key string, member, now int64, ttl time.Duration) (int64, error) {
-	n, err := heartbeatScript.Run(ctx, r.client, []string{key}, member, now, ttl.Milliseconds()).Int64()
+func (r *RedisStore) Heartbeat(ctx context.Context, key string, member, now int64, ttl time.Duration) (Membership, error) {
+	vals, err := heartbeatScript.Run(ctx, r.client, []string{key}, member, now, ttl.Milliseconds()).Int64Slice()
 	if err != nil {
-		return 0, fmt.Errorf("fleet heartbeat: %w", err)
+		return Membership{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
-	return n, nil
+	if len(vals) != 2 {
+		return Membership{}, fmt.Errorf("fleet heartbeat: unexpected reply %v", vals)
+	}
+	return Membership{Live: vals[0], Fresh: vals[1] == 0}, nil
 }
 
 // Ping checks that the store answers.

@@ -48,6 +48,17 @@ type Reply struct {
 	Err error
 }
 
+// Membership is what a heartbeat learns of the fleet.
+type Membership struct {
+	// Live is how many members are live, the caller included: the fleet's
+	// size.
+	Live int64
+	// Fresh is true when the membership was empty before this heartbeat (a
+	// new fleet, or a store that restarted empty): the other live members
+	// may not have heartbeated yet.
+	Fresh bool
+}
+
 // SlotStore holds the fleet's slot counts, one entry per zone and key.
 type SlotStore interface {
 	// Sync runs every step and fills replies (one per step). Steps are
@@ -55,9 +66,8 @@ type SlotStore interface {
 	// first step's error, if any. A store never re-sends a step by itself.
 	Sync(ctx context.Context, steps []Step, replies []Reply) error
 	// Heartbeat registers member as live in the membership key until
-	// now+ttl (Unix ms) and returns how many members are live, itself
-	// included: the fleet's size.
-	Heartbeat(ctx context.Context, key string, member, now int64, ttl time.Duration) (int64, error)
+	// now+ttl (Unix ms) and returns the fleet as it stands.
+	Heartbeat(ctx context.Context, key string, member, now int64, ttl time.Duration) (Membership, error)
 }
 
 // MemoryStore is the embedded SlotStore of a single instance (and, shared by
@@ -84,16 +94,17 @@ func NewMemoryStore() *MemoryStore {
 }
 
 // Heartbeat implements SlotStore.
-func (m *MemoryStore) Heartbeat(_ context.Context, key string, member, now int64, ttl time.Duration) (int64, error) {
+func (m *MemoryStore) Heartbeat(_ context.Context, key string, member, now int64, ttl time.Duration) (Membership, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	set := m.members[key]
+	fresh := len(set) == 0
 	if set == nil {
 		set = make(map[int64]int64)
 		m.members[key] = set
 	}
 	set[member] = now + ttl.Milliseconds()
-	return liveMembers(set, now, 0), nil
+	return Membership{Live: liveMembers(set, now, 0), Fresh: fresh}, nil
 }
 
 // liveMembers counts the members of set live at now (Unix ms), but except,
