@@ -283,7 +283,7 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 		// The usual single zone, without the stack arrays of the general case.
 		c, v := &checks[0], &out[0]
 		floor := e.floorIf(near, c.Limit)
-		s, en, ring, untracked := c.Zone.lock(c.Key, now, e.newOnFloor(floor, now))
+		s, en, ring, untracked := c.Zone.lock(c.Key, now, floor > 0)
 		tat, oldest := e.judge(c, en, ring, untracked, now, staleAfter, floor, near, v)
 		if v.Allowed {
 			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
@@ -312,7 +312,7 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	for i := range checks {
 		c := &checks[i]
 		floor := e.floorIf(near, c.Limit)
-		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now, e.newOnFloor(floor, now))
+		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now, floor > 0)
 		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], untracked[i], now, staleAfter, floor, near, &out[i])
 		if !out[i].Allowed && denied < 0 {
 			denied = i
@@ -387,15 +387,6 @@ func (e *Engine) floorIf(near bool, l *Limit) int64 {
 	}
 	return e.floor(l.Events)
 }
-
-// newOnFloor reports whether a key new to this instance starts on its floor
-// share: whenever there is one.
-func (e *Engine) newOnFloor(floor, now int64) bool { return floor > 0 }
-
-// warmUp is how long after joining an eighth of a key's floor share syncs it
-// (see floorAdmits): as long as a read is trusted, long enough for a key busy
-// elsewhere to be requested that often here.
-func warmUp(staleAfter int64) int64 { return staleAfter }
 
 // floorAdmits admits a key on its floor share while this instance's own
 // admits in the window stay under it; from three quarters of it on, the key

@@ -172,9 +172,10 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 		}
 		e.lastSeenMembers.Store(m.Live)
 		if e.members.Swap(n) == 0 {
-			// Just joined: for a while, a key busy here syncs early (see
-			// floorAdmits), as it is likely busy elsewhere too.
-			e.warmUntil.Store(nowMs*int64(time.Millisecond) + warmUp(e.staleAfter()))
+			// Just joined: for as long as a read is trusted, a key busy here
+			// syncs early (see floorAdmits), as it is likely busy elsewhere
+			// too.
+			e.warmUntil.Store(nowMs*int64(time.Millisecond) + e.staleAfter())
 		}
 	}
 }
