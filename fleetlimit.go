@@ -152,7 +152,7 @@ func (z *ZoneConfig) limit() (ratelimit.Limit, error) {
 	return ratelimit.NewLimit(z.Events, time.Duration(z.Window), z.Burst, z.Precision)
 }
 
-// Provision resolves the zones against the shared engine.
+// Provision resolves the zones against the shared store's rate-limit engine.
 func (h *FleetLimit) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if err := h.Validate(); err != nil {

@@ -134,7 +134,7 @@ type LLMBudget struct {
 	store            *store
 	logger           *zap.Logger
 	events           emitter
-	registered       bool // its budgets are in the engine's registry (budget_registry.go)
+	registered       bool // its budgets are in the store's registry (admin_registry.go)
 
 	// requests_total by budget (the index in budgets) and decision.
 	decisions      [][numDecisions]prometheus.Counter
@@ -178,7 +178,7 @@ var (
 	_ caddyhttp.MiddlewareHandler = (*LLMBudget)(nil)
 )
 
-// Provision checks the config (errors name the field) and binds the engine.
+// Provision checks the config (errors name the field) and binds the store.
 func (h *LLMBudget) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if err := h.compile(); err != nil {
@@ -208,7 +208,7 @@ func (h *LLMBudget) Cleanup() error {
 	return nil
 }
 
-// compile turns the JSON config into the engine's values.
+// compile turns the JSON config into the budget engine's values.
 func (h *LLMBudget) compile() error {
 	if len(h.Budgets) == 0 {
 		return errors.New("llmbudget: budgets: at least one budget is required")

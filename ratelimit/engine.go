@@ -97,7 +97,7 @@ type Engine struct {
 	member     int64
 	members    atomic.Int64
 	membersKey string
-	warmUntil  atomic.Int64 // Unix ns: until then keys new here are read first
+	warmUntil  atomic.Int64 // Unix ns: until then a key busy here syncs early (see floorAdmits)
 	// lastSeenMembers is the fleet's size the last heartbeat saw, and
 	// lastHeartbeat when it was sent (Unix ms).
 	lastSeenMembers atomic.Int64

@@ -146,8 +146,8 @@ func (e *Engine) heartbeatEvery() int64 {
 
 // heartbeat tells the store this instance is live and learns the fleet's
 // size, which sets every key's floor share. A solo engine has no fleet. A
-// failed heartbeat keeps the size last learned: the pass that follows finds
-// out whether the store is down.
+// failed heartbeat keeps the size last learned and marks the store down, as
+// a failed pass does.
 func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 	if e.solo || len(*e.zones.Load()) == 0 {
 		return // no fleet limit here: nothing for the fleet to know
