@@ -16,10 +16,10 @@ import (
 // and IsUsageOnlyChunk are compared with their references on the golden
 // transcripts, on crafted payloads and under fuzzing.
 
-// refNames are the keys the reference decodes into structs (the usage), at
-// any depth. (It reads the output tables' names by exact case, as the
-// scanner does.)
-var refNames = strings.Fields(`type usage message response usageMetadata
+// refNames are the keys the reference decodes into structs (the usage, and
+// the choices of refIsUsageOnlyChunk), at any depth. (It reads the output
+// tables' names by exact case, as the scanner does.)
+var refNames = strings.Fields(`type usage message response usageMetadata choices
 	promptTokenCount candidatesTokenCount thoughtsTokenCount cachedContentTokenCount
 	done prompt_eval_count eval_count prompt_tokens completion_tokens
 	prompt_tokens_details cached_tokens input_tokens output_tokens
