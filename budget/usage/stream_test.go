@@ -2,6 +2,7 @@ package usage
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -149,10 +150,10 @@ func FuzzMeter(f *testing.F) {
 		if whole.Bytes != int64(len(stream)) {
 			t.Fatalf("counted %d bytes of %d", whole.Bytes, len(stream))
 		}
-		u := whole.Usage
-		if u.InputTokens < 0 || u.OutputTokens < 0 || u.CachedInputTokens < 0 || whole.OutputTextBytes < 0 {
-			t.Fatalf("negative reading %+v", whole)
+		if whole.OutputTextBytes < 0 {
+			t.Fatalf("negative text %+v", whole)
 		}
+		neverChargedNegative(t, whole.Usage)
 	})
 }
 
@@ -167,12 +168,22 @@ func FuzzFromJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, format uint8) {
 		u, ok := FromJSON(fuzzFormat(format), body)
-		if u.InputTokens < 0 || u.OutputTokens < 0 || u.CachedInputTokens < 0 {
-			t.Fatalf("negative usage %+v", u)
-		}
+		neverChargedNegative(t, u)
 		if !ok && u != (budget.Usage{}) {
 			t.Fatalf("usage %+v without found", u)
 		}
 		_, _ = ParseRequest(fuzzFormat(format), "/v1beta/models/m:generateContent", body)
 	})
+}
+
+// neverChargedNegative checks that usage with a count below zero (counts are
+// read as the upstream reported them) is refused before it is charged.
+func neverChargedNegative(t *testing.T, u budget.Usage) {
+	t.Helper()
+	if u.InputTokens >= 0 && u.OutputTokens >= 0 && u.CachedInputTokens >= 0 {
+		return
+	}
+	if _, err := (budget.Price{Input: 1, Output: 1}).SpendOf(u); !errors.Is(err, budget.ErrUsageOutOfRange) {
+		t.Fatalf("usage %+v with a negative count is chargeable: %v", u, err)
+	}
 }
