@@ -3,6 +3,7 @@ package budget
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -125,7 +126,12 @@ func TestStoreConformance(t *testing.T) {
 			if _, err := s.Reserve(ctx, "c7:bg:{b}:res:1", time.Minute, []Charge{{Key: "c7:bg:{b}:x", Amount: 10, Limit: 100, TTL: time.Hour}}); err != nil {
 				t.Fatal(err)
 			}
-			adj := []Adjustment{{Key: "c7:bg:{b}:x", Delta: -50, TTL: time.Hour}}
+			// A reset while the reservation is in flight: its settle moves the
+			// counter from 0 by 3 - 10, and floors there.
+			if err := s.Reset(ctx, []string{"c7:bg:{b}:x"}); err != nil {
+				t.Fatal(err)
+			}
+			adj := []Adjustment{{Key: "c7:bg:{b}:x", Amount: 3, TTL: time.Hour}}
 			if ok, err := s.Settle(ctx, "c7:bg:{b}:res:1", time.Minute, adj); err != nil || !ok {
 				t.Fatalf("settle: %v %v", ok, err)
 			}
@@ -135,6 +141,90 @@ func TestStoreConformance(t *testing.T) {
 			}
 			if ok, _ := s.Settle(ctx, "c7:bg:{b}:res:1", time.Minute, adj); ok {
 				t.Fatal("a repeated settle must not apply")
+			}
+		}},
+		{"an extension charges within the limits, once, and the settle moves from it", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c12")
+			ctx := context.Background()
+			b := []Budget{tokenBudget("a", Global, 100), tokenBudget("b", PerKey, 1000)}
+			dims := Dims{Principal: "alice"}
+			r := mustReserve(t, e, b, dims, 30)
+			if d, err := e.Extend(ctx, r, Spend{Tokens: 50}); err != nil || d != nil {
+				t.Fatalf("extend within the limit: %+v %v", d, err)
+			}
+			if r.Holds[0].Amount != 80 || r.Holds[0].Used != 80 {
+				t.Fatalf("hold after the extension: %+v, want 80 held and used", r.Holds[0])
+			}
+			// The same extension again, as after a lost reply: admitted, not charged twice.
+			if res, err := s.Extend(ctx, e.recordKey(r), 1, []Charge{{Key: r.Holds[0].Key, Amount: 50, Limit: 100}, {Key: r.Holds[1].Key, Amount: 50, Limit: 1000}}); err != nil || !res.Admitted {
+				t.Fatalf("a repeated extension: %+v %v, want admitted", res, err)
+			}
+			assertUsed(t, e, b, dims, 80)
+			// Past one budget's limit: neither budget is charged.
+			d, err := e.Extend(ctx, r, Spend{Tokens: 21})
+			if err != nil || d == nil || d.Budget.Name != "a" || d.Used != 80 {
+				t.Fatalf("an extension past a's limit: %+v %v, want a denial by a at 80", d, err)
+			}
+			used, _ := e.Used(ctx, b, dims)
+			if used[0] != 80 || used[1] != 80 {
+				t.Fatalf("after a denied extension: %v, want [80 80]", used)
+			}
+			if d, err := e.Extend(ctx, r, Spend{Tokens: 20}); err != nil || d != nil {
+				t.Fatalf("an extension up to the limit: %+v %v", d, err)
+			}
+			if err := e.Settle(ctx, r, Spend{Tokens: 45}); err != nil {
+				t.Fatal(err)
+			}
+			used, _ = e.Used(ctx, b, dims)
+			if used[0] != 45 || used[1] != 45 {
+				t.Fatalf("settled at 45 after extensions: %v", used)
+			}
+			// A settled reservation extends no more.
+			if d, err := e.Extend(ctx, r, Spend{Tokens: 1}); err != nil || d == nil {
+				t.Fatalf("an extension after the settle: %+v %v, want a denial", d, err)
+			}
+			assertUsed(t, e, b[:1], dims, 45)
+		}},
+		{"a settle after an extension whose reply was lost charges what was used", func(t *testing.T, s Store) {
+			e := NewEngine(s, "c13")
+			ctx := context.Background()
+			b := []Budget{tokenBudget("a", PerKey, 1000)}
+			for _, keep := range []bool{false, true} {
+				dims := Dims{Principal: fmt.Sprint(keep)}
+				r := mustReserve(t, e, b, dims, 30)
+				// The store applied extension 1; the engine never heard.
+				if res, err := s.Extend(ctx, e.recordKey(r), 1, []Charge{{Key: r.Holds[0].Key, Amount: 200, Limit: 1000, TTL: time.Hour}}); err != nil || !res.Admitted {
+					t.Fatalf("extend: %+v %v", res, err)
+				}
+				assertUsed(t, e, b, dims, 230)
+				if keep {
+					if err := e.Keep(ctx, r); err != nil {
+						t.Fatal(err)
+					}
+					assertUsed(t, e, b, dims, 230) // kept: what the store holds
+					continue
+				}
+				if err := e.Settle(ctx, r, Spend{Tokens: 40}); err != nil {
+					t.Fatal(err)
+				}
+				assertUsed(t, e, b, dims, 40)
+			}
+		}},
+		{"extensions apply in order", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			record, counter := "c14:bg:{b}:res:1", "c14:bg:{b}:x"
+			if _, err := s.Reserve(ctx, record, time.Minute, []Charge{{Key: counter, Amount: 10, Limit: 100, TTL: time.Hour}}); err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.Extend(ctx, record, 2, []Charge{{Key: counter, Amount: 10, Limit: 100, TTL: time.Hour}})
+			if err != nil || res.Admitted {
+				t.Fatalf("extension 2 before 1: %+v %v, want nothing applied", res, err)
+			}
+			if got, _ := s.Get(ctx, []string{counter}); got[0] != 10 {
+				t.Fatalf("counter = %d, want 10", got[0])
+			}
+			if res, err := s.Extend(ctx, "c14:bg:{b}:res:none", 1, []Charge{{Key: counter, Amount: 10, Limit: 100, TTL: time.Hour}}); err != nil || !res.Gone {
+				t.Fatalf("an extension of no reservation: %+v %v, want gone", res, err)
 			}
 		}},
 		{"a release leaves no key behind", func(t *testing.T, s Store) {
@@ -147,7 +237,7 @@ func TestStoreConformance(t *testing.T) {
 			if !stored(t, s, record) || !stored(t, s, counter) {
 				t.Fatal("a reservation keeps its record and its counter")
 			}
-			if ok, err := s.Settle(ctx, record, time.Minute, []Adjustment{{Key: counter, Delta: -30, TTL: time.Hour}}); err != nil || !ok {
+			if ok, err := s.Settle(ctx, record, time.Minute, []Adjustment{{Key: counter, Amount: 0, TTL: time.Hour}}); err != nil || !ok {
 				t.Fatalf("release: %v %v", ok, err)
 			}
 			if stored(t, s, record) || stored(t, s, counter) {
@@ -170,7 +260,7 @@ func TestStoreConformance(t *testing.T) {
 		{"a release that arrives before its reserve cancels it", func(t *testing.T, s Store) {
 			ctx := context.Background()
 			charges := []Charge{{Key: "c9:bg:{b}:x", Amount: 30, Limit: 100, TTL: time.Hour}}
-			release := []Adjustment{{Key: "c9:bg:{b}:x", Delta: -30, TTL: time.Hour}}
+			release := []Adjustment{{Key: "c9:bg:{b}:x", Amount: 0, TTL: time.Hour}}
 			if ok, err := s.Settle(ctx, "c9:bg:{b}:res:late", time.Minute, release); err != nil || ok {
 				t.Fatalf("a release of a reservation that never ran: applied %v, %v; want nothing applied", ok, err)
 			}

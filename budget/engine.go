@@ -137,6 +137,11 @@ type Hold struct {
 type Reservation struct {
 	ID    string
 	Holds []Hold
+	// overLimit: reserved by ReserveOverLimit, so it extends without limits.
+	overLimit bool
+	// extended is the number of the last extension applied; extensions are
+	// made one at a time.
+	extended int
 	// settle is what this engine knows of the reservation's settle: a
 	// settle that found no record is only lost if none was applied or left
 	// unsure before it.
@@ -184,7 +189,7 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		return nil, nil, ErrStoreDown
 	}
 	now := e.now()
-	r := &Reservation{ID: newReservationID(), Holds: make([]Hold, len(budgets))}
+	r := &Reservation{ID: newReservationID(), Holds: make([]Hold, len(budgets)), overLimit: !enforce}
 	charges := make([]Charge, len(budgets))
 	for i := range budgets {
 		b := &budgets[i]
@@ -213,6 +218,62 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		return nil, &Denial{Budget: h.Budget, Amount: h.Amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}, nil
 	}
 	return r, nil, nil
+}
+
+// extendAttempts bounds the tries of one extension: a retry is safe, the
+// store applies an extension once.
+const extendAttempts = 2
+
+// Extend adds more to a reservation in every budget in one atomic step, when
+// each still fits its limit: an output lease growing with a streamed
+// response. It returns a Denial naming the first budget that does not fit
+// (or the reservation's first budget when the store holds the reservation no
+// more), or an error when the store fails, after which the outcome is
+// unknown: the settle moves the counters from what the store holds, so
+// either way nothing is charged twice. Extensions of one reservation are
+// made one at a time.
+func (e *Engine) Extend(ctx context.Context, r *Reservation, more Spend) (*Denial, error) {
+	if e.down.Load() {
+		return nil, ErrStoreDown
+	}
+	seq := r.extended + 1
+	charges := make([]Charge, len(r.Holds))
+	for i := range r.Holds {
+		h := &r.Holds[i]
+		limit := h.Budget.Limit
+		if r.overLimit {
+			limit = math.MaxInt64
+		}
+		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: limit, TTL: 2 * h.Budget.Window}
+	}
+	var res ExtendResult
+	var err error
+	for attempt := 0; attempt < extendAttempts; attempt++ {
+		res, err = e.store.Extend(ctx, e.recordKey(r), seq, charges)
+		if e.failed(err) == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		e.trip()
+		return nil, err
+	}
+	if res.Gone {
+		h := r.Holds[0]
+		return &Denial{Budget: h.Budget, Amount: charges[0].Amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}, nil
+	}
+	for i := range r.Holds {
+		r.Holds[i].Used = res.Used[i]
+	}
+	if !res.Admitted {
+		h := r.Holds[res.Denied]
+		return &Denial{Budget: h.Budget, Amount: charges[res.Denied].Amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}, nil
+	}
+	r.extended = seq
+	for i := range r.Holds {
+		r.Holds[i].Amount += charges[i].Amount
+	}
+	return nil, nil
 }
 
 // resolve applies adjs to a reservation in the background, idempotently,
@@ -281,12 +342,18 @@ func (e *Engine) trip() {
 	}()
 }
 
+// releaseOf returns every counter of r to what it was before r.
 func releaseOf(r *Reservation) []Adjustment {
-	adjs := make([]Adjustment, 0, len(r.Holds))
-	for _, h := range r.Holds {
-		if h.Amount != 0 {
-			adjs = append(adjs, Adjustment{Key: h.Key, Delta: -h.Amount, TTL: 2 * h.Budget.Window})
-		}
+	return adjustments(r, func(*Hold) int64 { return 0 })
+}
+
+// adjustments names every counter of r in the reserve's order, each settled
+// at amount(h).
+func adjustments(r *Reservation, amount func(h *Hold) int64) []Adjustment {
+	adjs := make([]Adjustment, len(r.Holds))
+	for i := range r.Holds {
+		h := &r.Holds[i]
+		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: 2 * h.Budget.Window}
 	}
 	return adjs
 }
@@ -308,25 +375,16 @@ var ErrReservationLost = errors.New("budget settle: the reservation's record is 
 // ErrReservationLost, unless a settle of r applied before or failed in a way
 // that may have applied (then it is the repeat the record guards against).
 func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error {
-	adjs := make([]Adjustment, 0, len(r.Holds))
-	for _, h := range r.Holds {
-		// Every budget is named, even with a delta of 0: the script ends the
-		// record in the same step.
-		delta := max(h.Budget.Amount(actual), 0) - h.Amount
-		adjs = append(adjs, Adjustment{Key: h.Key, Delta: delta, TTL: 2 * h.Budget.Window})
-	}
-	return e.settle(ctx, r, adjs)
+	// The store moves each counter from what the record holds, so a settle
+	// is right whatever extensions applied, even one whose reply was lost.
+	return e.settle(ctx, r, adjustments(r, func(h *Hold) int64 { return max(h.Budget.Amount(actual), 0) }))
 }
 
-// Keep settles a reservation at what it reserved, in every budget: for a
-// response whose usage is unknown, which the upstream still bills. It ends
-// the reservation's record like any settle.
+// Keep settles a reservation at what it holds (its reserve and every
+// extension), in every budget: for a response whose usage is unknown, which
+// the upstream still bills. It ends the reservation's record like any settle.
 func (e *Engine) Keep(ctx context.Context, r *Reservation) error {
-	adjs := make([]Adjustment, 0, len(r.Holds))
-	for _, h := range r.Holds {
-		adjs = append(adjs, Adjustment{Key: h.Key, TTL: 2 * h.Budget.Window})
-	}
-	return e.settle(ctx, r, adjs)
+	return e.settle(ctx, r, adjustments(r, func(*Hold) int64 { return KeepHeld }))
 }
 
 func (e *Engine) settle(ctx context.Context, r *Reservation, adjs []Adjustment) error {

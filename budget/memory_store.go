@@ -22,6 +22,10 @@ type MemoryStore struct {
 type memoryValue struct {
 	value   int64
 	expires time.Time
+	// held is what a reserved record holds of each counter, in the
+	// reserve's order; extended, the last extension applied.
+	held     []int64
+	extended int
 }
 
 const (
@@ -69,7 +73,47 @@ func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.D
 			m.keys[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
 		}
 	}
-	m.keys[record] = memoryValue{value: recordReserved, expires: now.Add(recordTTL)}
+	held := make([]int64, len(charges))
+	for i, c := range charges {
+		held[i] = c.Amount
+	}
+	m.keys[record] = memoryValue{value: recordReserved, expires: now.Add(recordTTL), held: held}
+	res.Admitted = true
+	return res, nil
+}
+
+// Extend implements Store.
+func (m *MemoryStore) Extend(_ context.Context, record string, seq int, charges []Charge) (ExtendResult, error) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, ok := m.keys[record]
+	if !ok || !now.Before(rec.expires) || rec.value != recordReserved || len(rec.held) != len(charges) || rec.extended < seq-1 {
+		return ExtendResult{Gone: true, Denied: -1}, nil
+	}
+	res := ExtendResult{Denied: -1, Used: make([]int64, len(charges))}
+	for i, c := range charges {
+		res.Used[i], _ = m.get(c.Key, now)
+		if res.Denied < 0 && res.Used[i]+c.Amount > c.Limit {
+			res.Denied = i
+		}
+	}
+	if rec.extended >= seq {
+		res.Admitted, res.Denied = true, -1 // a repeat: it applied before
+		return res, nil
+	}
+	if res.Denied >= 0 {
+		return res, nil
+	}
+	for i, c := range charges {
+		if c.Amount != 0 {
+			res.Used[i] += c.Amount
+			m.keys[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
+			rec.held[i] += c.Amount
+		}
+	}
+	rec.extended = seq
+	m.keys[record] = rec
 	res.Admitted = true
 	return res, nil
 }
@@ -87,10 +131,18 @@ func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration
 	if state != recordReserved {
 		return false, nil
 	}
+	rec := m.keys[record]
 	delete(m.keys, record)
-	for _, a := range adjs {
-		if v, _ := m.get(a.Key, now); v+a.Delta > 0 {
-			m.keys[a.Key] = memoryValue{value: v + a.Delta, expires: now.Add(a.TTL)}
+	for i, a := range adjs {
+		if a.Amount == KeepHeld {
+			continue
+		}
+		var held int64
+		if i < len(rec.held) {
+			held = rec.held[i]
+		}
+		if v, _ := m.get(a.Key, now); v+a.Amount-held > 0 {
+			m.keys[a.Key] = memoryValue{value: v + a.Amount - held, expires: now.Add(a.TTL)}
 		} else {
 			delete(m.keys, a.Key)
 		}

@@ -9,6 +9,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// A reservation's record is a hash: s is its state ("r" reserved, "x" a
+// tombstone), n the last extension applied, and h<i> what it holds of the
+// i-th counter (1-based, in the order of the reserve's charges), so a settle
+// moves each counter from what is held, whatever extensions applied, to what
+// was used.
+
 // reserveScript checks every counter, then charges every counter and writes
 // the reservation's record, in one server-side step: no other client can run
 // between the check and the charge, and a denial charges nothing. A record
@@ -33,38 +39,91 @@ end
 if denied > 0 then
   return {0, denied, unpack(used)}
 end
+local record = {'s', 'r', 'n', 0}
 for i = 2, #KEYS do
   if tonumber(ARGV[3*i-4]) ~= 0 then
     used[i-1] = redis.call('INCRBY', KEYS[i], ARGV[3*i-4])
     redis.call('PEXPIRE', KEYS[i], ARGV[3*i-2])
   end
+  record[#record+1] = 'h' .. (i-1)
+  record[#record+1] = ARGV[3*i-4]
 end
-redis.call('SET', KEYS[1], 'r', 'PX', ARGV[1])
+redis.call('HSET', KEYS[1], unpack(record))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return {1, 0, unpack(used)}
 `)
 
-// settleScript applies a reservation's adjustments once, to a reserved record
-// only, and deletes the record: a repeat after a lost reply finds none and is
-// a no-op, and a release that arrives before its reserve leaves a tombstone
-// that cancels the reserve. A counter that falls to 0 is deleted, so a
-// released request (an upstream's 401 to a stranger) leaves no key behind.
+// extendScript adds an extension to a reserved record's counters if each
+// stays within its limit, and nothing otherwise, once: extension n applies
+// only after n-1, and a repeat (its reply was lost) answers admitted without
+// charging again. A record that is not reserved (settled, expired, lost with
+// the store's data) admits nothing.
 //
-// KEYS[1]: the record; KEYS[2..]: counters. ARGV[1]: ttl_ms of a tombstone;
-// then delta, ttl_ms for each counter. Returns 1 if applied, 0 otherwise.
+// KEYS[1]: the record; KEYS[2..]: its counters, in the reserve's order.
+// ARGV[1]: the extension's number (1, 2, ...); then amount, limit, ttl_ms
+// for each counter. Returns {admitted (0|1|2 applied before|-1 no
+// reservation), denied index (1-based), used...}.
+var extendScript = redis.NewScript(`
+local rec = redis.call('HMGET', KEYS[1], 's', 'n')
+if rec[1] ~= 'r' then
+  return {-1, 0}
+end
+local seq = tonumber(ARGV[1])
+local used = {}
+for i = 2, #KEYS do
+  used[i-1] = tonumber(redis.call('GET', KEYS[i]) or '0')
+end
+if tonumber(rec[2]) >= seq then
+  return {2, 0, unpack(used)}
+end
+if tonumber(rec[2]) ~= seq - 1 then
+  return {-1, 0}
+end
+for i = 2, #KEYS do
+  if used[i-1] + tonumber(ARGV[3*i-4]) > tonumber(ARGV[3*i-3]) then
+    return {0, i-1, unpack(used)}
+  end
+end
+for i = 2, #KEYS do
+  if tonumber(ARGV[3*i-4]) ~= 0 then
+    used[i-1] = redis.call('INCRBY', KEYS[i], ARGV[3*i-4])
+    redis.call('PEXPIRE', KEYS[i], ARGV[3*i-2])
+    redis.call('HINCRBY', KEYS[1], 'h' .. (i-1), ARGV[3*i-4])
+  end
+end
+redis.call('HSET', KEYS[1], 'n', seq)
+return {1, 0, unpack(used)}
+`)
+
+// settleScript moves a reservation's counters from what its record holds to
+// what was used, once, to a reserved record only, and deletes the record: a
+// repeat after a lost reply finds none and is a no-op, and a release that
+// arrives before its reserve leaves a tombstone that cancels the reserve. A
+// counter that falls to 0 is deleted, so a released request (an upstream's
+// 401 to a stranger) leaves no key behind.
+//
+// KEYS[1]: the record; KEYS[2..]: its counters, in the reserve's order.
+// ARGV[1]: ttl_ms of a tombstone; then amount (-1: keep what is held),
+// ttl_ms for each counter. Returns 1 if applied, 0 otherwise.
 var settleScript = redis.NewScript(`
-local state = redis.call('GET', KEYS[1])
+local state = redis.call('HGET', KEYS[1], 's')
 if state ~= 'r' then
   if not state then
-    redis.call('SET', KEYS[1], 'x', 'PX', ARGV[1])
+    redis.call('HSET', KEYS[1], 's', 'x')
+    redis.call('PEXPIRE', KEYS[1], ARGV[1])
   end
   return 0
 end
 for i = 2, #KEYS do
-  local v = redis.call('INCRBY', KEYS[i], ARGV[2*i-2])
-  if v <= 0 then
-    redis.call('DEL', KEYS[i])
-  else
-    redis.call('PEXPIRE', KEYS[i], ARGV[2*i-1])
+  local amount = tonumber(ARGV[2*i-2])
+  if amount >= 0 then
+    local held = tonumber(redis.call('HGET', KEYS[1], 'h' .. (i-1)) or '0')
+    local v = redis.call('INCRBY', KEYS[i], amount - held)
+    if v <= 0 then
+      redis.call('DEL', KEYS[i])
+    else
+      redis.call('PEXPIRE', KEYS[i], ARGV[2*i-1])
+    end
   end
 end
 redis.call('DEL', KEYS[1])
@@ -84,18 +143,19 @@ func NewRedisStore(client redis.UniversalClient) *RedisStore {
 	return &RedisStore{client: client}
 }
 
-// scriptInput starts the KEYS and ARGV of a script call: the record and its
-// ttl, with room for n counters of perCounter arguments each.
-func scriptInput(record string, ttl time.Duration, n, perCounter int) ([]string, []any) {
+// scriptInput starts the KEYS and ARGV of a script call: the record and the
+// script's first argument, with room for n counters of perCounter arguments
+// each.
+func scriptInput(record string, first any, n, perCounter int) ([]string, []any) {
 	keys := make([]string, 1, 1+n)
 	args := make([]any, 1, 1+perCounter*n)
-	keys[0], args[0] = record, ttl.Milliseconds()
+	keys[0], args[0] = record, first
 	return keys, args
 }
 
 // Reserve implements Store.
 func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
-	keys, args := scriptInput(record, recordTTL, len(charges), 3)
+	keys, args := scriptInput(record, recordTTL.Milliseconds(), len(charges), 3)
 	for _, c := range charges {
 		keys = append(keys, c.Key)
 		args = append(args, c.Amount, c.Limit, c.TTL.Milliseconds())
@@ -115,16 +175,36 @@ func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.
 
 // Settle implements Store.
 func (r *RedisStore) Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
-	keys, args := scriptInput(record, ttl, len(adjs), 2)
+	keys, args := scriptInput(record, ttl.Milliseconds(), len(adjs), 2)
 	for _, a := range adjs {
 		keys = append(keys, a.Key)
-		args = append(args, a.Delta, a.TTL.Milliseconds())
+		args = append(args, a.Amount, a.TTL.Milliseconds())
 	}
 	n, err := settleScript.Run(ctx, r.client, keys, args...).Int64()
 	if err != nil {
 		return false, fmt.Errorf("budget settle script: %w", err)
 	}
 	return n == 1, nil
+}
+
+// Extend implements Store.
+func (r *RedisStore) Extend(ctx context.Context, record string, seq int, charges []Charge) (ExtendResult, error) {
+	keys, args := scriptInput(record, seq, len(charges), 3)
+	for _, c := range charges {
+		keys = append(keys, c.Key)
+		args = append(args, c.Amount, c.Limit, c.TTL.Milliseconds())
+	}
+	vals, err := extendScript.Run(ctx, r.client, keys, args...).Int64Slice()
+	if err != nil {
+		return ExtendResult{}, fmt.Errorf("budget extend script: %w", err)
+	}
+	if len(vals) == 2 && vals[0] == -1 {
+		return ExtendResult{Gone: true, Denied: -1}, nil
+	}
+	if len(vals) != 2+len(charges) {
+		return ExtendResult{}, fmt.Errorf("budget extend script: %d values for %d budgets", len(vals), len(charges))
+	}
+	return ExtendResult{Admitted: vals[0] >= 1, Denied: int(vals[1]) - 1, Used: vals[2:]}, nil
 }
 
 // Ping implements Store.

@@ -25,17 +25,35 @@ type ReserveResult struct {
 	Used []int64
 }
 
-// Adjustment moves one counter by Delta and re-arms its TTL; a counter that
-// falls to 0 or below is deleted (it reads 0).
-type Adjustment struct {
-	Key   string
-	Delta int64
-	TTL   time.Duration
+// ExtendResult is the answer of Store.Extend.
+type ExtendResult struct {
+	Admitted bool
+	// Gone is true when the reservation is not held any more (settled,
+	// expired, lost with the store's data): nothing is charged.
+	Gone bool
+	// Denied is the index of the first charge that did not fit; -1 when admitted.
+	Denied int
+	// Used is each counter after the extension, or as it stands when denied.
+	Used []int64
 }
+
+// Adjustment settles one counter of a reservation: the counter moves from
+// what the reservation holds of it (its reserve and every extension) to
+// Amount, and re-arms its TTL; a counter that falls to 0 or below is deleted
+// (it reads 0). Amount KeepHeld keeps what is held.
+type Adjustment struct {
+	Key    string
+	Amount int64
+	TTL    time.Duration
+}
+
+// KeepHeld is the Adjustment amount that charges what a reservation holds.
+const KeepHeld = -1
 
 // Store keeps budget counters and one record per reservation. The record
 // makes a reservation exact under lost replies: Reserve charges nothing if
-// the record exists, and writes it when it charges; Settle applies only to a
+// the record exists, and writes it, with what it holds of each counter, when
+// it charges; Extend adds to a reserved record once; Settle applies only to a
 // reserved record, once, and leaves a tombstone where there was none, so a
 // reserve that runs after its release (a stalled server, a lost reply)
 // charges nothing. A Store never re-sends a command by itself.
@@ -44,9 +62,16 @@ type Store interface {
 	// adds none otherwise, in one atomic step; when it adds, it writes the
 	// record (kept for recordTTL). A charge of 0 writes no counter.
 	Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error)
+	// Extend adds every charge to a reserved record's counters if each
+	// stays within its limit, and none otherwise, in one atomic step, and
+	// adds them to what the record holds. Extensions are numbered from 1 and
+	// apply in order, once: a repeat of one that applied (its reply was
+	// lost) is admitted without charging again. The charges name the
+	// reserve's counters in the reserve's order.
+	Extend(ctx context.Context, record string, seq int, charges []Charge) (ExtendResult, error)
 	// Settle applies every adjustment in one atomic step if the record is
-	// reserved, deletes the record and every counter that falls to 0 or
-	// below; applied is false when there was no reserved record (settled
+	// reserved (adjs name the reserve's counters in the reserve's order),
+	// deletes the record and every counter that falls to 0 or below; applied is false when there was no reserved record (settled
 	// already, expired, lost with the store's data, or never reserved: then
 	// a tombstone is kept for ttl, which cancels a reserve arriving late).
 	Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (applied bool, err error)
