@@ -169,3 +169,44 @@ func TestSettleAgainstAKilledStoreIsDrift(t *testing.T) {
 	}
 	assertUsed(t, e, b, Dims{}, 0)
 }
+
+// An extension whose reply is lost in a stall runs late on the server (or
+// not at all): the settle moves the counters from what the record holds, so
+// the charge is what was used either way, never the lost extension on top.
+func TestStallDuringAnExtensionChargesWhatWasUsed(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	e := NewEngine(NewRedisStore(srv.Client(t)), "stallext")
+	b := []Budget{tokenBudget("daily", Global, 100_000), tokenBudget("per_key", PerKey, 100_000)}
+	dims := Dims{Principal: "alice"}
+	r := mustReserve(t, e, b, dims, 100)
+	// One extension before the stall: the server knows the script, so the
+	// one sent into the stall runs once the stall ends.
+	if d, err := e.Extend(context.Background(), r, Spend{Tokens: 50}); err != nil || d != nil {
+		t.Fatal(d, err)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	stalled := make(chan error, 1)
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1").Err() }()
+	srv.WaitStalled(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	d, err := e.Extend(ctx, r, Spend{Tokens: 500})
+	cancel()
+	if err == nil || d != nil {
+		t.Fatalf("an extension in a stall: denial %+v, error %v; want an error", d, err)
+	}
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, e)
+	e = NewEngine(NewRedisStore(srv.Client(t)), "stallext")
+	// The extension's script ran after the stall, unseen: 650 held.
+	assertUsed(t, e, b, dims, 650)
+	if err := e.Settle(context.Background(), r, Spend{Tokens: 130}); err != nil {
+		t.Fatal(err)
+	}
+	used, err := e.Used(context.Background(), b, dims)
+	if err != nil || used[0] != 130 || used[1] != 130 {
+		t.Fatalf("after the settle: %v %v, want [130 130]", used, err)
+	}
+}
