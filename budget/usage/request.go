@@ -47,6 +47,11 @@ type Request struct {
 	// NoOutput is true for an API that only reads input (embeddings): no
 	// output is reserved.
 	NoOutput bool
+	// Reasoning is true when the body asks for reasoning (OpenAI
+	// reasoning_effort, Responses reasoning, Anthropic thinking, Gemini
+	// generationConfig.thinkingConfig, Ollama think), whose tokens may be
+	// billed without being streamed.
+	Reasoning bool
 }
 
 // ErrBadRequest wraps every reason a body is refused; the message is safe to
@@ -69,6 +74,14 @@ type rawRequest struct {
 	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
 	MaxOutputTokens     *int64 `json:"max_output_tokens"`
 
+	// Reasoning parameters of each API.
+	ReasoningEffort json.RawMessage `json:"reasoning_effort"`
+	Reasoning       json.RawMessage `json:"reasoning"`
+	Thinking        *struct {
+		Type string `json:"type"`
+	} `json:"thinking"`
+	Think json.RawMessage `json:"think"`
+
 	Messages     []json.RawMessage `json:"messages"`
 	Input        json.RawMessage   `json:"input"`
 	Instructions json.RawMessage   `json:"instructions"`
@@ -89,10 +102,31 @@ type rawRequest struct {
 }
 
 type generationConfig struct {
-	MaxOutputTokens      *int64 `json:"maxOutputTokens"`
-	MaxOutputTokensProto *int64 `json:"max_output_tokens"`
-	CandidateCount       *int64 `json:"candidateCount"`
-	CandidateCountProto  *int64 `json:"candidate_count"`
+	MaxOutputTokens      *int64          `json:"maxOutputTokens"`
+	MaxOutputTokensProto *int64          `json:"max_output_tokens"`
+	CandidateCount       *int64          `json:"candidateCount"`
+	CandidateCountProto  *int64          `json:"candidate_count"`
+	ThinkingConfig       json.RawMessage `json:"thinkingConfig"`
+	ThinkingConfigProto  json.RawMessage `json:"thinking_config"`
+}
+
+// reasoning reports whether the body asks format f's upstream to reason.
+func (raw *rawRequest) reasoning(f Format) bool {
+	given := func(v json.RawMessage) bool { return len(v) > 0 && string(v) != "null" }
+	switch f {
+	case OpenAIChat:
+		return given(raw.ReasoningEffort)
+	case OpenAIResponses:
+		return given(raw.Reasoning)
+	case Anthropic:
+		return raw.Thinking != nil && raw.Thinking.Type != "disabled"
+	case Gemini:
+		g, _ := raw.geminiGenerationConfig()
+		return g != nil && (given(g.ThinkingConfig) || given(g.ThinkingConfigProto))
+	case Ollama:
+		return given(raw.Think) && string(raw.Think) != "false"
+	}
+	return false
 }
 
 // intField is an integer field of the body, named as the body spells it;
@@ -190,6 +224,7 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 	}
 	req.IncludeUsage = raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage
 	req.NoOutput = f == OpenAIEmbeddings
+	req.Reasoning = raw.reasoning(f)
 	req.N = 1
 	for _, c := range raw.choices(f) {
 		if c.v == nil {
