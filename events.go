@@ -19,6 +19,11 @@ const (
 	// shadow). Data: budget, scope, scope_hash, unit, requested, used, limit,
 	// shadow.
 	eventLLMBudgetDenied = "llmbudget_denied"
+	// eventLLMBudgetTruncated: a stream ended at its output lease because
+	// an extension was refused (or the store did not answer). Data: budget
+	// (the one that refused, "" when the store failed), reservation,
+	// held_output (the output tokens the stream was held to), model.
+	eventLLMBudgetTruncated = "llmbudget_truncated"
 )
 
 // emitter emits a handler's events on its config's events app.

@@ -120,6 +120,28 @@ type LLMBudget struct {
 	// answers 400 (code output_cap_too_large) in the API's error shape and
 	// forwards nothing. Default "lower".
 	OverMaxOutputTokens string `json:"over_max_output_tokens,omitempty"`
+	// OutputLeases holds a streamed request to its prompt and an output
+	// lease, learned from recent answers of its model (their 90th percentile,
+	// within OutputLeaseMin and the request's cap), instead of its whole cap;
+	// the lease is extended as the stream needs, atomically across every
+	// budget, and a stream whose extension is refused ends at its lease in
+	// the API's own terminal form (finish_reason "length", stop_reason
+	// "max_tokens", ...) with the upstream request cancelled. Requests whose
+	// output cannot be seen as it streams hold their whole cap: non-streamed
+	// ones, those asking for several outputs (n > 1), those carrying
+	// reasoning parameters and those to ReasoningModels. Default true.
+	OutputLeases *bool `json:"output_leases,omitempty"`
+	// OutputLeaseMin is the smallest output lease, in tokens, and the first
+	// one of a model with no history; extensions are at least a quarter of
+	// it. Default 256.
+	OutputLeaseMin int64 `json:"output_lease_min,omitempty"`
+	// ReasoningModels are model patterns (* matches any run of characters;
+	// a pattern matches the model or its part after the last "/") whose
+	// requests hold their whole output cap, because the model bills
+	// reasoning tokens it does not stream. Setting it replaces the default:
+	// o1*, o3*, o4*, gpt-5*, codex-*, gemini-2.5-*, gemini-3*, grok-3-mini*,
+	// grok-4*, *thinking*.
+	ReasoningModels []string `json:"reasoning_models,omitempty"`
 
 	budgets          []budget.Budget
 	defaultMaxTokens int64
@@ -131,6 +153,9 @@ type LLMBudget struct {
 	format           usage.Format
 	chatCapField     usage.ChatCapField
 	policy           string
+	outputLeases     bool
+	outputLeaseMin   int64
+	reasoningModels  []string
 	store            *store
 	logger           *zap.Logger
 	events           emitter
@@ -222,6 +247,9 @@ func (h *LLMBudget) compile() error {
 	}
 	if h.MaxRequestBody < 0 {
 		return errors.New("llmbudget: max_request_body: must be > 0")
+	}
+	if err := h.compileLeases(); err != nil {
+		return err
 	}
 	if h.UnknownPaths != "" && h.UnknownPaths != "pass" && h.UnknownPaths != "deny" {
 		return fmt.Errorf("llmbudget: unknown_paths %q: want pass or deny", h.UnknownPaths)

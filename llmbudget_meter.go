@@ -1,6 +1,8 @@
 package fleetguard
 
 import (
+	"bytes"
+	"context"
 	"io"
 	"mime"
 	"net/http"
@@ -40,6 +42,16 @@ type meteringWriter struct {
 	stripUsage bool
 	pending    []byte
 	scanned    int // how far pending was scanned for an event's end
+	// lease, for a leased stream, holds each event back until its output
+	// is held (llmbudget_lease.go); truncated: the stream was ended at the
+	// lease, and the rest of the upstream's answer is dropped.
+	lease            *lease
+	cancelUpstream   context.CancelFunc
+	truncated        bool
+	clientAskedUsage bool
+	// created is a Responses stream's first event (response.created), whose
+	// response object a truncation ends.
+	created []byte
 }
 
 var (
@@ -73,6 +85,9 @@ func (w *meteringWriter) WriteHeader(status int) {
 func (w *meteringWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
+	}
+	if w.lease != nil && w.meter != nil {
+		return len(p), w.passLeased(p)
 	}
 	if w.stripUsage && w.meter != nil {
 		w.observe(p)
@@ -110,6 +125,100 @@ func (w *meteringWriter) passEvents(p []byte) error {
 			w.pending = w.pending[:0]
 		}
 	}
+}
+
+// passLeased writes the complete events of pending+p to the client, each
+// once its output is held: an event that would take the running count past
+// the lease waits for an extension, and ends the stream if it is refused.
+// An event longer than usage.MaxEventBytes passes in parts, each counted.
+func (w *meteringWriter) passLeased(p []byte) error {
+	if w.truncated {
+		return nil
+	}
+	w.pending = append(w.pending, p...)
+	for !w.truncated {
+		end := w.eventEnd()
+		if end < 0 {
+			if len(w.pending) <= usage.MaxEventBytes {
+				return nil
+			}
+			end, w.scanned = len(w.pending), 0
+		}
+		if err := w.passLeasedEvent(w.pending[:end]); err != nil {
+			return err
+		}
+		w.pending = w.pending[end:]
+		if len(w.pending) == 0 {
+			w.pending = w.pending[:0]
+		}
+	}
+	return nil
+}
+
+// eventEnd is the length of the first complete event in pending, or -1.
+func (w *meteringWriter) eventEnd() int {
+	if w.meter.Framing() == usage.NDJSON {
+		i := bytes.IndexByte(w.pending[w.scanned:], '\n')
+		if i < 0 {
+			w.scanned = len(w.pending)
+			return -1
+		}
+		end := w.scanned + i + 1
+		w.scanned = 0
+		return end
+	}
+	end := usage.EventEnd(w.pending, w.scanned)
+	if end < 0 {
+		w.scanned = len(w.pending)
+		return -1
+	}
+	w.scanned = 0
+	return end
+}
+
+// passLeasedEvent counts ev and writes it if its output is held; else it
+// ends the stream with the API's terminal form.
+func (w *meteringWriter) passLeasedEvent(ev []byte) error {
+	w.meter.Write(ev)
+	if w.format == usage.OpenAIResponses && w.created == nil {
+		w.created = bytes.Clone(ev[:min(len(ev), maxCreatedEvent)])
+	}
+	w.lease.observe(ev, w.meter.Reading())
+	if !w.lease.admit() {
+		return w.truncate(ev)
+	}
+	if w.stripUsage && usage.IsUsageOnlyChunk(ev) {
+		return nil
+	}
+	_, err := w.ResponseWriter.Write(ev)
+	return err
+}
+
+// maxCreatedEvent bounds the copy of a Responses stream's first event.
+const maxCreatedEvent = 64 << 10
+
+// truncate ends the stream at its lease: the API's terminal form instead of
+// withheld (the event that did not fit), the upstream request cancelled.
+func (w *meteringWriter) truncate(withheld []byte) error {
+	w.truncated = true
+	w.cancelUpstream()
+	l := w.lease
+	metrics.llmTruncations.Inc()
+	if h := l.h; h.events.wants(eventLLMBudgetTruncated) {
+		h.events.emit(eventLLMBudgetTruncated, map[string]any{
+			"budget": l.refusedBy, "reservation": l.res.ID, "held_output": l.held, "model": l.model,
+		})
+	}
+	r := w.meter.Reading()
+	u := budget.Usage{InputTokens: l.prompt, OutputTokens: l.held}
+	if r.InputKnown {
+		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
+	}
+	if _, err := w.ResponseWriter.Write(usage.Truncation(w.format, withheld, w.created, u, w.clientAskedUsage)); err != nil {
+		return err
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	return nil
 }
 
 // giveUpStripping ends the usage chunk's removal when an event grows past
@@ -159,6 +268,13 @@ func (w *meteringWriter) observe(p []byte) {
 // drain writes out what is left of an incomplete last event when the
 // response ends (a stream that did not end with a blank line).
 func (w *meteringWriter) drain() {
+	if w.lease != nil && w.meter != nil {
+		if len(w.pending) > 0 && !w.truncated {
+			_ = w.passLeasedEvent(w.pending)
+		}
+		w.pending = nil
+		return
+	}
 	if len(w.pending) > 0 && !usage.IsUsageOnlyChunk(w.pending) {
 		_, _ = w.ResponseWriter.Write(w.pending)
 	}
@@ -246,6 +362,9 @@ func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) out
 		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
 	}
 	u.OutputTokens = max(r.Usage.OutputTokens, (r.OutputTextBytes+usage.BytesPerToken-1)/usage.BytesPerToken)
+	if w.lease != nil {
+		u.OutputTokens = max(u.OutputTokens, w.lease.count)
+	}
 	u.OutputTokens = min(u.OutputTokens, outputCap)
 	return outcome{usage: u, source: sourceEstimated}
 }
@@ -253,10 +372,20 @@ func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) out
 // finish decides, once, what the response used and hands the settle to the
 // background. It runs deferred, so it also runs when the client goes away,
 // the upstream fails or a later handler panics.
-func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, promptEstimate, outputCap int64, price budget.Price, model string) {
+func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, c *call) {
 	mw.drain()
+	promptEstimate, outputCap := c.req.PromptTokens, c.outputCap*c.req.N
+	if l := mw.lease; l != nil {
+		// The extension in flight ends before the settle reads the
+		// reservation; what is held bounds an estimate.
+		l.wait()
+		outputCap = l.held
+	}
 	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
-	spend, err := price.SpendOf(out.usage)
+	if l := mw.lease; l != nil && out.source == sourceReported && !mw.truncated {
+		l.learn(out.usage.OutputTokens)
+	}
+	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {
 		// No request uses that much, or less than nothing: the report is
 		// broken or hostile, so the usage is unknown and the reservation
@@ -269,7 +398,7 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 	reserved := promptEstimate + outputCap
 	// The response reaches the client first: the settle runs after this
 	// handler has returned, off the response path.
-	h.store.settleLater(func() { h.settle(res, out, spend, reserved, model) })
+	h.store.settleLater(func() { h.settle(res, out, spend, reserved, c.model) })
 }
 
 type writeOnly struct{ io.Writer }

@@ -49,8 +49,21 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	// The client did not ask for the usage chunk (or said no): it still
 	// settles the budget, but the client does not see it.
 	mw.stripUsage = c.askedUsage
-	defer h.finish(r, res, mw, c.req.PromptTokens, c.outputCap*c.req.N, c.price, c.model)
-	return next.ServeHTTP(mw, r)
+	defer h.finish(r, res, mw, &c)
+	if c.lease > 0 {
+		// A stream cut at its lease cancels the upstream request, which
+		// then stops generating (and billing).
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		mw.lease, mw.cancelUpstream = newLease(h, res, &c), cancel
+		mw.clientAskedUsage = c.req.IncludeUsage
+		r = r.WithContext(ctx)
+	}
+	err := next.ServeHTTP(mw, r)
+	if mw.truncated {
+		return nil // the client has a finished answer; the upstream's cancel is ours
+	}
+	return err
 }
 
 // call is a request as the budget sees it once estimated.
@@ -61,6 +74,10 @@ type call struct {
 	body, forward []byte
 	askedUsage    bool
 	outputCap     int64 // per output (choice, candidate)
+	// lease is the output held for a leased stream (0: the whole cap is
+	// held); history, its model's recent answers.
+	lease   int64
+	history *outputHistory
 	dims          budget.Dims
 	spend         budget.Spend
 	model         string // the price book's name of the model ("" unpriced)
@@ -132,7 +149,13 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 	if h.Team != "" {
 		c.dims.Team = repl.ReplaceAll(h.Team, "")
 	}
-	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: c.outputCap * c.req.N}
+	output := c.outputCap * c.req.N
+	if h.leasable(r, format, c) {
+		c.history = h.store.histories.of(c.req.Model)
+		c.lease = min(max(c.history.lease.Load(), h.outputLeaseMin), c.outputCap)
+		output = c.lease
+	}
+	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output}
 	c.spend = budget.Spend{Tokens: estimate.Tokens()}
 	var priced bool
 	c.model, c.price, priced = h.prices.Find(c.req.Model)

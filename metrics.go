@@ -28,6 +28,8 @@ var metrics = struct {
 	llmUsageRatio      prometheus.Histogram
 	llmInvalidUsage    prometheus.Counter
 	llmOversizedEvents prometheus.Counter
+	llmLeaseExtensions *prometheus.CounterVec
+	llmTruncations     prometheus.Counter
 	panics             *prometheus.CounterVec
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -122,6 +124,18 @@ var metrics = struct {
 		Name:      "oversized_events_total",
 		Help:      "Streamed responses with an event larger than 1 MiB while llmbudget was taking the usage chunk out of the stream: from there on the stream passes unchanged (a usage chunk may reach the client), and it is still metered.",
 	}),
+	llmLeaseExtensions: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "lease_extensions_total",
+		Help:      "Output lease extensions of streamed responses, by outcome: granted, refused (a budget had no room: the stream ends at its lease) or failed (the store did not answer: the stream ends at its lease).",
+	}, []string{"outcome"}),
+	llmTruncations: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "truncations_total",
+		Help:      "Streamed responses ended at their output lease, in the API's own terminal form (finish_reason length, stop_reason max_tokens...), because an extension was refused or failed; the upstream request is cancelled.",
+	}),
 	panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Name:      "panics_total",
@@ -165,6 +179,9 @@ func precreate() {
 	for _, outcome := range []string{"ok", "lost", "unknown", "failed"} {
 		m.llmSettleOutcomes.WithLabelValues(outcome)
 	}
+	for _, outcome := range []string{"granted", "refused", "failed"} {
+		m.llmLeaseExtensions.WithLabelValues(outcome)
+	}
 	for kind, outcomes := range map[string][]string{
 		"reserve": {"released", "cancelled", "failed"},
 		"settle":  {"applied", "applied_before", "failed"},
@@ -180,7 +197,7 @@ func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
 		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
-		m.llmInvalidUsage, m.llmOversizedEvents, m.panics}
+		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.panics}
 }
 
 // observePass counts a reconcile pass.

@@ -162,6 +162,10 @@ type store struct {
 	settleSlots chan struct{}
 	settles     sync.WaitGroup
 
+	// histories are what recent streamed answers of each model say about
+	// their output leases (llmbudget_lease.go).
+	histories histories
+
 	// logger is the logger of the config that built the store, for what
 	// happens in the background, outside any config.
 	logger *zap.Logger

@@ -258,6 +258,9 @@ type Reading struct {
 	Bytes int64
 }
 
+// Framing is how the metered stream separates its events.
+func (m *Meter) Framing() Framing { return m.framing }
+
 // Reading returns what the stream has reported so far.
 func (m *Meter) Reading() Reading {
 	return Reading{

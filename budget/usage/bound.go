@@ -1,0 +1,36 @@
+package usage
+
+// The running output count of a stream whose API reports no running usage
+// is bounded from its text: a byte-level tokenizer never makes a token of
+// less than a byte, and measured ones (o200k, cl100k, Claude's public one;
+// bench/tokenbound) make at least 2.1 bytes of a token of ordinary ASCII text
+// (digits and dates are the densest) and at least 1.7 bytes of one of UTF-8
+// above ASCII (emoji are the densest). So the bound over-counts every
+// ordinary text measured, English prose about 2.3 times; only random strings
+// (base64, hex, punctuation: 1.45 to 1.75 bytes a token) can be
+// under-counted, by up to 0.72.
+const (
+	asciiBytesPerToken = 2
+	// highBytesPerToken is 1.5, as halves.
+	highHalfBytesPerToken = 3
+)
+
+// OutputTokenBound bounds the tokens of streamed output from its text:
+// textBytes of it, highBytes of them above ASCII, in deltas events that
+// carried text (each carries at least one token).
+func OutputTokenBound(textBytes, highBytes, deltas int64) int64 {
+	highBytes = min(max(highBytes, 0), textBytes)
+	ascii := textBytes - highBytes
+	bound := (ascii+asciiBytesPerToken-1)/asciiBytesPerToken + (2*highBytes+highHalfBytesPerToken-1)/highHalfBytesPerToken
+	return max(bound, deltas)
+}
+
+// HighBytes counts the bytes of p above ASCII: the UTF-8 of characters a
+// tokenizer splits finer than ASCII text.
+func HighBytes(p []byte) int64 {
+	var n int64
+	for _, c := range p {
+		n += int64(c >> 7)
+	}
+	return n
+}

@@ -1,0 +1,135 @@
+package usage
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+
+	"github.com/fleetguard/fleetguard/budget"
+)
+
+// Truncation is the end of a stream cut at its output lease, in the API's
+// own terminal form, so a client (the official SDKs among them) reads a
+// finished answer that stopped at its length, not a broken stream:
+//
+//   - OpenAI chat and legacy completions: a last chunk with finish_reason
+//     "length", the usage chunk when withUsage, then [DONE];
+//   - Responses: response.incomplete, reason max_output_tokens;
+//   - Anthropic: content_block_stop of the open block, message_delta with
+//     stop_reason "max_tokens", message_stop;
+//   - Gemini: a chunk with finishReason "MAX_TOKENS";
+//   - Ollama: a last line with done true and done_reason "length".
+//
+// withheld is the event held back at the lease (the stream's ids and model
+// are taken from it); created is, for Responses, the stream's
+// response.created event (its response object is the one that ends). u is
+// what is reported as used. Cold path: it runs once per cut stream.
+func Truncation(f Format, withheld, created []byte, u budget.Usage, withUsage bool) []byte {
+	last := eventObject(withheld)
+	str := func(key string) any {
+		if v, ok := last[key]; ok {
+			return v
+		}
+		return nil
+	}
+	var out bytes.Buffer
+	sse := func(event string, v any) {
+		if event != "" {
+			out.WriteString("event: " + event + "\n")
+		}
+		b, _ := json.Marshal(v)
+		out.WriteString("data: ")
+		out.Write(b)
+		out.WriteString("\n\n")
+	}
+	switch f {
+	case OpenAIChat, OpenAICompletions:
+		object, choice := "chat.completion.chunk", map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}
+		if f == OpenAICompletions {
+			object, choice = "text_completion", map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": "length"}
+		}
+		chunk := map[string]any{"id": str("id"), "object": object, "created": str("created"), "model": str("model"), "choices": []any{choice}}
+		sse("", chunk)
+		if withUsage {
+			chunk["choices"] = []any{}
+			chunk["usage"] = map[string]int64{"prompt_tokens": u.InputTokens, "completion_tokens": u.OutputTokens, "total_tokens": u.InputTokens + u.OutputTokens}
+			sse("", chunk)
+		}
+		out.WriteString("data: [DONE]\n\n")
+	case OpenAIResponses:
+		resp, _ := eventObject(created)["response"].(map[string]any)
+		if resp == nil {
+			resp = map[string]any{"object": "response"}
+		}
+		resp["status"] = "incomplete"
+		resp["incomplete_details"] = map[string]any{"reason": "max_output_tokens"}
+		resp["usage"] = map[string]any{"input_tokens": u.InputTokens, "output_tokens": u.OutputTokens, "total_tokens": u.InputTokens + u.OutputTokens,
+			"input_tokens_details": map[string]any{"cached_tokens": u.CachedInputTokens}, "output_tokens_details": map[string]any{"reasoning_tokens": 0}}
+		ev := map[string]any{"type": "response.incomplete", "response": resp}
+		if n, ok := last["sequence_number"].(int64); ok {
+			ev["sequence_number"] = n + 1
+		}
+		sse("response.incomplete", ev)
+	case Anthropic:
+		if last["type"] == "content_block_delta" || last["type"] == "content_block_start" {
+			sse("content_block_stop", map[string]any{"type": "content_block_stop", "index": str("index")})
+		}
+		sse("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": "max_tokens", "stop_sequence": nil},
+			"usage": map[string]int64{"output_tokens": u.OutputTokens}})
+		sse("message_stop", map[string]any{"type": "message_stop"})
+	case Gemini:
+		chunk := map[string]any{
+			"candidates":    []any{map[string]any{"content": map[string]any{"role": "model", "parts": []any{map[string]any{"text": ""}}}, "finishReason": "MAX_TOKENS", "index": 0}},
+			"usageMetadata": map[string]int64{"promptTokenCount": u.InputTokens, "candidatesTokenCount": u.OutputTokens, "totalTokenCount": u.InputTokens + u.OutputTokens},
+		}
+		for _, k := range []string{"modelVersion", "responseId"} {
+			if v, ok := last[k]; ok {
+				chunk[k] = v
+			}
+		}
+		sse("", chunk)
+	case Ollama:
+		line := map[string]any{"model": str("model"), "created_at": str("created_at"), "done": true, "done_reason": "length",
+			"prompt_eval_count": u.InputTokens, "eval_count": u.OutputTokens}
+		if _, chat := last["message"]; chat {
+			line["message"] = map[string]any{"role": "assistant", "content": ""}
+		} else {
+			line["response"] = ""
+		}
+		b, _ := json.Marshal(line)
+		out.Write(b)
+		out.WriteByte('\n')
+	}
+	return out.Bytes()
+}
+
+// eventObject decodes the JSON object an SSE event's data lines (or an
+// NDJSON line) carry; nil when there is none.
+func eventObject(ev []byte) map[string]any {
+	var data []byte
+	if bytes.HasPrefix(bytes.TrimLeft(ev, " \t\r\n"), []byte("{")) {
+		data = ev
+	} else {
+		for _, line := range bytes.FieldsFunc(ev, func(r rune) bool { return r == '\n' || r == '\r' }) {
+			if rest, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+				data = append(data, bytes.TrimPrefix(rest, []byte(" "))...)
+			}
+		}
+	}
+	var obj map[string]any
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber()
+	if d.Decode(&obj) != nil {
+		return nil
+	}
+	for k, v := range obj {
+		if n, ok := v.(json.Number); ok {
+			if i, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+				obj[k] = i
+			} else if f, err := n.Float64(); err == nil {
+				obj[k] = f
+			}
+		}
+	}
+	return obj
+}
