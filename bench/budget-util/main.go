@@ -1,0 +1,425 @@
+// Command budget-util measures how much of an llmbudget token budget streaming
+// clients can spend: a real Caddy built from this checkout, one global budget
+// (memory store, or -redis for a throwaway redis-server), in front of
+// internal/fakellm in words mode (one token a chunk, -output tokens -interval
+// apart). -clients streaming clients post chat completions with max_tokens
+// -cap, all at once at first, each looping until its first refusal. It prints
+// how many of the first requests were admitted, the share of the limit spent
+// by the requests admitted before the first refusal, the counter at the end
+// against the limit and against the upstream's reported usage, and the
+// tokens the upstream generated that no client received (the residual).
+//
+//	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096]
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fleetguard/fleetguard/internal/fakellm"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+var (
+	limit    = flag.Int64("limit", 100000, "the global budget's limit, tokens per -window")
+	window   = flag.Duration("window", time.Hour, "the budget's window")
+	clients  = flag.Int("clients", 64, "concurrent streaming clients")
+	output   = flag.Int("output", 300, "tokens per answer (fakellm -output)")
+	input    = flag.Int("input", 20, "prompt tokens the upstream reports")
+	interval = flag.Duration("interval", 5*time.Millisecond, "time between tokens of a stream")
+	capTok   = flag.Int("cap", 4096, "max_tokens of every request")
+	jitter   = flag.Float64("jitter", 0, "vary each answer's length by up to this fraction of -output either way")
+	useRedis = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
+	caddyBin = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
+)
+
+// result is one request as a client saw it.
+type result struct {
+	client   int
+	first    bool // the client's first request (sent with all the others at once)
+	sent     time.Time
+	answered time.Time // response headers
+	status   int
+	err      error
+	chunks   int    // content chunks (one token each) received
+	finish   string // the last finish_reason
+	usage    bool   // a usage chunk came
+	prompt   int
+	complete int
+	done     bool // [DONE] came
+}
+
+func main() {
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("budget-util: ")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "budget-util-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	bin := *caddyBin
+	if bin == "" {
+		bin = filepath.Join(dir, "caddy")
+		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/caddy")
+		build.Dir, err = moduleRoot()
+		if err != nil {
+			return err
+		}
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("building caddy: %w", err)
+		}
+	}
+
+	// The upstream, in this process so its Generated counter can be read.
+	up := &fakellm.Server{Input: *input, Output: *output, Interval: *interval,
+		Words: true, StopAtCap: true, Jitter: *jitter}
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	upSrv := &http.Server{Handler: up}
+	go func() { _ = upSrv.Serve(upLn) }()
+	defer upSrv.Close()
+
+	global, store := "", "memory store"
+	if *useRedis {
+		rs, err := redistest.Launch()
+		if err != nil {
+			return err
+		}
+		defer rs.Stop()
+		global = fmt.Sprintf("\tfleetguard {\n\t\tredis %s\n\t\tprefix budgetutil\n\t}\n", rs.URL())
+		store = "redis " + rs.Addr()
+	}
+	sitePort, err := freePort()
+	if err != nil {
+		return err
+	}
+	adminPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	caddyfile := fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+%s}
+http://127.0.0.1:%d {
+	llmbudget {
+		budget all {
+			scope global
+			unit tokens
+			limit %d
+			window %s
+		}
+	}
+	reverse_proxy %s
+}
+`, adminPort, global, sitePort, *limit, *window, upLn.Addr())
+	cfgPath := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
+		return err
+	}
+	logf, err := os.Create(filepath.Join(dir, "caddy.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	caddy := exec.Command(bin, "run", "--config", cfgPath, "--adapter", "caddyfile")
+	caddy.Stdout, caddy.Stderr = logf, logf
+	if err := caddy.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		_ = caddy.Process.Signal(syscall.SIGTERM)
+		_ = caddy.Wait()
+	}()
+	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	site := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", sitePort)
+	before, err := waitCounter(ctx, admin, 30*time.Second)
+	if err != nil {
+		tail, _ := os.ReadFile(logf.Name())
+		return fmt.Errorf("caddy did not come up: %w\n%s", err, tail)
+	}
+	if before.used != 0 {
+		return fmt.Errorf("the budget starts at %d used, want 0", before.used)
+	}
+
+	// The clients: all first requests at once, then each loops until its
+	// first refusal.
+	body := fmt.Sprintf(`{"model":"gpt-4o","stream":true,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"write about budgets"}]}`, *capTok)
+	hc := &http.Client{Transport: &http.Transport{
+		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
+	}}
+	var (
+		mu      sync.Mutex
+		results []result
+		wg      sync.WaitGroup
+	)
+	ready := make(chan struct{})
+	for c := range *clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-ready
+			for first := true; ctx.Err() == nil; first = false {
+				r := stream(ctx, hc, site, body)
+				r.client, r.first = c, first
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+				if r.err != nil || r.status < 200 || r.status > 299 {
+					return
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	close(ready)
+	wg.Wait()
+	wall := time.Since(start)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	// Settles run after the response: wait for the counter to hold still.
+	var end counter
+	for prev := int64(-1); ; prev = end.used {
+		time.Sleep(300 * time.Millisecond)
+		if end, err = readCounter(admin); err != nil {
+			return err
+		}
+		if end.used == prev {
+			break
+		}
+	}
+	if !end.windowStart.Equal(before.windowStart) {
+		log.Printf("warning: the budget's window turned over during the run (%s → %s): run it again", before.windowStart, end.windowStart)
+	}
+
+	// The figures.
+	var (
+		firstAdmitted, admitted, truncated, noUsage, refusals, errs int
+		firstRefusal                                                time.Time
+		reported, received                                          int64
+		statuses                                                    = map[int]int{}
+	)
+	for _, r := range results {
+		switch {
+		case r.err != nil:
+			errs++
+		case r.status >= 200 && r.status <= 299:
+		default:
+			refusals++
+			statuses[r.status]++
+			if firstRefusal.IsZero() || r.answered.Before(firstRefusal) {
+				firstRefusal = r.answered
+			}
+		}
+	}
+	var spentBefore int64
+	var admittedBefore int
+	for _, r := range results {
+		if r.err != nil || r.status < 200 || r.status > 299 {
+			continue
+		}
+		admitted++
+		if r.first {
+			firstAdmitted++
+		}
+		received += int64(r.chunks)
+		if r.usage {
+			reported += int64(r.prompt + r.complete)
+		} else {
+			noUsage++
+		}
+		if r.finish == "length" && r.chunks < *capTok {
+			truncated++
+		}
+		if firstRefusal.IsZero() || r.sent.Before(firstRefusal) {
+			admittedBefore++
+			spentBefore += int64(r.prompt + r.complete)
+		}
+	}
+	generated := up.Generated()
+	pct := func(a, b int64) float64 { return 100 * float64(a) / float64(b) }
+	fmt.Printf("budget-util: one global budget of %d tokens per %s (%s), %d streaming clients, max_tokens %d;\n", *limit, *window, store, *clients, *capTok)
+	fmt.Printf("  upstream fakellm words mode: %d prompt tokens, %d output tokens %s apart (jitter %.0f%%)\n", *input, *output, *interval, *jitter*100)
+	fmt.Printf("concurrency admitted (first %d requests, sent at once): %d of %d\n", *clients, firstAdmitted, *clients)
+	if firstRefusal.IsZero() {
+		fmt.Printf("share of the limit spent before the first refusal: no refusal (%d requests, %d tokens, %.1f%%)\n", admittedBefore, spentBefore, pct(spentBefore, *limit))
+	} else {
+		fmt.Printf("share of the limit spent before the first refusal: %.1f%% (%d tokens reported by the %d requests admitted before it, %.2f s in)\n",
+			pct(spentBefore, *limit), spentBefore, admittedBefore, firstRefusal.Sub(start).Seconds())
+	}
+	fmt.Printf("counter at the end: %d of %d = %.1f%% of the limit\n", end.used, *limit, pct(end.used, *limit))
+	if end.used > 0 {
+		fmt.Printf("upstream's reported usage / counter: %d / %d = %.4f\n", reported, end.used, float64(reported)/float64(end.used))
+		bill := up.Hits()*int64(*input) + generated
+		fmt.Printf("upstream's bill (prompt of each request it got + tokens generated) / counter: %d / %d = %.4f\n", bill, end.used, float64(bill)/float64(end.used))
+	}
+	fmt.Printf("requests admitted: %d; truncated streams (finish_reason length below max_tokens): %d; admitted streams without a usage chunk: %d\n", admitted, truncated, noUsage)
+	var codes []string
+	for code, n := range statuses {
+		codes = append(codes, fmt.Sprintf("%d×%d", n, code))
+	}
+	fmt.Printf("refusals: %d (%s); client errors: %d\n", refusals, strings.Join(codes, ", "), errs)
+	fmt.Printf("upstream generated %d output tokens, clients received %d: residual (generated, never received) %d; streams the upstream stopped early: %d\n",
+		generated, received, generated-received, up.Stopped())
+	fmt.Printf("wall time: %.1f s\n", wall.Seconds())
+	return nil
+}
+
+// stream posts one request and reads its answer to the end.
+func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
+	r.sent = time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		r.err = err
+		return r
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer budget-util")
+	resp, err := hc.Do(req)
+	r.answered = time.Now()
+	if err != nil {
+		r.err = err
+		return r
+	}
+	defer resp.Body.Close()
+	r.status = resp.StatusCode
+	if r.status < 200 || r.status > 299 {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return r
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data:")
+		if !ok {
+			continue
+		}
+		data = strings.TrimSpace(data)
+		if data == "[DONE]" {
+			r.done = true
+			continue
+		}
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					Content *string `json:"content"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage *struct {
+				Prompt     int `json:"prompt_tokens"`
+				Completion int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal([]byte(data), &c) != nil {
+			continue
+		}
+		for _, ch := range c.Choices {
+			if ch.Delta.Content != nil && *ch.Delta.Content != "" {
+				r.chunks++
+			}
+			if ch.FinishReason != nil {
+				r.finish = *ch.FinishReason
+			}
+		}
+		if c.Usage != nil {
+			r.usage, r.prompt, r.complete = true, c.Usage.Prompt, c.Usage.Completion
+		}
+	}
+	if err := sc.Err(); err != nil && !errors.Is(err, io.EOF) {
+		r.err = err
+	}
+	return r
+}
+
+// counter is the global budget as the admin API shows it.
+type counter struct {
+	used        int64
+	windowStart time.Time
+}
+
+func readCounter(admin string) (counter, error) {
+	resp, err := http.Get(admin + "/fleetguard/budgets/all")
+	if err != nil {
+		return counter{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return counter{}, fmt.Errorf("GET /fleetguard/budgets/all: %d %s", resp.StatusCode, b)
+	}
+	var v struct {
+		Used        json.Number `json:"used"`
+		WindowStart time.Time   `json:"window_start"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return counter{}, err
+	}
+	used, err := strconv.ParseInt(v.Used.String(), 10, 64)
+	return counter{used: used, windowStart: v.WindowStart}, err
+}
+
+// waitCounter reads the budget once Caddy answers, within timeout.
+func waitCounter(ctx context.Context, admin string, timeout time.Duration) (counter, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := readCounter(admin)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return c, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// moduleRoot is the folder of this module's go.mod.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("run it inside the fleetguard module")
+	}
+	return filepath.Dir(gomod), nil
+}
