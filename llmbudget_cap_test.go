@@ -21,7 +21,9 @@ import (
 // TestLLMBudgetCeilingHoldsWithoutACap: a request that names no output cap
 // reserves default_max_tokens and is forwarded with it, so an upstream that
 // would write 10,000 tokens stops at 4096 and the budget is never passed.
-// Forwarded without a cap, two such requests charged 20,060 of 20,000.
+// Forwarded without a cap, two such requests charged 20,060 of 20,000. A
+// stream holds an output lease instead, extended as it streams: the one
+// whose extension finds no room ends at its lease, within the limit.
 func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 	const (
 		limit     = 20000
@@ -32,6 +34,8 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			up := newFakeLLM(t)
 			up.Output, up.StopAtCap = 10000, true // 10,000 unless told to stop sooner
+			// A stream's text is as long as the tokens it reports.
+			up.Words, up.Interval = true, 0
 			port := freePort(t)
 			url := fmt.Sprintf("http://127.0.0.1:%d", port)
 			tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix cap%d\n }", port), fmt.Sprintf(`budget g {
@@ -41,20 +45,26 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 		default_max_tokens %d`, limit, defaultMT)))
 			reqBody := body
 			if stream {
-				reqBody = strings.Replace(body, `"model"`, `"stream":true,"model"`, 1)
+				reqBody = strings.Replace(body, `"model"`, `"stream":true,"stream_options":{"include_usage":true},"model"`, 1)
 			}
 			used := func() int64 {
 				waitSettles()
 				return mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
 			}
-			hold := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", reqBody) + defaultMT
+			prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", reqBody)
+			hold := prompt + defaultMT
+			if stream {
+				hold = prompt + DefaultOutputLeaseMin
+			}
 			charge := int64(up.Input + defaultMT)
 			// Each request holds about 4,100 and is charged 4,126: four fit,
-			// the fifth's hold does not.
+			// the fifth's hold does not. A stream holds its lease: the fifth
+			// is admitted and ends at the limit, the sixth's lease does not fit.
 			wantAdmitted := 0
 			for u := int64(0); u+hold <= limit; u += charge {
 				wantAdmitted++
 			}
+			var truncated int
 			var charged []int64 // by each admitted request
 			var bodies []string // as forwarded
 			for i := 1; ; i++ {
@@ -74,6 +84,15 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 					t.Fatalf("after request %d: %d charged, over the limit of %d", i, after, limit)
 				}
 				charged, bodies = append(charged, after-before), append(bodies, up.LastBody())
+				if after-before < charge {
+					if !stream || !strings.Contains(got, `"finish_reason":"length"`) {
+						t.Fatalf("request %d charged %d of %d and answered %.300s…, want a stream ended at its lease", i, after-before, charge, got)
+					}
+					truncated++
+				}
+			}
+			if stream && truncated != 1 {
+				t.Errorf("%d streams ended at their lease, want the one that reached the limit", truncated)
 			}
 			for i := range charged {
 				var fw struct {
@@ -82,7 +101,7 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 				if err := json.Unmarshal([]byte(bodies[i]), &fw); err != nil || fw.MaxCompletionTokens != defaultMT {
 					t.Errorf("request %d was forwarded as %s, want max_completion_tokens %d", i+1, bodies[i], defaultMT)
 				}
-				if charged[i] != charge {
+				if charged[i] != charge && !(stream && i == len(charged)-1) {
 					t.Errorf("request %d charged %d, want the %d the upstream reported", i+1, charged[i], charge)
 				}
 			}
@@ -215,8 +234,12 @@ func TestLLMBudgetForwardsTheReservedCap(t *testing.T) {
 				t.Fatalf("forwarded %s: %s is %s, want %s", fw.body, tt.at, got, tt.want)
 			}
 			sameExcept(t, tt.body, fw.body, tt.at)
-			if want := req.PromptTokens + DefaultMaxTokens; fw.hold != want {
-				t.Fatalf("held %d while forwarded, want the prompt plus the cap it was given, %d", fw.hold, want)
+			want := req.PromptTokens + DefaultMaxTokens
+			if req.Stream {
+				want = req.PromptTokens + DefaultOutputLeaseMin // a stream holds a lease
+			}
+			if fw.hold != want {
+				t.Fatalf("held %d while forwarded, want the prompt plus the cap it was given (or its lease), %d", fw.hold, want)
 			}
 		})
 	}
