@@ -273,6 +273,9 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		inject_stream_usage on|off
 //		chat_cap_field     max_completion_tokens|max_tokens
 //		max_output_tokens  <n> [lower|refuse]
+//		output_leases      on|off
+//		output_lease_min   <n>
+//		reasoning_models   <pattern>...
 //		fail_open
 //		shadow
 //		store_timeout <duration>
@@ -372,13 +375,28 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			} else {
 				h.MaxRetryAfter = dur
 			}
-		case "inject_stream_usage":
+		case "inject_stream_usage", "output_leases":
 			var v string
 			if !d.AllArgs(&v) || (v != "on" && v != "off") {
-				return d.Errf("llmbudget: inject_stream_usage takes on or off")
+				return d.Errf("llmbudget: %s takes on or off", field)
 			}
 			on := v == "on"
-			h.InjectStreamUsage = &on
+			if field == "output_leases" {
+				h.OutputLeases = &on
+			} else {
+				h.InjectStreamUsage = &on
+			}
+		case "output_lease_min":
+			n, err := parseIntArg(d)
+			if err != nil {
+				return fmt.Errorf("llmbudget: %w", err)
+			}
+			h.OutputLeaseMin = n
+		case "reasoning_models":
+			h.ReasoningModels = d.RemainingArgs()
+			if len(h.ReasoningModels) == 0 {
+				return d.Errf("llmbudget: reasoning_models takes one or more model patterns (* matches any characters)")
+			}
 		case "chat_cap_field":
 			if !d.AllArgs(&h.ChatCapField) {
 				return d.Errf("llmbudget: chat_cap_field takes max_completion_tokens or max_tokens")
@@ -400,7 +418,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only

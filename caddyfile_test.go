@@ -157,3 +157,31 @@ func TestLLMBudgetCapCaddyfile(t *testing.T) {
 		})
 	}
 }
+
+func TestLLMBudgetLeaseCaddyfile(t *testing.T) {
+	const budgetBlock = "budget b {\nlimit 10\nwindow 1h\n}\n"
+	cfg, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + "output_leases off\noutput_lease_min 512\nreasoning_models o3* *reasoner*\n}\n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"output_leases":false`, `"output_lease_min":512`, `"reasoning_models":["o3*","*reasoner*"]`} {
+		if !strings.Contains(string(cfg), want) {
+			t.Errorf("adapted JSON lacks %s: %s", want, cfg)
+		}
+	}
+	refusals := []struct{ name, lines, want string }{
+		{"output_leases twice", "output_leases on\noutput_leases off", "set twice"},
+		{"output_leases unknown", "output_leases maybe", "output_leases takes on or off"},
+		{"output_lease_min negative", "output_lease_min -1", "output_lease_min: must be between 1 and 1000000"},
+		{"output_lease_min not a number", "output_lease_min lots", `output_lease_min: "lots" is not an integer`},
+		{"reasoning_models empty", "reasoning_models", "reasoning_models takes one or more model patterns"},
+	}
+	for _, tt := range refusals {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + tt.lines + "\n}\n}")
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}

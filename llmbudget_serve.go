@@ -78,10 +78,10 @@ type call struct {
 	// held); history, its model's recent answers.
 	lease   int64
 	history *outputHistory
-	dims          budget.Dims
-	spend         budget.Spend
-	model         string // the price book's name of the model ("" unpriced)
-	price         budget.Price
+	dims    budget.Dims
+	spend   budget.Spend
+	model   string // the price book's name of the model ("" unpriced)
+	price   budget.Price
 }
 
 // screen decides from the method and path alone: budgeted (go on), passed
