@@ -59,11 +59,27 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		mw.clientAskedUsage = c.req.IncludeUsage
 		r = r.WithContext(ctx)
 	}
+	if mw.lease != nil {
+		defer endTruncated(mw)
+	}
 	err := next.ServeHTTP(mw, r)
 	if mw.truncated {
 		return nil // the client has a finished answer; the upstream's cancel is ours
 	}
 	return err
+}
+
+// endTruncated lets a stream ended at its lease finish cleanly: cancelled,
+// the upstream request makes reverse_proxy abort the response
+// (http.ErrAbortHandler), which would cut the client's connection after the
+// terminal form it already has. Any other panic goes on.
+func endTruncated(mw *meteringWriter) {
+	if !mw.truncated {
+		return
+	}
+	if v := recover(); v != nil && v != http.ErrAbortHandler {
+		panic(v)
+	}
 }
 
 // call is a request as the budget sees it once estimated.

@@ -26,11 +26,14 @@ import (
 // what is reported as used. Cold path: it runs once per cut stream.
 func Truncation(f Format, withheld, created []byte, u budget.Usage, withUsage bool) []byte {
 	last := eventObject(withheld)
-	str := func(key string) any {
-		if v, ok := last[key]; ok {
-			return v
+	// copyOf puts into obj the fields of the withheld event named, those it has.
+	copyOf := func(obj map[string]any, keys ...string) map[string]any {
+		for _, k := range keys {
+			if v, ok := last[k]; ok {
+				obj[k] = v
+			}
 		}
-		return nil
+		return obj
 	}
 	var out bytes.Buffer
 	sse := func(event string, v any) {
@@ -48,7 +51,7 @@ func Truncation(f Format, withheld, created []byte, u budget.Usage, withUsage bo
 		if f == OpenAICompletions {
 			object, choice = "text_completion", map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": "length"}
 		}
-		chunk := map[string]any{"id": str("id"), "object": object, "created": str("created"), "model": str("model"), "choices": []any{choice}}
+		chunk := copyOf(map[string]any{"object": object, "choices": []any{choice}}, "id", "created", "model", "system_fingerprint")
 		sse("", chunk)
 		if withUsage {
 			chunk["choices"] = []any{}
@@ -72,7 +75,7 @@ func Truncation(f Format, withheld, created []byte, u budget.Usage, withUsage bo
 		sse("response.incomplete", ev)
 	case Anthropic:
 		if last["type"] == "content_block_delta" || last["type"] == "content_block_start" {
-			sse("content_block_stop", map[string]any{"type": "content_block_stop", "index": str("index")})
+			sse("content_block_stop", copyOf(map[string]any{"type": "content_block_stop"}, "index"))
 		}
 		sse("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": "max_tokens", "stop_sequence": nil},
 			"usage": map[string]int64{"output_tokens": u.OutputTokens}})
@@ -82,15 +85,10 @@ func Truncation(f Format, withheld, created []byte, u budget.Usage, withUsage bo
 			"candidates":    []any{map[string]any{"content": map[string]any{"role": "model", "parts": []any{map[string]any{"text": ""}}}, "finishReason": "MAX_TOKENS", "index": 0}},
 			"usageMetadata": map[string]int64{"promptTokenCount": u.InputTokens, "candidatesTokenCount": u.OutputTokens, "totalTokenCount": u.InputTokens + u.OutputTokens},
 		}
-		for _, k := range []string{"modelVersion", "responseId"} {
-			if v, ok := last[k]; ok {
-				chunk[k] = v
-			}
-		}
-		sse("", chunk)
+		sse("", copyOf(chunk, "modelVersion", "responseId"))
 	case Ollama:
-		line := map[string]any{"model": str("model"), "created_at": str("created_at"), "done": true, "done_reason": "length",
-			"prompt_eval_count": u.InputTokens, "eval_count": u.OutputTokens}
+		line := copyOf(map[string]any{"done": true, "done_reason": "length", "prompt_eval_count": u.InputTokens, "eval_count": u.OutputTokens},
+			"model", "created_at")
 		if _, chat := last["message"]; chat {
 			line["message"] = map[string]any{"role": "assistant", "content": ""}
 		} else {

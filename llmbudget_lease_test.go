@@ -1,0 +1,328 @@
+package fleetguard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/usage"
+)
+
+// TestWhatALeaseHolds: a single streamed answer the meter can read holds its
+// prompt and a lease; everything whose output the meter cannot see as it
+// streams holds the whole cap: non-streamed answers, several outputs, models
+// that reason by default, requests that ask for reasoning.
+func TestWhatALeaseHolds(t *testing.T) {
+	const leaseMin = DefaultOutputLeaseMin
+	tests := []struct {
+		name, path, body string
+		options          func(h *LLMBudget)
+		output           int64 // held, besides the prompt
+	}{
+		{"chat stream", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[]}`, nil, leaseMin},
+		{"chat, not streamed", "/v1/chat/completions", `{"model":"gpt-4o","max_tokens":4096,"messages":[]}`, nil, 4096},
+		{"chat stream, two choices", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"n":2,"max_tokens":4096,"messages":[]}`, nil, 2 * 4096},
+		{"chat stream, a cap under the lease", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"max_tokens":100,"messages":[]}`, nil, 100},
+		{"chat stream to a reasoning model", "/v1/chat/completions", `{"model":"o3-mini","stream":true,"max_tokens":4096,"messages":[]}`, nil, 4096},
+		{"chat stream to a reasoning model through a router", "/v1/chat/completions", `{"model":"openai/GPT-5-mini","stream":true,"max_tokens":4096,"messages":[]}`, nil, 4096},
+		{"chat stream asking for reasoning", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"reasoning_effort":"low","max_tokens":4096,"messages":[]}`, nil, 4096},
+		{"legacy completions stream", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","stream":true,"max_tokens":4096,"prompt":"hi"}`, nil, leaseMin},
+		{"responses stream", "/v1/responses", `{"model":"gpt-4o","stream":true,"max_output_tokens":4096,"input":"hi"}`, nil, leaseMin},
+		{"responses stream asking for reasoning", "/v1/responses", `{"model":"gpt-4o","stream":true,"reasoning":{"effort":"low"},"max_output_tokens":4096,"input":"hi"}`, nil, 4096},
+		{"anthropic stream", "/v1/messages", `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":4096,"messages":[]}`, nil, leaseMin},
+		{"anthropic stream with thinking", "/v1/messages", `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":4096,"thinking":{"type":"enabled","budget_tokens":2048},"messages":[]}`, nil, 4096},
+		{"gemini stream as SSE", "/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse", `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`, nil, leaseMin},
+		{"gemini stream as a JSON array", "/v1beta/models/gemini-2.0-flash:streamGenerateContent", `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`, nil, 4096},
+		{"gemini stream to a thinking model", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`, nil, 4096},
+		{"ollama streams by default", "/api/chat", `{"model":"llama3","messages":[],"options":{"num_predict":4096}}`, nil, leaseMin},
+		{"ollama asked to think", "/api/chat", `{"model":"llama3","think":true,"messages":[],"options":{"num_predict":4096}}`, nil, 4096},
+		{"reasoning_models replaces the default", "/v1/chat/completions", `{"model":"o3-mini","stream":true,"max_tokens":4096,"messages":[]}`,
+			func(h *LLMBudget) { h.ReasoningModels = []string{"my-*"} }, leaseMin},
+		{"a model on a configured reasoning list", "/v1/chat/completions", `{"model":"My-Reasoner","stream":true,"max_tokens":4096,"messages":[]}`,
+			func(h *LLMBudget) { h.ReasoningModels = []string{"my-*"} }, 4096},
+		{"output_leases off", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[]}`,
+			func(h *LLMBudget) { off := false; h.OutputLeases = &off }, 4096},
+		{"a larger output_lease_min", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[]}`,
+			func(h *LLMBudget) { h.OutputLeaseMin = 1000 }, 1000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := capHandler(t, func(h *LLMBudget) {
+				if tt.options != nil {
+					tt.options(h)
+				}
+			})
+			fw := serveCapped(t, h, tt.path, tt.body)
+			path := strings.Split(tt.path, "?")[0]
+			req, err := usage.ParseRequest(usage.FormatFromPath(path), path, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := req.PromptTokens + tt.output; fw.hold != want {
+				t.Fatalf("held %d, want the prompt and %d, %d", fw.hold, tt.output, want)
+			}
+		})
+	}
+}
+
+// streamOf is a streamed answer of format f with n events of text each,
+// as its API writes it, and the response's content type.
+func streamOf(f usage.Format, n int, text string) (string, []string) {
+	var evs []string
+	sse := func(event, data string) {
+		if event != "" {
+			event = "event: " + event + "\n"
+		}
+		evs = append(evs, event+"data: "+data+"\n\n")
+	}
+	switch f {
+	case usage.OpenAIChat:
+		for i := 0; i < n; i++ {
+			sse("", fmt.Sprintf(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}]}`, text))
+		}
+		sse("", `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)
+		evs = append(evs, "data: [DONE]\n\n")
+	case usage.OpenAICompletions:
+		for i := 0; i < n; i++ {
+			sse("", fmt.Sprintf(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"text":%q,"index":0,"finish_reason":null}]}`, text))
+		}
+		evs = append(evs, "data: [DONE]\n\n")
+	case usage.OpenAIResponses:
+		sse("response.created", `{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","model":"m","output":[]}}`)
+		for i := 0; i < n; i++ {
+			sse("response.output_text.delta", fmt.Sprintf(`{"type":"response.output_text.delta","sequence_number":%d,"item_id":"msg_1","output_index":0,"content_index":0,"delta":%q}`, i+1, text))
+		}
+	case usage.Anthropic:
+		sse("message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"usage":{"input_tokens":10,"output_tokens":1}}}`)
+		sse("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)
+		for i := 0; i < n; i++ {
+			sse("content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, text))
+		}
+	case usage.Gemini:
+		for i := 0; i < n; i++ {
+			sse("", fmt.Sprintf(`{"candidates":[{"content":{"parts":[{"text":%q}],"role":"model"},"index":0}],"modelVersion":"gemini-2.0-flash","responseId":"r1"}`, text))
+		}
+	case usage.Ollama:
+		for i := 0; i < n; i++ {
+			evs = append(evs, fmt.Sprintf(`{"model":"llama3","created_at":"2026-01-01T00:00:00Z","message":{"role":"assistant","content":%q},"done":false}`+"\n", text))
+		}
+		return "application/x-ndjson", evs
+	}
+	return "text/event-stream", evs
+}
+
+// TestATruncatedStreamEndsInItsAPIsForm: a budget with room for the lease
+// and little more; a stream that goes on past it ends at its lease in the
+// API's own terminal form, the upstream request is cancelled, and the
+// budget is charged what the lease held, within its limit.
+func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
+	tests := []struct {
+		path, body string
+		ends       []string // in this order, at the end of what the client reads
+	}{
+		{"/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":4096,"messages":[]}`,
+			[]string{`"finish_reason":"length"`, "data: [DONE]\n\n"}},
+		{"/v1/completions", `{"model":"m","stream":true,"max_tokens":4096,"prompt":"hi"}`,
+			[]string{`"object":"text_completion"`, `"finish_reason":"length"`, "data: [DONE]\n\n"}},
+		{"/v1/responses", `{"model":"m","stream":true,"max_output_tokens":4096,"input":"hi"}`,
+			[]string{"event: response.incomplete", `"id":"resp_1"`, `"reason":"max_output_tokens"`, `"status":"incomplete"`}},
+		{"/v1/messages", `{"model":"m","stream":true,"max_tokens":4096,"messages":[]}`,
+			[]string{"event: content_block_stop", "event: message_delta", `"stop_reason":"max_tokens"`, "event: message_stop"}},
+		{"/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse", `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`,
+			[]string{`"finishReason":"MAX_TOKENS"`, `"responseId":"r1"`}},
+		{"/api/chat", `{"model":"llama3","messages":[],"options":{"num_predict":4096}}`,
+			[]string{`"done":true`, `"done_reason":"length"`, `"message":{"content":"","role":"assistant"}`}},
+	}
+	for _, tt := range tests {
+		format := usage.FormatFromPath(strings.Split(tt.path, "?")[0])
+		t.Run(format.String(), func(t *testing.T) {
+			h := directHandler(t)
+			req, err := usage.ParseRequest(format, strings.Split(tt.path, "?")[0], []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Room for the prompt, the lease and 20 tokens: the first
+			// extension (64 or more) is refused.
+			limit := req.PromptTokens + DefaultOutputLeaseMin + 20
+			h.Budgets[0].Limit = float64(limit)
+			if err := h.compile(); err != nil {
+				t.Fatal(err)
+			}
+			contentType, events := streamOf(format, 400, "ten bytes.") // 5 tokens a delta by the bound
+			cancelled := make(chan struct{})
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				w.Header().Set("Content-Type", contentType)
+				w.WriteHeader(http.StatusOK)
+				for _, ev := range events {
+					if r.Context().Err() != nil {
+						close(cancelled)
+						return r.Context().Err()
+					}
+					if _, err := w.Write([]byte(ev)); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			r := httptest.NewRequest(http.MethodPost, tt.path, strings.NewReader(tt.body))
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+			rec := httptest.NewRecorder()
+			if err := h.ServeHTTP(rec, r, next); err != nil {
+				t.Fatalf("ServeHTTP: %v", err)
+			}
+			select {
+			case <-cancelled:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the upstream request was not cancelled")
+			}
+			got := rec.Body.String()
+			tail := got[max(0, len(got)-1500):]
+			at := 0
+			for _, want := range tt.ends {
+				i := strings.Index(tail[at:], want)
+				if i < 0 {
+					t.Fatalf("the stream's end lacks %q after byte %d:\n%s", want, at, tail)
+				}
+				at += i + len(want)
+			}
+			if n := strings.Count(got, "ten bytes."); n < 40 || n >= 400 {
+				t.Fatalf("%d of 400 deltas reached the client, want the lease's worth", n)
+			}
+			eachEventIsJSON(t, format, got)
+			used := h.usedForTest(t)
+			if used > limit || used < req.PromptTokens+DefaultOutputLeaseMin/2 {
+				t.Fatalf("charged %d, want the prompt and what the lease held, within the limit %d", used, limit)
+			}
+		})
+	}
+}
+
+// eachEventIsJSON checks that every data line (or NDJSON line) a client
+// reads is a JSON object, or [DONE].
+func eachEventIsJSON(t *testing.T, f usage.Format, stream string) {
+	t.Helper()
+	for _, line := range strings.Split(stream, "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if f == usage.Ollama {
+			data, ok = line, line != ""
+		}
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var v map[string]any
+		if err := json.Unmarshal([]byte(data), &v); err != nil {
+			t.Fatalf("an event is not a JSON object: %q: %v", data, err)
+		}
+	}
+}
+
+// TestLeasesAdmitWhatTheBudgetCanServe: twenty streams of 300 tokens under
+// a 16,000-token budget all run at once, none cut, and the counter ends at
+// what they reported; holding each one's cap of 4096 admitted three. (A
+// model with no history has its text counted at the bound, 2.25 tokens for
+// each of these words: 20 streams hold about 14,000 at their end.)
+func TestLeasesAdmitWhatTheBudgetCanServe(t *testing.T) {
+	up := newFakeLLM(t)
+	up.Output, up.StopAtCap, up.Words, up.Interval = 300, true, true, 2*time.Millisecond
+	port := freePort(t)
+	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix lease%d\n }", port), `budget g {
+			limit 16000
+			window 1h
+		}`))
+	const clients = 20
+	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go"}]}`
+	type result struct {
+		status int
+		body   string
+	}
+	results := make(chan result, clients)
+	for i := 0; i < clients; i++ {
+		go func() {
+			resp, got := chat(t, fmt.Sprintf("http://127.0.0.1:%d", port), body)
+			results <- result{resp.StatusCode, got}
+		}()
+	}
+	var reported int64
+	for i := 0; i < clients; i++ {
+		r := <-results
+		if r.status != http.StatusOK || !strings.Contains(r.body, `"completion_tokens":300`) || strings.Contains(r.body, `"finish_reason":"length"`) {
+			t.Fatalf("stream %d: %d …%s", i, r.status, r.body[max(0, len(r.body)-600):])
+		}
+		reported += 300 + int64(up.Input)
+	}
+	waitSettles()
+	used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
+	if used != reported {
+		t.Fatalf("counter %d, want the %d reported", used, reported)
+	}
+}
+
+// The running count never falls below the upstream's own running usage,
+// nor one token for each event with text.
+func TestTheRunningCountFollowsTheHighestSignal(t *testing.T) {
+	l := &lease{ratio: 0.1}
+	l.observe([]byte("x"), usage.Reading{OutputTextBytes: 40})
+	if l.count != 2 { // ceil(ceil(40/2) * 0.1) = 2, not below the one delta
+		t.Fatalf("count %d, want 2", l.count)
+	}
+	l.observe([]byte("y"), usage.Reading{OutputTextBytes: 41, Usage: budget.Usage{OutputTokens: 30}})
+	if l.count != 30 {
+		t.Fatalf("count %d, want the upstream's running 30", l.count)
+	}
+	l.observe([]byte("z"), usage.Reading{OutputTextBytes: 41})
+	if l.count != 30 {
+		t.Fatalf("count %d fell back, want it kept at 30", l.count)
+	}
+}
+
+// TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy: through reverse_proxy, a
+// stream whose extension is refused reaches the client as a finished answer
+// (no cut connection), the upstream stops generating, and the budget ends
+// within its limit.
+func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
+	up := newFakeLLM(t)
+	up.Output, up.StopAtCap, up.Words, up.Interval = 3000, true, true, time.Millisecond
+	port := freePort(t)
+	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix cut%d\n }", port), `budget g {
+			limit 1000
+			window 1h
+		}`))
+	body := `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
+	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d, reading the stream: %v (the client must see a finished answer)", resp.StatusCode, err)
+	}
+	events := strings.Split(strings.TrimSuffix(string(got), "\n\n"), "\n\n")
+	if n := len(events); n < 3 || events[n-1] != "data: [DONE]" || !strings.Contains(events[n-2], `"finish_reason":"length"`) {
+		t.Fatalf("the stream ends %q, want the length chunk, then [DONE]", events[max(0, len(events)-3):])
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for up.Stopped() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the upstream still generates (%d tokens so far): its request was not cancelled", up.Generated())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if up.Generated() >= 3000 {
+		t.Fatalf("the upstream generated its whole answer (%d)", up.Generated())
+	}
+	waitSettles()
+	if used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String()); used > 1000 || used < 500 {
+		t.Fatalf("charged %d, want what the lease held, within the limit 1000", used)
+	}
+}
