@@ -1,0 +1,174 @@
+package fleetguard
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+
+	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// caddyProcessEnv, set, makes the test binary run Caddy with the Caddyfile it
+// names instead of the tests: a Caddy in its own process, for faults that
+// end a process (kill -9), without building a binary.
+const caddyProcessEnv = "FLEETGUARD_TEST_CADDYFILE"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(caddyProcessEnv); path != "" {
+		os.Args = []string{"caddy", "run", "--config", path, "--adapter", "caddyfile"}
+		caddycmd.Main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// startCaddyProcess runs Caddy with caddyfile in a process of its own and
+// waits until addr answers.
+func startCaddyProcess(t *testing.T, caddyfile, addr string) *exec.Cmd {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), caddyProcessEnv+"="+path)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/")
+		if err == nil {
+			resp.Body.Close()
+			return cmd
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Caddy in its own process does not answer on %s: %v", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestKillingCaddyMidStreamKeepsOnlyTheLease: a Caddy killed with -9 in the
+// middle of a leased stream settles nothing; what stays charged is what the
+// stream held (its prompt and its lease so far, which bounds what the
+// upstream generated up to the kill), never its whole cap, never twice. The
+// next Caddy on the same Redis serves and settles as before.
+func TestKillingCaddyMidStreamKeepsOnlyTheLease(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	up.Output, up.StopAtCap, up.Words, up.Interval = 3000, true, true, 2*time.Millisecond
+	port := freePort(t)
+	caddyfile := fmt.Sprintf(`{
+	admin localhost:%d
+	fleetguard {
+		redis %s
+		prefix kill
+	}
+}
+:%d {
+	llmbudget {
+		budget all {
+			limit 1000000
+			window 1h
+		}
+		budget per_key {
+			scope key
+			limit 100000
+			window 1h
+		}
+	}
+	reverse_proxy %s
+}
+`, freePort(t), srv.URL(), port, strings.TrimPrefix(up.URL, "http://"))
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	cmd := startCaddyProcess(t, caddyfile, addr)
+
+	body := `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer sk-kill")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	words := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() && words < 300 {
+		if strings.Contains(sc.Text(), `"content"`) {
+			words++
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	resp.Body.Close()
+
+	c := srv.Client(t)
+	ctx := context.Background()
+	held := func() (total, perKey int64) {
+		keys, err := c.Keys(ctx, "kill:bg:{b}:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if strings.Contains(k, ":res:") {
+				continue
+			}
+			v, err := c.Get(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := strconv.ParseInt(v, 10, 64)
+			if strings.Contains(k, ":all:") {
+				total += n
+			} else {
+				perKey += n
+			}
+		}
+		return total, perKey
+	}
+	total, perKey := held()
+	prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", body)
+	// 300 words of 4.5 bytes are 675 tokens by the text bound: the lease
+	// covered them, a step ahead at most.
+	if total != perKey || total < prompt+675 || total > prompt+675+700 {
+		t.Fatalf("after the kill: %d held in all, %d per key; want the same, about the prompt (%d) and the lease over 300 words, far below the cap 4096", total, perKey, prompt)
+	}
+	t.Logf("killed after %d words: %d held (prompt %d); the upstream generated %d", words, total, prompt, up.Generated())
+	// The record stays until it expires: nothing settles it twice.
+	if n, _ := c.Keys(ctx, "kill:bg:{b}:res:*").Result(); len(n) != 1 {
+		t.Fatalf("%d reservation records after the kill, want the one that was cut", len(n))
+	}
+
+	startCaddyProcess(t, caddyfile, addr)
+	resp2, got := chat(t, "http://"+addr, strings.Replace(body, `"stream":true,`, "", 1), "Authorization: Bearer sk-kill")
+	if resp2.StatusCode != http.StatusOK {
+		t.Fatalf("after the restart: %d %s", resp2.StatusCode, got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		after, _ := held()
+		if after == total+int64(up.Input)+int64(min(up.Output, 4096)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a request on the new Caddy: %d held, want %d + what it reported", after, total)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
