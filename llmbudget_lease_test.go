@@ -1,6 +1,7 @@
 package fleetguard
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,9 +14,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
 // TestWhatALeaseHolds: a single streamed answer the meter can read holds its
@@ -324,5 +327,70 @@ func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 	waitSettles()
 	if used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String()); used > 1000 || used < 500 {
 		t.Fatalf("charged %d, want what the lease held, within the limit 1000", used)
+	}
+}
+
+// TestAStallMidStreamEndsTheStreamAtItsLease: Redis stalls (DEBUG SLEEP)
+// while a leased stream needs an extension: the extension fails, the stream
+// ends at its lease as a finished answer, and once Redis answers again the
+// settle charges what the lease held, once, and leaves no reservation
+// behind.
+func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	up := newFakeLLM(t)
+	up.Output, up.StopAtCap, up.Words, up.Interval = 3000, true, true, 2*time.Millisecond
+	port := freePort(t)
+	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n redis %s\n prefix stallstream\n }", srv.URL()), `budget g {
+			limit 1000000
+			window 1h
+		}`))
+	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
+	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	var got strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	for words := 0; sc.Scan(); {
+		got.WriteString(sc.Text() + "\n")
+		if strings.Contains(sc.Text(), `"content"`) {
+			if words++; words == 20 {
+				go admin.Do(context.Background(), "DEBUG", "SLEEP", "1.5")
+				srv.WaitStalled(t)
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("reading the stream: %v", err)
+	}
+	var usageChunk struct {
+		Usage struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	lines := strings.Split(strings.TrimSpace(got.String()), "\n\n")
+	if n := len(lines); n < 4 || lines[n-1] != "data: [DONE]" || !strings.Contains(lines[n-3], `"finish_reason":"length"`) ||
+		json.Unmarshal([]byte(strings.TrimPrefix(lines[n-2], "data: ")), &usageChunk) != nil {
+		t.Fatalf("the stream ends %q, want the length chunk, the usage chunk, [DONE]", lines[max(0, len(lines)-3):])
+	}
+	held := usageChunk.Usage.PromptTokens + usageChunk.Usage.CompletionTokens
+	if usageChunk.Usage.CompletionTokens < DefaultOutputLeaseMin || usageChunk.Usage.CompletionTokens >= 4096 {
+		t.Fatalf("cut at %d output tokens, want the lease it held", usageChunk.Usage.CompletionTokens)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		records, _ := admin.Keys(context.Background(), "stallstream:bg:{b}:res:*").Result()
+		used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
+		if len(records) == 0 && used == held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the stall: %d used and %d records, want %d (what the lease held) and none", used, len(records), held)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
