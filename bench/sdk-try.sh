@@ -2,9 +2,14 @@
 # Tries the official OpenAI and Anthropic Node SDKs at default settings against
 # Caddy + llmbudget (a per-key 1000-token budget per hour, no principal set)
 # in front of bench/fakellm; installs the SDKs from npm into a scratch folder.
+# A second site (:9402, a per-key 600-token budget per hour) fronts a fakellm
+# that writes long answers, so a stream asking for 4096 tokens is admitted
+# with its output lease and cut when an extension is refused: the SDKs must
+# read it as a finished, truncated answer.
 # Prints PASS/FAIL per check (bench/sdk/try.mjs says what each checks).
 source "$(dirname "$0")/lib.sh"
 "$work/fakellm" -addr 127.0.0.1:11503 -input 30 -output 70 -chunks 40 -interval 2ms 2>"$work/fakellm.log" &
+"$work/fakellm" -addr 127.0.0.1:11504 -input 30 -words -output 3000 -chunks 600 -interval 1ms 2>"$work/fakellm-long.log" &
 cat >"$work/sdk.Caddyfile" <<CFG
 {
 	admin localhost:2501
@@ -20,10 +25,21 @@ cat >"$work/sdk.Caddyfile" <<CFG
 	}
 	reverse_proxy 127.0.0.1:11503
 }
+:9402 {
+	llmbudget {
+		budget lease_key {
+			scope key
+			unit tokens
+			limit 600
+			window 1h
+		}
+	}
+	reverse_proxy 127.0.0.1:11504
+}
 CFG
 "$work/caddy" run --config "$work/sdk.Caddyfile" >"$work/caddy.log" 2>&1 &
 (cd "$work" && npm init -y >/dev/null && npm install --silent openai @anthropic-ai/sdk >/dev/null 2>&1)
 echo "SDKs: openai $(grep -m1 '"version"' "$work/node_modules/openai/package.json" | cut -d'"' -f4), @anthropic-ai/sdk $(grep -m1 '"version"' "$work/node_modules/@anthropic-ai/sdk/package.json" | cut -d'"' -f4)"
 cp bench/sdk/try.mjs "$work/try.mjs"
 sleep 1
-CADDY_URL=http://127.0.0.1:9401 node "$work/try.mjs"
+CADDY_URL=http://127.0.0.1:9401 LEASE_URL=http://127.0.0.1:9402 node "$work/try.mjs"

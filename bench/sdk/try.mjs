@@ -49,4 +49,88 @@ const report = (name, ok, detail) => { results.push({ name, ok }); console.log(`
   report("anthropic: a never-used key has its own budget", !other, other ? `${other.constructor.name}: ${other.message}` : "admitted");
 }
 
+// 4. Streams cut at their output lease (LEASE_URL: a per-key 600-token budget
+//    before an upstream that writes 3000 tokens; each check uses a key of its
+//    own, so each has a whole window). A stream asking for 4096 tokens is
+//    admitted with its lease and cut when an extension is refused: the SDKs
+//    must read a finished answer that stopped at its length, not an error.
+const lease = process.env.LEASE_URL;
+const describe = (e) => `${e?.constructor?.name}: ${e?.message}`;
+{
+  // (a) the naive loop: no exception, the last chunk with a choice says "length".
+  const client = new OpenAI({ apiKey: "sk-lease-naive", baseURL: lease + "/v1" });
+  let text = "", finish, chunks = 0, failure;
+  try {
+    const stream = await client.chat.completions.create({ model: "gpt-4o", max_tokens: 4096, stream: true, messages: [{ role: "user", content: "write a lot" }] });
+    for await (const c of stream) {
+      chunks++;
+      text += c.choices[0].delta.content ?? "";
+      finish = c.choices[0].finish_reason ?? finish;
+    }
+  } catch (e) { failure = e; }
+  report("openai lease: naive loop ends with finish_reason length", !failure && finish === "length" && text.length > 0,
+    failure ? describe(failure) : `${chunks} chunks, ${text.length} chars, finish_reason ${finish}`);
+}
+{
+  // (b) include_usage: the usage chunk (choices empty) follows the length chunk.
+  const client = new OpenAI({ apiKey: "sk-lease-usage", baseURL: lease + "/v1" });
+  const seen = [];
+  let text = "", failure;
+  try {
+    const stream = await client.chat.completions.create({ model: "gpt-4o", max_tokens: 4096, stream: true, stream_options: { include_usage: true }, messages: [{ role: "user", content: "write a lot" }] });
+    for await (const c of stream) {
+      if (c.choices.length > 0) {
+        text += c.choices[0].delta?.content ?? "";
+        if (c.choices[0].finish_reason) seen.push(`finish:${c.choices[0].finish_reason}`);
+      } else if (c.usage) seen.push("usage");
+      else seen.push("empty");
+    }
+  } catch (e) { failure = e; }
+  const ok = !failure && text.length > 0 && seen.join(",") === "finish:length,usage";
+  report("openai lease: include_usage gets the usage chunk after the length chunk", ok,
+    failure ? describe(failure) : `${text.length} chars, then ${seen.join(", ") || "nothing"}`);
+}
+{
+  // (c) the stream helper's finalChatCompletion resolves with finish_reason length.
+  const client = new OpenAI({ apiKey: "sk-lease-helper", baseURL: lease + "/v1" });
+  let done, failure;
+  try {
+    const stream = client.chat.completions.stream({ model: "gpt-4o", max_tokens: 4096, messages: [{ role: "user", content: "write a lot" }] });
+    done = await stream.finalChatCompletion();
+  } catch (e) { failure = e; }
+  const choice = done?.choices?.[0];
+  report("openai lease: stream().finalChatCompletion() resolves, finish_reason length",
+    !failure && choice?.finish_reason === "length" && (choice?.message?.content ?? "").length > 0,
+    failure ? describe(failure) : `finish_reason ${choice?.finish_reason}, ${choice?.message?.content?.length ?? 0} chars`);
+}
+{
+  // (d) Anthropic's messages.stream().finalMessage(): stop_reason max_tokens.
+  const client = new Anthropic({ apiKey: "sk-ant-lease-final", baseURL: lease });
+  let msg, failure;
+  try {
+    const stream = client.messages.stream({ model: "claude-sonnet-4-6", max_tokens: 4096, messages: [{ role: "user", content: "write a lot" }] });
+    msg = await stream.finalMessage();
+  } catch (e) { failure = e; }
+  const text = (msg?.content ?? []).filter((b) => b.type === "text").map((b) => b.text).join("");
+  report("anthropic lease: stream().finalMessage() resolves, stop_reason max_tokens", !failure && msg?.stop_reason === "max_tokens" && text.length > 0,
+    failure ? describe(failure) : `stop_reason ${msg?.stop_reason}, ${text.length} chars, usage ${JSON.stringify(msg?.usage)}`);
+}
+{
+  // (e) Anthropic raw events: message_delta (max_tokens), then message_stop, last.
+  const client = new Anthropic({ apiKey: "sk-ant-lease-raw", baseURL: lease });
+  const events = [];
+  let stop, failure;
+  try {
+    const stream = await client.messages.create({ model: "claude-sonnet-4-6", max_tokens: 4096, stream: true, messages: [{ role: "user", content: "write a lot" }] });
+    for await (const ev of stream) {
+      events.push(ev.type);
+      if (ev.type === "message_delta") stop = ev.delta.stop_reason;
+    }
+  } catch (e) { failure = e; }
+  const tail = events.slice(-3).join(",");
+  report("anthropic lease: raw events end content_block_stop, message_delta max_tokens, message_stop",
+    !failure && tail === "content_block_stop,message_delta,message_stop" && stop === "max_tokens" && events.includes("content_block_delta"),
+    failure ? describe(failure) : `${events.length} events, last ${tail}, stop_reason ${stop}`);
+}
+
 process.exit(results.every((r) => r.ok) ? 0 : 1);

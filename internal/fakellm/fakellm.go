@@ -12,7 +12,8 @@
 //
 // Words mode (Words set) streams a chat completion as a model does: one chunk
 // per output token, each one word-like token of a fixed list (4.5 bytes a
-// token on average), Output of them Interval apart (Chunks is not used), or
+// token on average; the first chunk's delta also names the role, as
+// OpenAI's does), Output of them Interval apart (Chunks is not used), or
 // the request's cap with StopAtCap when that is smaller, then a chunk with
 // finish_reason "length" (the cap cut the answer) or "stop". Its usage chunk
 // reports Input and the tokens generated. A words stream stops generating
@@ -291,7 +292,11 @@ func (a *answer) wordStream(r *http.Request, includeUsage, capCut bool) {
 		}
 		generated++
 		s.generated.Add(1)
-		if !write(fmt.Sprintf(head+`{"index":0,"delta":{"content":%q},"finish_reason":null}],"usage":null}`+"\n\n", a.model, words[i%len(words)])) {
+		role := ""
+		if i == 0 {
+			role = `"role":"assistant",`
+		}
+		if !write(fmt.Sprintf(head+`{"index":0,"delta":{%s"content":%q},"finish_reason":null}],"usage":null}`+"\n\n", a.model, role, words[i%len(words)])) {
 			s.stopped.Add(1)
 			return
 		}
