@@ -39,7 +39,7 @@ end
 if denied > 0 then
   return {0, denied, unpack(used)}
 end
-local record = {'s', 'r', 'n', 0}
+local record = {'s', 'r'}
 for i = 2, #KEYS do
   if tonumber(ARGV[3*i-4]) ~= 0 then
     used[i-1] = redis.call('INCRBY', KEYS[i], ARGV[3*i-4])
@@ -73,10 +73,11 @@ local used = {}
 for i = 2, #KEYS do
   used[i-1] = tonumber(redis.call('GET', KEYS[i]) or '0')
 end
-if tonumber(rec[2]) >= seq then
+local applied = tonumber(rec[2] or '0')
+if applied >= seq then
   return {2, 0, unpack(used)}
 end
-if tonumber(rec[2]) ~= seq - 1 then
+if applied ~= seq - 1 then
   return {-1, 0}
 end
 for i = 2, #KEYS do
@@ -106,9 +107,13 @@ return {1, 0, unpack(used)}
 // ARGV[1]: ttl_ms of a tombstone; then amount (-1: keep what is held),
 // ttl_ms for each counter. Returns 1 if applied, 0 otherwise.
 var settleScript = redis.NewScript(`
-local state = redis.call('HGET', KEYS[1], 's')
-if state ~= 'r' then
-  if not state then
+local fields = {'s'}
+for i = 2, #KEYS do
+  fields[i] = 'h' .. (i-1)
+end
+local rec = redis.call('HMGET', KEYS[1], unpack(fields))
+if rec[1] ~= 'r' then
+  if not rec[1] then
     redis.call('HSET', KEYS[1], 's', 'x')
     redis.call('PEXPIRE', KEYS[1], ARGV[1])
   end
@@ -117,7 +122,7 @@ end
 for i = 2, #KEYS do
   local amount = tonumber(ARGV[2*i-2])
   if amount >= 0 then
-    local held = tonumber(redis.call('HGET', KEYS[1], 'h' .. (i-1)) or '0')
+    local held = tonumber(rec[i] or '0')
     local v = redis.call('INCRBY', KEYS[i], amount - held)
     if v <= 0 then
       redis.call('DEL', KEYS[i])
