@@ -312,6 +312,14 @@ func (l *lease) learn(reported int64) {
 	l.history.learn(l.count, usage.OutputTokenBound(l.text, l.high, 0), reported)
 }
 
+// holdAll extends the lease to the whole cap, waiting for the answer: for an
+// answer whose output cannot be counted as it passes. Refused, the answer
+// passes all the same (it cannot be cut) and is charged what it reports.
+func (l *lease) holdAll() {
+	l.count = max(l.count, l.limit)
+	_ = l.admit()
+}
+
 // wait ends the extension in flight, if any, before the settle reads the
 // reservation.
 func (l *lease) wait() {

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -296,7 +298,8 @@ func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 	up := newFakeLLM(t)
 	up.Output, up.StopAtCap, up.Words, up.Interval = 3000, true, true, time.Millisecond
 	port := freePort(t)
-	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix cut%d\n }", port), `budget g {
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix cut%d\n }\n log default {\n output file %s\n level DEBUG\n }", port, logPath), `budget g {
 			limit 1000
 			window 1h
 		}`))
@@ -327,6 +330,17 @@ func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 	waitSettles()
 	if used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String()); used > 1000 || used < 500 {
 		t.Fatalf("charged %d, want what the lease held, within the limit 1000", used)
+	}
+	// The cut is a Caddy event (its debug log shows each), naming the
+	// budget that refused.
+	log, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"name":"llmbudget_truncated"`, `"budget":"g"`, `"model":"gpt-4o"`} {
+		if !strings.Contains(string(log), want) {
+			t.Fatalf("the log has no %s:\n%s", want, grepLines(string(log), "event"))
+		}
 	}
 }
 
@@ -392,5 +406,38 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 			t.Fatalf("after the stall: %d used and %d records, want %d (what the lease held) and none", used, len(records), held)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestALeasedRequestAnsweredInJSONHoldsItsCap: an upstream that answers a
+// streamed request with plain JSON gives the meter nothing to count as it
+// passes, so the lease is extended to the whole cap before the body does.
+func TestALeasedRequestAnsweredInJSONHoldsItsCap(t *testing.T) {
+	h := directHandler(t)
+	body := `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[]}`
+	req, err := usage.ParseRequest(usage.OpenAIChat, "/v1/chat/completions", []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var atHeader, atBody int64
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		atHeader = h.usedForTest(t)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		atBody = h.usedForTest(t)
+		_, err := io.WriteString(w, `{"choices":[{"index":0,"message":{"content":"hi"}}],"usage":{"prompt_tokens":7,"completion_tokens":3000,"total_tokens":3007}}`)
+		return err
+	})
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	if err := h.ServeHTTP(httptest.NewRecorder(), r, next); err != nil {
+		t.Fatal(err)
+	}
+	if atHeader != req.PromptTokens+DefaultOutputLeaseMin || atBody != req.PromptTokens+4096 {
+		t.Fatalf("held %d before the answer and %d once it was JSON, want the lease %d then the cap %d",
+			atHeader, atBody, req.PromptTokens+DefaultOutputLeaseMin, req.PromptTokens+4096)
+	}
+	if used := h.usedForTest(t); used != 3007 {
+		t.Fatalf("settled at %d, want the 3007 reported", used)
 	}
 }

@@ -78,6 +78,11 @@ func (w *meteringWriter) WriteHeader(status int) {
 				w.meter = usage.NewMeter(w.format, usage.NDJSON)
 			}
 		}
+		if w.lease != nil && w.meter == nil && status < 300 {
+			// A leased request answered with a body the meter does not read
+			// as it passes (JSON, encoded): hold the whole cap first.
+			w.lease.holdAll()
+		}
 	}
 	w.ResponseWriter.WriteHeader(status)
 }
