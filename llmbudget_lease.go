@@ -154,28 +154,26 @@ func (o *outputHistory) learn(count, bound, reported int64) {
 	o.ratio.Store(math.Float64bits(min(ratio, 1)))
 }
 
-// histories are the output histories of a store, by model.
+// histories are the output histories of a store, by model. Reads take no
+// lock: a model's history is found on every leased request.
 type histories struct {
-	mu     sync.Mutex
-	models map[string]*outputHistory
+	models sync.Map // string → *outputHistory
+	n      atomic.Int32
 	others outputHistory // the models past maxHistoryModels
 }
 
 func (hs *histories) of(model string) *outputHistory {
-	hs.mu.Lock()
-	defer hs.mu.Unlock()
-	if o, ok := hs.models[model]; ok {
-		return o
+	if o, ok := hs.models.Load(model); ok {
+		return o.(*outputHistory)
 	}
-	if len(hs.models) >= maxHistoryModels {
+	if hs.n.Load() >= maxHistoryModels {
 		return &hs.others
 	}
-	if hs.models == nil {
-		hs.models = make(map[string]*outputHistory)
+	o, loaded := hs.models.LoadOrStore(model, new(outputHistory))
+	if !loaded {
+		hs.n.Add(1)
 	}
-	o := new(outputHistory)
-	hs.models[model] = o
-	return o
+	return o.(*outputHistory)
 }
 
 // lease is the output a streamed request holds, grown with the stream. Its

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -439,5 +440,36 @@ func TestALeasedRequestAnsweredInJSONHoldsItsCap(t *testing.T) {
 	}
 	if used := h.usedForTest(t); used != 3007 {
 		t.Fatalf("settled at %d, want the 3007 reported", used)
+	}
+}
+
+// TestOutputHistoryLearns: after 8 answers a model's lease is the 90th
+// percentile of their final counts, and its count is scaled to 1.1 times
+// the densest answer's reported tokens over its bound; models past 256 share
+// one history, so a client naming random models cannot grow memory.
+func TestOutputHistoryLearns(t *testing.T) {
+	var o outputHistory
+	for i := int64(1); i <= 10; i++ {
+		o.learn(i*100, i*100, i*50)
+		if i < historyTrusted && (o.lease.Load() != 0 || o.ratio.Load() != 0) {
+			t.Fatalf("after %d answers the history is used: lease %d", i, o.lease.Load())
+		}
+	}
+	if got := o.lease.Load(); got != 900 {
+		t.Fatalf("lease %d, want the 90th percentile of 100..1000, 900", got)
+	}
+	if got := math.Float64frombits(o.ratio.Load()); math.Abs(got-0.55) > 1e-9 {
+		t.Fatalf("ratio %v, want 1.1 × 0.5", got)
+	}
+	o.learn(100, 100, 100) // an answer as dense as its bound: the ratio caps at 1
+	if got := math.Float64frombits(o.ratio.Load()); got != 1 {
+		t.Fatalf("ratio %v, want 1", got)
+	}
+	var hs histories
+	for i := 0; i < 300; i++ {
+		hs.of(fmt.Sprint("model-", i))
+	}
+	if a, b := hs.of("model-299"), hs.of("model-298"); a != b || a != &hs.others || hs.of("model-1") == a {
+		t.Fatal("models past the first 256 share one history; the first keep their own")
 	}
 }
