@@ -224,7 +224,7 @@ func (l *lease) observe(ev []byte, r usage.Reading) {
 		l.high += usage.HighBytes(ev)
 		l.deltas++
 	}
-	bound := usage.OutputTokenBound(l.text, l.high, 0)
+	bound := usage.OutputTokenBound(l.text, l.high)
 	scaled := int64(math.Ceil(float64(bound) * l.ratio))
 	l.count = max(r.Usage.OutputTokens, scaled, l.deltas, l.count)
 }
@@ -307,7 +307,7 @@ func (l *lease) extend() {
 // learn tells the model's history how this answer ended: reported output
 // tokens, counted as l.count.
 func (l *lease) learn(reported int64) {
-	l.history.learn(l.count, usage.OutputTokenBound(l.text, l.high, 0), reported)
+	l.history.learn(l.count, usage.OutputTokenBound(l.text, l.high), reported)
 }
 
 // holdAll extends the lease to the whole cap, waiting for the answer: for an

@@ -16,13 +16,12 @@ const (
 )
 
 // OutputTokenBound bounds the tokens of streamed output from its text:
-// textBytes of it, highBytes of them above ASCII, in deltas events that
-// carried text (each carries at least one token).
-func OutputTokenBound(textBytes, highBytes, deltas int64) int64 {
+// textBytes of it, highBytes of them above ASCII. (A caller also counts at
+// least one token for each event with text.)
+func OutputTokenBound(textBytes, highBytes int64) int64 {
 	highBytes = min(max(highBytes, 0), textBytes)
 	ascii := textBytes - highBytes
-	bound := (ascii+asciiBytesPerToken-1)/asciiBytesPerToken + (2*highBytes+highHalfBytesPerToken-1)/highHalfBytesPerToken
-	return max(bound, deltas)
+	return (ascii+asciiBytesPerToken-1)/asciiBytesPerToken + (2*highBytes+highHalfBytesPerToken-1)/highHalfBytesPerToken
 }
 
 // HighBytes counts the bytes of p above ASCII: the UTF-8 of characters a
