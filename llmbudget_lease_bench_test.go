@@ -52,7 +52,7 @@ func BenchmarkStreamThroughLLMBudget(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)).WithContext(ctx)
-				if err := h.ServeHTTP(discard{}, r, next); err != nil {
+				if err := h.ServeHTTP(discard{http.Header{}}, r, next); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -61,10 +61,10 @@ func BenchmarkStreamThroughLLMBudget(b *testing.B) {
 	}
 }
 
-// discard is a ResponseWriter that keeps nothing.
-type discard struct{}
+// discard is a ResponseWriter that keeps nothing but its header.
+type discard struct{ header http.Header }
 
-func (discard) Header() http.Header         { return http.Header{} }
+func (d discard) Header() http.Header       { return d.header }
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 func (discard) WriteHeader(int)             {}
 func (discard) Flush()                      {}

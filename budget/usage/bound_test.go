@@ -19,7 +19,15 @@ func TestOutputTokenBound(t *testing.T) {
 			t.Errorf("%s: OutputTokenBound(%d, %d) = %d, want %d", c.name, c.text, c.high, got, c.bound)
 		}
 	}
-	if got := HighBytes([]byte("a€😀b")); got != 3+4 {
-		t.Errorf("HighBytes = %d, want 7", got)
+	for _, s := range []string{"", "a€😀b", "plain ascii, longer than eight bytes", "ünïcödé everywhere: 日本語のテキスト 🎉🎉", "\xff\xff\xff\xff\xff\xff\xff\xff\xff"} {
+		want := 0
+		for i := 0; i < len(s); i++ {
+			if s[i] >= 0x80 {
+				want++
+			}
+		}
+		if got := HighBytes([]byte(s)); got != int64(want) {
+			t.Errorf("HighBytes(%q) = %d, want %d", s, got, want)
+		}
 	}
 }
