@@ -57,26 +57,12 @@ func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.D
 	if _, exists := m.get(record, now); exists {
 		return ReserveResult{Cancelled: true, Denied: -1}, nil
 	}
-	res := ReserveResult{Denied: -1, Used: make([]int64, len(charges))}
-	for i, c := range charges {
-		res.Used[i], _ = m.get(c.Key, now)
-		if res.Denied < 0 && res.Used[i]+c.Amount > c.Limit {
-			res.Denied = i
-		}
-	}
-	if res.Denied >= 0 {
+	res := ReserveResult{Denied: -1}
+	if res.Used, res.Denied = m.fit(charges, now); res.Denied >= 0 {
 		return res, nil
 	}
-	for i, c := range charges {
-		if c.Amount != 0 {
-			res.Used[i] += c.Amount
-			m.keys[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
-		}
-	}
 	held := make([]int64, len(charges))
-	for i, c := range charges {
-		held[i] = c.Amount
-	}
+	m.charge(charges, res.Used, held, now)
 	m.keys[record] = memoryValue{value: recordReserved, expires: now.Add(recordTTL), held: held}
 	res.Admitted = true
 	return res, nil
@@ -91,13 +77,8 @@ func (m *MemoryStore) Extend(_ context.Context, record string, seq int, charges 
 	if !ok || !now.Before(rec.expires) || rec.value != recordReserved || len(rec.held) != len(charges) || rec.extended < seq-1 {
 		return ExtendResult{Gone: true, Denied: -1}, nil
 	}
-	res := ExtendResult{Denied: -1, Used: make([]int64, len(charges))}
-	for i, c := range charges {
-		res.Used[i], _ = m.get(c.Key, now)
-		if res.Denied < 0 && res.Used[i]+c.Amount > c.Limit {
-			res.Denied = i
-		}
-	}
+	res := ExtendResult{Denied: -1}
+	res.Used, res.Denied = m.fit(charges, now)
 	if rec.extended >= seq {
 		res.Admitted, res.Denied = true, -1 // a repeat: it applied before
 		return res, nil
@@ -105,17 +86,37 @@ func (m *MemoryStore) Extend(_ context.Context, record string, seq int, charges 
 	if res.Denied >= 0 {
 		return res, nil
 	}
-	for i, c := range charges {
-		if c.Amount != 0 {
-			res.Used[i] += c.Amount
-			m.keys[c.Key] = memoryValue{value: res.Used[i], expires: now.Add(c.TTL)}
-			rec.held[i] += c.Amount
-		}
-	}
+	m.charge(charges, res.Used, rec.held, now)
 	rec.extended = seq
 	m.keys[record] = rec
 	res.Admitted = true
 	return res, nil
+}
+
+// fit reads the counters of charges and finds the first that does not fit
+// (-1: all do); callers hold m.mu.
+func (m *MemoryStore) fit(charges []Charge, now time.Time) (used []int64, denied int) {
+	used, denied = make([]int64, len(charges)), -1
+	for i, c := range charges {
+		used[i], _ = m.get(c.Key, now)
+		if denied < 0 && used[i]+c.Amount > c.Limit {
+			denied = i
+		}
+	}
+	return used, denied
+}
+
+// charge adds every charge to its counter (used, as fit read them, becomes
+// the counters after) and to what the record holds; a charge of 0 writes
+// no counter. Callers hold m.mu.
+func (m *MemoryStore) charge(charges []Charge, used, held []int64, now time.Time) {
+	for i, c := range charges {
+		held[i] += c.Amount
+		if c.Amount != 0 {
+			used[i] += c.Amount
+			m.keys[c.Key] = memoryValue{value: used[i], expires: now.Add(c.TTL)}
+		}
+	}
 }
 
 // Settle implements Store.

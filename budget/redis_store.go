@@ -158,13 +158,20 @@ func scriptInput(record string, first any, n, perCounter int) ([]string, []any) 
 	return keys, args
 }
 
-// Reserve implements Store.
-func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
-	keys, args := scriptInput(record, recordTTL.Milliseconds(), len(charges), 3)
+// chargesInput is the KEYS and ARGV of a script that charges: the record,
+// first, then each counter's amount, limit and ttl.
+func chargesInput(record string, first any, charges []Charge) ([]string, []any) {
+	keys, args := scriptInput(record, first, len(charges), 3)
 	for _, c := range charges {
 		keys = append(keys, c.Key)
 		args = append(args, c.Amount, c.Limit, c.TTL.Milliseconds())
 	}
+	return keys, args
+}
+
+// Reserve implements Store.
+func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
+	keys, args := chargesInput(record, recordTTL.Milliseconds(), charges)
 	vals, err := reserveScript.Run(ctx, r.client, keys, args...).Int64Slice()
 	if err != nil {
 		return ReserveResult{}, fmt.Errorf("budget reserve script: %w", err)
@@ -194,11 +201,7 @@ func (r *RedisStore) Settle(ctx context.Context, record string, ttl time.Duratio
 
 // Extend implements Store.
 func (r *RedisStore) Extend(ctx context.Context, record string, seq int, charges []Charge) (ExtendResult, error) {
-	keys, args := scriptInput(record, seq, len(charges), 3)
-	for _, c := range charges {
-		keys = append(keys, c.Key)
-		args = append(args, c.Amount, c.Limit, c.TTL.Milliseconds())
-	}
+	keys, args := chargesInput(record, seq, charges)
 	vals, err := extendScript.Run(ctx, r.client, keys, args...).Int64Slice()
 	if err != nil {
 		return ExtendResult{}, fmt.Errorf("budget extend script: %w", err)
