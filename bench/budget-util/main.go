@@ -330,18 +330,7 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 			r.done = true
 			continue
 		}
-		var c struct {
-			Choices []struct {
-				Delta struct {
-					Content *string `json:"content"`
-				} `json:"delta"`
-				FinishReason *string `json:"finish_reason"`
-			} `json:"choices"`
-			Usage *struct {
-				Prompt     int `json:"prompt_tokens"`
-				Completion int `json:"completion_tokens"`
-			} `json:"usage"`
-		}
+		var c fakellm.ChatChunk
 		if json.Unmarshal([]byte(data), &c) != nil {
 			continue
 		}

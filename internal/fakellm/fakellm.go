@@ -161,6 +161,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// ChatChunk is a chunk of a streamed chat completion as a client reads it:
+// the fields the bench scripts and tests look at.
+type ChatChunk struct {
+	Choices []struct {
+		Delta struct {
+			Content *string `json:"content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		Prompt     int `json:"prompt_tokens"`
+		Completion int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
 // answer is one response being written.
 type answer struct {
 	s       *Server

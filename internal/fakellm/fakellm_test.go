@@ -28,18 +28,7 @@ func wordsStream(t *testing.T, url string, limit int) (text string, chunks int, 
 		if !ok || data == "[DONE]" {
 			continue
 		}
-		var c struct {
-			Choices []struct {
-				Delta struct {
-					Content *string `json:"content"`
-				} `json:"delta"`
-				FinishReason *string `json:"finish_reason"`
-			} `json:"choices"`
-			Usage *struct {
-				Prompt     int `json:"prompt_tokens"`
-				Completion int `json:"completion_tokens"`
-			} `json:"usage"`
-		}
+		var c ChatChunk
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
 			t.Fatalf("chunk %q: %v", data, err)
 		}
