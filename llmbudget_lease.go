@@ -203,6 +203,7 @@ type lease struct {
 type extension struct {
 	more    int64
 	granted bool
+	failed  bool   // the store did not answer
 	by      string // the budget that refused it
 }
 
@@ -264,11 +265,16 @@ func (l *lease) admit() bool {
 
 func (l *lease) apply(ext extension) {
 	l.pending = nil
-	if ext.granted {
+	switch {
+	case ext.granted:
 		l.held += ext.more
-		return
+	case l.h.Shadow || ext.failed && l.h.FailOpen:
+		// Shadow mode enforces nothing, and fail_open admits while the store
+		// fails: the stream runs on unleased, and settles to what it reports.
+		l.held = l.limit
+	default:
+		l.refused, l.refusedBy = true, ext.by
 	}
-	l.refused, l.refusedBy = true, ext.by
 }
 
 // extend asks, off the byte path, for enough more output to cover the count
@@ -283,7 +289,7 @@ func (l *lease) extend() {
 	l.pending = ch
 	h, res := l.h, l.res
 	go func() {
-		ext := extension{more: more}
+		ext := extension{more: more, failed: true} // until the store answers
 		defer func() { ch <- ext }()
 		defer safego.Recover("llmbudget lease", h.store.reportPanic)
 		ctx, cancel := context.WithTimeout(context.Background(), h.storeTimeout)
@@ -292,13 +298,16 @@ func (l *lease) extend() {
 		switch {
 		case err != nil:
 			metrics.llmLeaseExtensions.WithLabelValues("failed").Inc()
-			h.logger.Warn("extending an output lease failed; the stream ends at its lease",
-				zap.String("reservation", res.ID), zap.Error(err))
+			msg := "extending an output lease failed; the stream ends at its lease"
+			if h.FailOpen || h.Shadow {
+				msg = "extending an output lease failed; the stream goes on unleased (fail_open or shadow)"
+			}
+			h.logger.Warn(msg, zap.String("reservation", res.ID), zap.Error(err))
 		case denial != nil:
-			ext.by = denial.Budget.Name
+			ext.failed, ext.by = false, denial.Budget.Name
 			metrics.llmLeaseExtensions.WithLabelValues("refused").Inc()
 		default:
-			ext.granted = true
+			ext.failed, ext.granted = false, true
 			metrics.llmLeaseExtensions.WithLabelValues("granted").Inc()
 		}
 	}()

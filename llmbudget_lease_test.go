@@ -349,64 +349,113 @@ func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 // while a leased stream needs an extension: the extension fails, the stream
 // ends at its lease as a finished answer, and once Redis answers again the
 // settle charges what the lease held, once, and leaves no reservation
-// behind.
+// behind. With fail_open the stream goes on unleased instead, and settles to
+// what it reports.
 func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
-	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
-	up := newFakeLLM(t)
-	up.Output, up.StopAtCap, up.Words, up.Interval = 3000, true, true, 2*time.Millisecond
-	port := freePort(t)
-	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n redis %s\n prefix stallstream\n }", srv.URL()), `budget g {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fail_open=%v", failOpen), func(t *testing.T) {
+			srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+			up := newFakeLLM(t)
+			up.Output, up.StopAtCap, up.Words, up.Interval = 600, true, true, time.Millisecond
+			port := freePort(t)
+			options := ""
+			if failOpen {
+				options = "fail_open"
+			}
+			tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n redis %s\n prefix stallstream\n }", srv.URL()), `budget g {
 			limit 1000000
 			window 1h
-		}`))
-	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
-	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
-	if err != nil {
+		}
+		`+options))
+			body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
+			resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			defer admin.Close()
+			var got strings.Builder
+			sc := bufio.NewScanner(resp.Body)
+			for words := 0; sc.Scan(); {
+				got.WriteString(sc.Text() + "\n")
+				if strings.Contains(sc.Text(), `"content"`) {
+					if words++; words == 20 {
+						go admin.Do(context.Background(), "DEBUG", "SLEEP", "1.5")
+						srv.WaitStalled(t)
+					}
+				}
+			}
+			if err := sc.Err(); err != nil {
+				t.Fatalf("reading the stream: %v", err)
+			}
+			var usageChunk struct {
+				Usage struct {
+					PromptTokens     int64 `json:"prompt_tokens"`
+					CompletionTokens int64 `json:"completion_tokens"`
+				} `json:"usage"`
+			}
+			lines := strings.Split(strings.TrimSpace(got.String()), "\n\n")
+			finish := `"finish_reason":"length"`
+			if failOpen {
+				finish = `"finish_reason":"stop"`
+			}
+			if n := len(lines); n < 4 || lines[n-1] != "data: [DONE]" || !strings.Contains(lines[n-3], finish) ||
+				json.Unmarshal([]byte(strings.TrimPrefix(lines[n-2], "data: ")), &usageChunk) != nil {
+				t.Fatalf("the stream ends %q, want the %s chunk, the usage chunk, [DONE]", lines[max(0, len(lines)-3):], finish)
+			}
+			charged := usageChunk.Usage.PromptTokens + usageChunk.Usage.CompletionTokens
+			switch {
+			case failOpen && usageChunk.Usage.CompletionTokens != 600:
+				t.Fatalf("reported %d output tokens, want the whole answer, 600", usageChunk.Usage.CompletionTokens)
+			case !failOpen && (usageChunk.Usage.CompletionTokens < DefaultOutputLeaseMin || usageChunk.Usage.CompletionTokens >= 4096):
+				t.Fatalf("cut at %d output tokens, want the lease it held", usageChunk.Usage.CompletionTokens)
+			}
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				records, _ := admin.Keys(context.Background(), "stallstream:bg:{b}:res:*").Result()
+				used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
+				if len(records) == 0 && used == charged {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after the stall: %d used and %d records, want %d and none", used, len(records), charged)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestShadowNeverCutsAStream: in shadow mode nothing is enforced, so a
+// stream past its budget runs to its end, and is charged what it reports.
+func TestShadowNeverCutsAStream(t *testing.T) {
+	h := directHandler(t)
+	h.Shadow = true
+	h.Budgets[0].Limit = 300
+	if err := h.compile(); err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer admin.Close()
-	var got strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	for words := 0; sc.Scan(); {
-		got.WriteString(sc.Text() + "\n")
-		if strings.Contains(sc.Text(), `"content"`) {
-			if words++; words == 20 {
-				go admin.Do(context.Background(), "DEBUG", "SLEEP", "1.5")
-				srv.WaitStalled(t)
+	contentType, events := streamOf(usage.OpenAIChat, 400, "ten bytes.")
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", contentType)
+		w.WriteHeader(http.StatusOK)
+		for _, ev := range events {
+			if _, err := io.WriteString(w, ev); err != nil {
+				return err
 			}
 		}
+		return nil
+	})
+	const body = `{"model":"m","stream":true,"max_tokens":4096,"messages":[]}`
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	rec := httptest.NewRecorder()
+	if err := h.ServeHTTP(rec, r, next); err != nil {
+		t.Fatal(err)
 	}
-	if err := sc.Err(); err != nil {
-		t.Fatalf("reading the stream: %v", err)
-	}
-	var usageChunk struct {
-		Usage struct {
-			PromptTokens     int64 `json:"prompt_tokens"`
-			CompletionTokens int64 `json:"completion_tokens"`
-		} `json:"usage"`
-	}
-	lines := strings.Split(strings.TrimSpace(got.String()), "\n\n")
-	if n := len(lines); n < 4 || lines[n-1] != "data: [DONE]" || !strings.Contains(lines[n-3], `"finish_reason":"length"`) ||
-		json.Unmarshal([]byte(strings.TrimPrefix(lines[n-2], "data: ")), &usageChunk) != nil {
-		t.Fatalf("the stream ends %q, want the length chunk, the usage chunk, [DONE]", lines[max(0, len(lines)-3):])
-	}
-	held := usageChunk.Usage.PromptTokens + usageChunk.Usage.CompletionTokens
-	if usageChunk.Usage.CompletionTokens < DefaultOutputLeaseMin || usageChunk.Usage.CompletionTokens >= 4096 {
-		t.Fatalf("cut at %d output tokens, want the lease it held", usageChunk.Usage.CompletionTokens)
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		records, _ := admin.Keys(context.Background(), "stallstream:bg:{b}:res:*").Result()
-		used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
-		if len(records) == 0 && used == held {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the stall: %d used and %d records, want %d (what the lease held) and none", used, len(records), held)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if n := strings.Count(rec.Body.String(), "ten bytes."); n != 400 || strings.Contains(rec.Body.String(), `"finish_reason":"length"`) {
+		t.Fatalf("%d of 400 deltas reached the client (cut: %v), want all, uncut", n, strings.Contains(rec.Body.String(), `"length"`))
 	}
 }
 
