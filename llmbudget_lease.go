@@ -218,16 +218,19 @@ func newLease(h *LLMBudget, res *budget.Reservation, c *call) *lease {
 
 // observe folds one event into the running count, which never falls below
 // the API's own running usage (Gemini streams one) nor one token per event
-// with text.
-func (l *lease) observe(ev []byte, r usage.Reading) {
+// with text. It reports whether the event carried output: only such an
+// event waits for the lease (a usage report delivers nothing).
+func (l *lease) observe(ev []byte, r usage.Reading) (output bool) {
 	if r.OutputTextBytes > l.text {
 		l.text = r.OutputTextBytes
 		l.high += usage.HighBytes(ev)
 		l.deltas++
+		output = true
 	}
 	bound := usage.OutputTokenBound(l.text, l.high)
 	scaled := int64(math.Ceil(float64(bound) * l.ratio))
 	l.count = max(r.Usage.OutputTokens, scaled, l.deltas, l.count)
+	return output
 }
 
 // step is how far ahead of the count a lease is extended.

@@ -522,3 +522,45 @@ func TestOutputHistoryLearns(t *testing.T) {
 		t.Fatal("models past the first 256 share one history; the first keep their own")
 	}
 }
+
+// TestAUsageReportIsNeverHeldAtTheLease: an event that carries no output
+// (the final usage chunk) delivers nothing, so it passes even when the usage
+// it reports is past the lease and the budget has no room: the answer was
+// already delivered, and the settle charges what the upstream reports.
+func TestAUsageReportIsNeverHeldAtTheLease(t *testing.T) {
+	h := directHandler(t)
+	const body = `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
+	req, err := usage.ParseRequest(usage.OpenAIChat, "/v1/chat/completions", []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Budgets[0].Limit = float64(req.PromptTokens + DefaultOutputLeaseMin + 10)
+	if err := h.compile(); err != nil {
+		t.Fatal(err)
+	}
+	contentType, events := streamOf(usage.OpenAIChat, 10, "short")
+	events = append(events[:len(events)-1], `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2000,"total_tokens":2005}}`+"\n\n", events[len(events)-1])
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", contentType)
+		w.WriteHeader(http.StatusOK)
+		for _, ev := range events {
+			if _, err := io.WriteString(w, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	rec := httptest.NewRecorder()
+	if err := h.ServeHTTP(rec, r, next); err != nil {
+		t.Fatal(err)
+	}
+	got := rec.Body.String()
+	if strings.Contains(got, `"length"`) || !strings.Contains(got, `"completion_tokens":2000`) || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+		t.Fatalf("the stream ends …%s, want the upstream's own end, its usage chunk included", got[max(0, len(got)-400):])
+	}
+	if used := h.usedForTest(t); used != 2005 {
+		t.Fatalf("charged %d, want the 2005 reported", used)
+	}
+}

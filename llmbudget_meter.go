@@ -188,8 +188,7 @@ func (w *meteringWriter) passLeasedEvent(ev []byte) error {
 	if w.format == usage.OpenAIResponses && w.created == nil {
 		w.created = bytes.Clone(ev[:min(len(ev), maxCreatedEvent)])
 	}
-	w.lease.observe(ev, w.meter.Reading())
-	if !w.lease.admit() {
+	if w.lease.observe(ev, w.meter.Reading()) && !w.lease.admit() {
 		return w.truncate(ev)
 	}
 	if w.stripUsage && usage.IsUsageOnlyChunk(ev) {
