@@ -196,6 +196,7 @@ type lease struct {
 	text, high, deltas, count int64
 	pending                   chan extension // the extension in flight
 	refused                   bool
+	tight                     bool   // an extension was refused: extend by what is needed only
 	refusedBy                 string // the budget that refused ("" when the store failed)
 }
 
@@ -239,7 +240,10 @@ func (l *lease) step() int64 { return max(l.h.outputLeaseMin/4, l.held/4) }
 // admit reports whether the output counted so far may reach the client:
 // within the lease, or once an extension covers it (waiting for it if it
 // must). An extension starts when the count nears the lease, so the wait is
-// rare. It is false when an extension was refused or failed.
+// rare. Once one is refused the lease is tight: it is extended only by what
+// an event needs, when it needs it, so a stream near the limit spends the
+// budget to its last tokens. It is false when a tight extension was refused,
+// or one failed.
 func (l *lease) admit() bool {
 	if l.pending != nil {
 		select {
@@ -251,7 +255,7 @@ func (l *lease) admit() bool {
 	if l.held >= l.limit {
 		return true // the forwarded cap bounds the rest
 	}
-	if l.count+l.step() > l.held && l.pending == nil && !l.refused {
+	if l.pending == nil && !l.refused && (l.count > l.held || !l.tight && l.count+l.step() > l.held) {
 		l.extend()
 	}
 	for l.count > l.held {
@@ -275,15 +279,22 @@ func (l *lease) apply(ext extension) {
 		// Shadow mode enforces nothing, and fail_open admits while the store
 		// fails: the stream runs on unleased, and settles to what it reports.
 		l.held = l.limit
+	case !ext.failed && !l.tight:
+		l.tight = true // a budget is nearly spent: ask for what is needed only
 	default:
 		l.refused, l.refusedBy = true, ext.by
 	}
 }
 
 // extend asks, off the byte path, for enough more output to cover the count
-// and a step beyond it, up to the forwarded cap.
+// and a step beyond it (a tight lease: the count only), up to the forwarded
+// cap.
 func (l *lease) extend() {
-	more := min(l.count-l.held+l.step(), l.limit-l.held)
+	more := l.count - l.held
+	if !l.tight {
+		more += l.step()
+	}
+	more = min(more, l.limit-l.held)
 	spend := budget.Spend{Tokens: more}
 	if l.h.hasUSD {
 		spend.CostMicros = l.price.CostMicros(budget.Usage{OutputTokens: more})
