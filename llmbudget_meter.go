@@ -113,23 +113,27 @@ func (w *meteringWriter) Write(p []byte) (int, error) {
 func (w *meteringWriter) passEvents(p []byte) error {
 	w.pending = append(w.pending, p...)
 	for {
-		end := usage.EventEnd(w.pending, w.scanned)
+		end := w.eventEnd()
 		if end < 0 {
-			w.scanned = len(w.pending)
 			return nil
 		}
-		w.scanned = 0
-		ev := w.pending[:end]
-		if !usage.IsUsageOnlyChunk(ev) {
+		if ev := w.pending[:end]; !usage.IsUsageOnlyChunk(ev) {
 			if _, err := w.ResponseWriter.Write(ev); err != nil {
 				return err
 			}
 		}
-		w.pending = w.pending[end:]
-		if len(w.pending) == 0 {
-			w.pending = w.pending[:0]
-		}
+		w.consume(end)
 	}
+}
+
+// consume drops the first n bytes of pending, and reuses its room from the
+// start once it is empty.
+func (w *meteringWriter) consume(n int) {
+	if n == len(w.pending) {
+		w.pending = w.pending[:0]
+		return
+	}
+	w.pending = w.pending[n:]
 }
 
 // passLeased writes the complete events of pending+p to the client, each
@@ -152,15 +156,13 @@ func (w *meteringWriter) passLeased(p []byte) error {
 		if err := w.passLeasedEvent(w.pending[:end]); err != nil {
 			return err
 		}
-		w.pending = w.pending[end:]
-		if len(w.pending) == 0 {
-			w.pending = w.pending[:0]
-		}
+		w.consume(end)
 	}
 	return nil
 }
 
-// eventEnd is the length of the first complete event in pending, or -1.
+// eventEnd is the length of the first complete event in pending (an SSE
+// event, or an NDJSON line), or -1; it remembers how far it scanned.
 func (w *meteringWriter) eventEnd() int {
 	if w.meter.Framing() == usage.NDJSON {
 		i := bytes.IndexByte(w.pending[w.scanned:], '\n')
