@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -569,4 +571,84 @@ func TestAUsageReportIsNeverHeldAtTheLease(t *testing.T) {
 	if used := h.usedForTest(t); used != 2005 {
 		t.Fatalf("charged %d, want the 2005 reported", used)
 	}
+}
+
+// FuzzLeasedStream: whatever an upstream streams, and however its writes are
+// cut, a leased stream reaches the client unchanged, or unchanged up to the
+// event held at its lease and then the API's terminal form; nothing panics.
+// Seeds: the golden transcripts.
+func FuzzLeasedStream(f *testing.F) {
+	paths := map[string]string{"openai_chat": "/v1/chat/completions", "openai_responses": "/v1/responses", "anthropic": "/v1/messages",
+		"gemini": "/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse", "ollama": "/api/chat", "openai_completions": "/v1/completions"}
+	names := make([]string, 0, len(paths))
+	for name := range paths {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	files, _ := filepath.Glob("budget/usage/testdata/streams/*")
+	for _, file := range files {
+		parts := strings.Split(filepath.Base(file), ".")
+		if len(parts) != 3 || parts[2] == "golden" {
+			continue
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		if i := slices.Index(names, parts[1]); i >= 0 {
+			f.Add(uint8(i), data, uint16(7), uint16(3))
+		}
+	}
+	f.Fuzz(func(t *testing.T, which uint8, data []byte, split, room uint16) {
+		name := names[int(which)%len(names)]
+		path := paths[name]
+		format := usage.FormatFromPath(strings.Split(path, "?")[0])
+		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[],"prompt":"hi","input":"hi","contents":[]}`
+		if format == usage.Gemini {
+			body = `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`
+		}
+		h := directHandler(t)
+		h.Budgets[0].Limit = float64(24 + int64(room%512))
+		h.OutputLeaseMin = 16
+		if err := h.compile(); err != nil {
+			t.Fatal(err)
+		}
+		contentType := "text/event-stream"
+		if format == usage.Ollama {
+			contentType = "application/x-ndjson"
+		}
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Content-Type", contentType)
+			w.WriteHeader(http.StatusOK)
+			step := int(split%64) + 1
+			for rest := data; len(rest) > 0; {
+				n := min(step, len(rest))
+				if _, err := w.Write(rest[:n]); err != nil {
+					return err
+				}
+				rest = rest[n:]
+			}
+			return nil
+		})
+		r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		rec := httptest.NewRecorder()
+		if err := h.ServeHTTP(rec, r, next); err != nil || rec.Code != http.StatusOK {
+			return // refused before forwarding: nothing to compare
+		}
+		got := rec.Body.Bytes()
+		if bytes.Equal(got, data) {
+			return
+		}
+		// Cut: a prefix of the stream that ends on an event, then the end.
+		for i := len(got); i >= 0; i-- {
+			if i <= len(data) && bytes.Equal(got[:i], data[:i]) {
+				if tail := got[i:]; !bytes.Contains(tail, []byte("length")) && !bytes.Contains(tail, []byte("max_tokens")) &&
+					!bytes.Contains(tail, []byte("MAX_TOKENS")) && !bytes.Contains(tail, []byte("max_output_tokens")) {
+					t.Fatalf("%s: the client got %q after the upstream's first %d bytes, not a terminal form", name, tail, i)
+				}
+				return
+			}
+		}
+	})
 }
