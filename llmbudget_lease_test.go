@@ -207,6 +207,23 @@ func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
 				t.Fatalf("%d of 400 deltas reached the client, want the lease's worth", n)
 			}
 			eachEventIsJSON(t, format, got)
+			if format == usage.OpenAIResponses {
+				// The response it ends with holds the text the client got:
+				// the SDKs take that object as the answer.
+				data := got[strings.LastIndex(got, "data: ")+len("data: "):]
+				var end struct {
+					Response struct {
+						Output []struct {
+							Content []struct{ Text string }
+						}
+					}
+				}
+				want := strings.Repeat("ten bytes.", strings.Count(got[:strings.LastIndex(got, "event: ")], "ten bytes."))
+				if err := json.Unmarshal([]byte(data), &end); err != nil || len(end.Response.Output) != 1 ||
+					len(end.Response.Output[0].Content) != 1 || end.Response.Output[0].Content[0].Text != want {
+					t.Fatalf("response.incomplete holds %+v (%v), want the %d bytes of text the client got", end.Response, err, len(want))
+				}
+			}
 			// The input charged is the estimate, or what the stream reported
 			// (Anthropic's message_start says 10); the output, what the lease
 			// held: up to the room the limit left it.

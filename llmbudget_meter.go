@@ -49,9 +49,9 @@ type meteringWriter struct {
 	cancelUpstream   context.CancelFunc
 	truncated        bool
 	clientAskedUsage bool
-	// created is a Responses stream's first event (response.created), whose
-	// response object a truncation ends.
-	created []byte
+	// responses keeps what a leased Responses stream output, for the
+	// response object a truncation ends it with.
+	responses *usage.ResponsesOutput
 }
 
 var (
@@ -187,11 +187,15 @@ func (w *meteringWriter) eventEnd() int {
 // ends the stream with the API's terminal form.
 func (w *meteringWriter) passLeasedEvent(ev []byte) error {
 	w.meter.Write(ev)
-	if w.format == usage.OpenAIResponses && w.created == nil {
-		w.created = bytes.Clone(ev[:min(len(ev), maxCreatedEvent)])
-	}
 	if w.lease.observe(ev, w.meter.Reading()) && !w.lease.admit() {
 		return w.truncate(ev)
+	}
+	if w.format == usage.OpenAIResponses {
+		// What reaches the client, for the response object a cut ends with.
+		if w.responses == nil {
+			w.responses = new(usage.ResponsesOutput)
+		}
+		w.responses.Observe(ev)
 	}
 	if w.stripUsage && usage.IsUsageOnlyChunk(ev) {
 		return nil
@@ -199,9 +203,6 @@ func (w *meteringWriter) passLeasedEvent(ev []byte) error {
 	_, err := w.ResponseWriter.Write(ev)
 	return err
 }
-
-// maxCreatedEvent bounds the copy of a Responses stream's first event.
-const maxCreatedEvent = 64 << 10
 
 // truncate ends the stream at its lease: the API's terminal form instead of
 // withheld (the event that did not fit), the upstream request cancelled.
@@ -220,7 +221,7 @@ func (w *meteringWriter) truncate(withheld []byte) error {
 	if r.InputKnown {
 		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
 	}
-	if _, err := w.ResponseWriter.Write(usage.Truncation(w.format, withheld, w.created, u, w.clientAskedUsage)); err != nil {
+	if _, err := w.ResponseWriter.Write(usage.Truncation(w.format, withheld, w.responses, u, w.clientAskedUsage)); err != nil {
 		return err
 	}
 	_ = http.NewResponseController(w.ResponseWriter).Flush()

@@ -21,10 +21,10 @@ import (
 //   - Ollama: a last line with done true and done_reason "length".
 //
 // withheld is the event held back at the lease (the stream's ids and model
-// are taken from it); created is, for Responses, the stream's
-// response.created event (its response object is the one that ends). u is
-// what is reported as used. Cold path: it runs once per cut stream.
-func Truncation(f Format, withheld, created []byte, u budget.Usage, withUsage bool) []byte {
+// are taken from it); responses is, for Responses, what the stream output
+// before it (the response object that ends it is built from it). u is what
+// is reported as used. Cold path: it runs once per cut stream.
+func Truncation(f Format, withheld []byte, responses *ResponsesOutput, u budget.Usage, withUsage bool) []byte {
 	last := eventObject(withheld)
 	// copyOf puts into obj the fields of the withheld event named, those it has.
 	copyOf := func(obj map[string]any, keys ...string) map[string]any {
@@ -60,17 +60,12 @@ func Truncation(f Format, withheld, created []byte, u budget.Usage, withUsage bo
 		}
 		out.WriteString("data: [DONE]\n\n")
 	case OpenAIResponses:
-		resp, _ := eventObject(created)["response"].(map[string]any)
-		if resp == nil {
-			resp = map[string]any{"object": "response"}
-		}
-		resp["status"] = "incomplete"
-		resp["incomplete_details"] = map[string]any{"reason": "max_output_tokens"}
+		resp := responses.response()
 		resp["usage"] = map[string]any{"input_tokens": u.InputTokens, "output_tokens": u.OutputTokens, "total_tokens": u.InputTokens + u.OutputTokens,
 			"input_tokens_details": map[string]any{"cached_tokens": u.CachedInputTokens}, "output_tokens_details": map[string]any{"reasoning_tokens": 0}}
 		ev := map[string]any{"type": "response.incomplete", "response": resp}
 		if n, ok := last["sequence_number"].(int64); ok {
-			ev["sequence_number"] = n + 1
+			ev["sequence_number"] = n // the withheld event's: it never reached the client
 		}
 		sse("response.incomplete", ev)
 	case Anthropic:
