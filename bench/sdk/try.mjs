@@ -133,4 +133,20 @@ const describe = (e) => `${e?.constructor?.name}: ${e?.message}`;
     failure ? describe(failure) : `${events.length} events, last ${tail}, stop_reason ${stop}`);
 }
 
+// (f) Responses: the stream helper's finalResponse() takes the response
+//     object the cut stream ends with: status incomplete, reason
+//     max_output_tokens, and its output_text is the text the deltas brought.
+{
+  const client = new OpenAI({ apiKey: "sk-lease-responses", baseURL: lease + "/v1" });
+  let deltas = "", final, failure;
+  try {
+    const stream = client.responses.stream({ model: "gpt-4o", max_output_tokens: 4096, input: "write a long story" });
+    stream.on("response.output_text.delta", (e) => { deltas += e.delta; });
+    final = await stream.finalResponse();
+  } catch (e) { failure = e; }
+  report("openai lease: responses.stream().finalResponse() resolves incomplete, with the text streamed",
+    !failure && final.status === "incomplete" && final.incomplete_details?.reason === "max_output_tokens" && deltas.length > 0 && final.output_text === deltas,
+    failure ? describe(failure) : `status ${final.status} (${final.incomplete_details?.reason}), output_text ${final.output_text.length} chars, deltas ${deltas.length} chars`);
+}
+
 process.exit(results.every((r) => r.ok) ? 0 : 1);

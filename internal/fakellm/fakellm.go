@@ -10,6 +10,12 @@
 // streams the Anthropic event sequence with two cumulative message_delta
 // events.
 //
+// A Responses request (/v1/responses) with "stream": true is streamed as
+// OpenAI streams one, a delta a word as in Words mode: response.created, the
+// message item and its part added, the deltas, the part and item done, and
+// response.completed with the usage (response.incomplete when the cap,
+// max_output_tokens, cut it).
+//
 // Words mode (Words set) streams a chat completion as a model does: one chunk
 // per output token, each one word-like token of a fixed list (4.5 bytes a
 // token on average; the first chunk's delta also names the role, as
@@ -107,6 +113,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} `json:"stream_options"`
 		MaxCompletionTokens int `json:"max_completion_tokens"`
 		MaxTokens           int `json:"max_tokens"`
+		MaxOutputTokens     int `json:"max_output_tokens"`
 	}
 	_ = json.Unmarshal(body, &req)
 	output := s.Output
@@ -115,7 +122,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		output = max(1, output-spread+rand.IntN(2*spread+1))
 	}
 	capCut := false
-	if limit := cmp.Or(req.MaxCompletionTokens, req.MaxTokens); s.StopAtCap && limit > 0 {
+	if limit := cmp.Or(req.MaxCompletionTokens, req.MaxTokens, req.MaxOutputTokens); s.StopAtCap && limit > 0 {
 		capCut = limit < output
 		output = min(output, limit)
 	}
@@ -151,6 +158,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"total_tokens":%d}`, s.Input, s.Input)))
 	case strings.HasSuffix(r.URL.Path, "/completions") && !strings.HasSuffix(r.URL.Path, "/chat/completions") && stream:
 		a.completionStream(req.StreamOptions.IncludeUsage)
+	case strings.HasSuffix(r.URL.Path, "/responses") && stream:
+		a.responsesStream(r, capCut)
 	case stream && s.Words:
 		a.wordStream(r, req.StreamOptions.IncludeUsage, capCut)
 	case stream:
@@ -270,27 +279,30 @@ func (a *answer) anthropicStream() {
 var words = [...]string{" the", " budget", "ing", ".", " of", " a", " token", " request", " and", " is",
 	" stream", " to", " limit", ",", " in", " window", " reply", " count", " each", " word"}
 
-// wordStream streams a.output tokens (a.chunks with X-Fake-Cut), one a chunk,
-// Interval apart on a fixed schedule, until a write fails or the request's
-// context is done; then the finish chunk, the usage chunk if asked for, and
-// [DONE].
-func (a *answer) wordStream(r *http.Request, includeUsage, capCut bool) {
-	s := a.s
-	n := a.output
-	if a.cut {
-		n = a.chunks
-	}
+// sse starts an SSE answer and returns how to write one event of it (and
+// flush), false when the client is gone.
+func (a *answer) sse() func(event string) bool {
 	a.w.Header().Set("Content-Type", "text/event-stream")
 	rc := http.NewResponseController(a.w)
-	write := func(event string) bool {
+	return func(event string) bool {
 		if _, err := io.WriteString(a.w, event); err != nil {
 			return false
 		}
 		return rc.Flush() == nil
 	}
-	const head = `data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","model":%q,"choices":[`
+}
+
+// generate produces a.output word-tokens (a.chunks with X-Fake-Cut), one a
+// call of emit, Interval apart on a fixed schedule, until emit fails or the
+// request's context is done (counted as stopped). It returns how many it
+// generated and whether it got to the end.
+func (a *answer) generate(r *http.Request, emit func(i int, word string) bool) (generated int, ended bool) {
+	s := a.s
+	n := a.output
+	if a.cut {
+		n = a.chunks
+	}
 	start := time.Now()
-	generated := 0
 	for i := 0; i < n; i++ {
 		if i > 0 {
 			t := time.NewTimer(time.Until(start.Add(time.Duration(i) * s.Interval)))
@@ -298,28 +310,39 @@ func (a *answer) wordStream(r *http.Request, includeUsage, capCut bool) {
 			case <-r.Context().Done():
 				t.Stop()
 				s.stopped.Add(1)
-				return
+				return generated, false
 			case <-t.C:
 			}
 		} else if r.Context().Err() != nil {
 			s.stopped.Add(1)
-			return
+			return generated, false
 		}
 		generated++
 		s.generated.Add(1)
-		role := ""
-		if i == 0 {
-			role = `"role":"assistant",`
-		}
-		if !write(fmt.Sprintf(head+`{"index":0,"delta":{%s"content":%q},"finish_reason":null}],"usage":null}`+"\n\n", a.model, role, words[i%len(words)])) {
+		if !emit(i, words[i%len(words)]) {
 			s.stopped.Add(1)
-			return
+			return generated, false
 		}
 		if i == 0 && s.Gate != nil {
 			<-s.Gate
 		}
 	}
-	if a.cut {
+	return generated, !a.cut
+}
+
+// wordStream streams a chat completion of generated words; then the finish
+// chunk, the usage chunk if asked for, and [DONE].
+func (a *answer) wordStream(r *http.Request, includeUsage, capCut bool) {
+	write := a.sse()
+	const head = `data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","model":%q,"choices":[`
+	generated, ended := a.generate(r, func(i int, word string) bool {
+		role := ""
+		if i == 0 {
+			role = `"role":"assistant",`
+		}
+		return write(fmt.Sprintf(head+`{"index":0,"delta":{%s"content":%q},"finish_reason":null}],"usage":null}`+"\n\n", a.model, role, word))
+	})
+	if !ended {
 		return
 	}
 	finish := "stop"
@@ -330,7 +353,45 @@ func (a *answer) wordStream(r *http.Request, includeUsage, capCut bool) {
 		return
 	}
 	if includeUsage && !a.noUsage {
-		write(fmt.Sprintf(head+`],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`+"\n\n", a.model, s.Input, generated, s.Input+generated))
+		write(fmt.Sprintf(head+`],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`+"\n\n", a.model, a.s.Input, generated, a.s.Input+generated))
 	}
 	write("data: [DONE]\n\n")
+}
+
+// responsesStream streams a Responses answer of generated words as OpenAI
+// does: response.created, the message item and its text part added, a delta
+// a word, the part and item done, then response.completed (or
+// response.incomplete when the cap cut it) with the usage.
+func (a *answer) responsesStream(r *http.Request, capCut bool) {
+	write := a.sse()
+	seq := 0
+	event := func(name, format string, args ...any) bool {
+		seq++
+		return write(fmt.Sprintf("event: %s\ndata: {\"type\":%q,\"sequence_number\":%d,", name, name, seq-1) + fmt.Sprintf(format, args...) + "}\n\n")
+	}
+	response := func(status string) string {
+		return fmt.Sprintf(`{"id":"resp_fake","object":"response","model":%q,"status":%q,"output":[]}`, a.model, status)
+	}
+	if !event("response.created", `"response":%s`, response("in_progress")) ||
+		!event("response.output_item.added", `"output_index":0,"item":{"id":"msg_fake","type":"message","status":"in_progress","role":"assistant","content":[]}`) ||
+		!event("response.content_part.added", `"item_id":"msg_fake","output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}`) {
+		return
+	}
+	var text strings.Builder
+	generated, ended := a.generate(r, func(_ int, word string) bool {
+		text.WriteString(word)
+		return event("response.output_text.delta", `"item_id":"msg_fake","output_index":0,"content_index":0,"delta":%q`, word)
+	})
+	if !ended {
+		return
+	}
+	status, final := "completed", "response.completed"
+	if capCut {
+		status, final = "incomplete", "response.incomplete"
+	}
+	item := fmt.Sprintf(`{"id":"msg_fake","type":"message","status":%q,"role":"assistant","content":[{"type":"output_text","text":%q,"annotations":[]}]}`, status, text.String())
+	usage := fmt.Sprintf(`"usage":{"input_tokens":%d,"output_tokens":%d,"total_tokens":%d}`, a.s.Input, generated, a.s.Input+generated)
+	_ = event("response.output_text.done", `"item_id":"msg_fake","output_index":0,"content_index":0,"text":%q`, text.String()) &&
+		event("response.output_item.done", `"output_index":0,"item":%s`, item) &&
+		event(final, `"response":{"id":"resp_fake","object":"response","model":%q,"status":%q,"output":[%s],%s}`, a.model, status, item, usage)
 }

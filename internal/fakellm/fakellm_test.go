@@ -115,3 +115,56 @@ func TestJitter(t *testing.T) {
 		t.Fatalf("20 answers of one length: no jitter")
 	}
 }
+
+// TestResponsesStream: a streamed Responses answer is OpenAI's event
+// sequence, a delta a word, ending response.completed with the usage, or
+// response.incomplete when max_output_tokens cut it.
+func TestResponsesStream(t *testing.T) {
+	s := New()
+	s.Output, s.Interval, s.StopAtCap = 12, 0, true
+	ts := httptest.NewServer(s)
+	defer ts.Close()
+	for _, tc := range []struct {
+		limit, want int
+		final       string
+	}{{100, 12, "response.completed"}, {5, 5, "response.incomplete"}} {
+		resp, err := http.Post(ts.URL+"/v1/responses", "application/json",
+			strings.NewReader(`{"model":"m","stream":true,"input":"hi","max_output_tokens":`+strconv.Itoa(tc.limit)+`}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var types []string
+		var deltas strings.Builder
+		var last struct {
+			Type     string
+			Delta    string
+			Response struct {
+				Status string
+				Output []struct{ Content []struct{ Text string } }
+				Usage  struct {
+					OutputTokens int `json:"output_tokens"`
+				}
+			}
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			data, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			last.Delta = ""
+			if err := json.Unmarshal([]byte(data), &last); err != nil {
+				t.Fatalf("event %q: %v", data, err)
+			}
+			types = append(types, last.Type)
+			deltas.WriteString(last.Delta)
+		}
+		resp.Body.Close()
+		if n := len(types); n != tc.want+6 || types[0] != "response.created" || types[n-1] != tc.final {
+			t.Fatalf("events %v, want created … %d deltas … %s", types, tc.want, tc.final)
+		}
+		if r := last.Response; r.Usage.OutputTokens != tc.want || len(r.Output) != 1 || r.Output[0].Content[0].Text != deltas.String() {
+			t.Fatalf("final response %+v, want %d output tokens and the deltas' text %q", r, tc.want, deltas.String())
+		}
+	}
+}
