@@ -1,16 +1,8 @@
 package fleetguard
 
 import (
-	"cmp"
 	"context"
-	"errors"
-	"fmt"
 	"math"
-	"net/http"
-	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -26,155 +18,9 @@ import (
 // a refused extension ends the stream at the lease in the API's own terminal
 // form and cancels the upstream request. Output the meter cannot see (hidden
 // reasoning) and non-streamed answers hold their whole cap.
-
-const (
-	// DefaultOutputLeaseMin is the smallest output lease, and the first one
-	// of a model with no history.
-	DefaultOutputLeaseMin = 256
-	// historySize answers of a model are remembered for its leases.
-	historySize = 64
-	// historyTrusted answers are needed before the history is used.
-	historyTrusted = 8
-	// maxHistoryModels bounds the models remembered; more share one history.
-	maxHistoryModels = 256
-	// countMargin is how much more than the densest recent answer the
-	// running count assumes.
-	countMargin = 1.1
-)
-
-// DefaultReasoningModels are the model patterns that reason by default and
-// bill reasoning tokens they do not stream: OpenAI's o-series and GPT-5,
-// Gemini 2.5 and 3 (thinking on by default), xAI's Grok 3 mini and Grok 4, and
-// any "thinking" model. A * matches any run of characters; a pattern matches
-// the model as named or after its last "/" (openai/o3 via a router).
-var DefaultReasoningModels = []string{"o1*", "o3*", "o4*", "gpt-5*", "codex-*", "gemini-2.5-*", "gemini-3*", "grok-3-mini*", "grok-4*", "*thinking*"}
-
-// compileLeases checks the lease options.
-func (h *LLMBudget) compileLeases() error {
-	h.outputLeases = h.OutputLeases == nil || *h.OutputLeases
-	if h.OutputLeaseMin < 0 || h.OutputLeaseMin > usage.MaxOutputCap {
-		return fmt.Errorf("llmbudget: output_lease_min: must be between 1 and %d", usage.MaxOutputCap)
-	}
-	h.outputLeaseMin = cmp.Or(h.OutputLeaseMin, DefaultOutputLeaseMin)
-	h.reasoningModels = DefaultReasoningModels
-	if h.ReasoningModels != nil {
-		h.reasoningModels = make([]string, len(h.ReasoningModels))
-		for i, p := range h.ReasoningModels {
-			if strings.TrimSpace(p) == "" {
-				return errors.New("llmbudget: reasoning_models: a pattern is empty")
-			}
-			h.reasoningModels[i] = strings.ToLower(p)
-		}
-	}
-	return nil
-}
-
-// leasable reports whether the output of c can be leased: a single streamed
-// answer whose every token the meter sees.
-func (h *LLMBudget) leasable(r *http.Request, format usage.Format, c *call) bool {
-	if !h.outputLeases || !c.req.Stream || c.req.N != 1 || c.req.NoOutput || c.req.Reasoning || c.outputCap <= h.outputLeaseMin {
-		return false
-	}
-	switch format {
-	case usage.Gemini:
-		// Streamed as SSE only with alt=sse; else a JSON array the meter
-		// does not read as it passes.
-		return strings.EqualFold(r.URL.Query().Get("alt"), "sse") && !h.isReasoningModel(c.req.Model)
-	case usage.OpenAIChat, usage.OpenAICompletions, usage.OpenAIResponses, usage.Anthropic, usage.Ollama:
-		return !h.isReasoningModel(c.req.Model)
-	}
-	return false
-}
-
-func (h *LLMBudget) isReasoningModel(model string) bool {
-	model = strings.ToLower(model)
-	base := model[strings.LastIndexByte(model, '/')+1:]
-	for _, p := range h.reasoningModels {
-		if globMatch(p, model) || globMatch(p, base) {
-			return true
-		}
-	}
-	return false
-}
-
-// globMatch matches s against pattern, where * matches any run of
-// characters (including none) and everything else matches itself.
-func globMatch(pattern, s string) bool {
-	parts := strings.Split(pattern, "*")
-	if len(parts) == 1 {
-		return pattern == s
-	}
-	if !strings.HasPrefix(s, parts[0]) {
-		return false
-	}
-	s = s[len(parts[0]):]
-	for _, part := range parts[1 : len(parts)-1] {
-		i := strings.Index(s, part)
-		if i < 0 {
-			return false
-		}
-		s = s[i+len(part):]
-	}
-	return strings.HasSuffix(s, parts[len(parts)-1])
-}
-
-// outputHistory is what recent leased answers of one model say: the lease
-// most need (the 90th percentile of their final running counts) and how
-// much the text bound over-counts their reported output. It lives on the
-// store, so it survives reloads.
-type outputHistory struct {
-	mu     sync.Mutex
-	counts [historySize]int64
-	ratios [historySize]float64
-	n      int
-	// lease and ratio are read on the request path without the lock.
-	lease atomic.Int64
-	ratio atomic.Uint64 // math.Float64bits; 0 until trusted (the bound as is)
-}
-
-// learn records an answer that reported output tokens whose text bound was
-// bound and whose running count ended at count.
-func (o *outputHistory) learn(count, bound, reported int64) {
-	if bound <= 0 || reported <= 0 {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	i := o.n % historySize
-	o.counts[i], o.ratios[i] = count, float64(reported)/float64(bound)
-	o.n++
-	if o.n < historyTrusted {
-		return
-	}
-	k := min(o.n, historySize)
-	counts := o.counts
-	slices.Sort(counts[:k])
-	o.lease.Store(counts[(k*9+9)/10-1])
-	ratio := slices.Max(o.ratios[:k]) * countMargin
-	o.ratio.Store(math.Float64bits(min(ratio, 1)))
-}
-
-// histories are the output histories of a store, by model. Reads take no
-// lock: a model's history is found on every leased request.
-type histories struct {
-	models sync.Map // string → *outputHistory
-	n      atomic.Int32
-	others outputHistory // the models past maxHistoryModels
-}
-
-func (hs *histories) of(model string) *outputHistory {
-	if o, ok := hs.models.Load(model); ok {
-		return o.(*outputHistory)
-	}
-	if hs.n.Load() >= maxHistoryModels {
-		return &hs.others
-	}
-	o, loaded := hs.models.LoadOrStore(model, new(outputHistory))
-	if !loaded {
-		hs.n.Add(1)
-	}
-	return o.(*outputHistory)
-}
+//
+// Which requests lease is in llmbudget_lease_policy.go, what a model's recent
+// answers teach in llmbudget_lease_history.go.
 
 // lease is the output a streamed request holds, grown with the stream. Its
 // methods run on the response's goroutine; an extension runs on its own.
