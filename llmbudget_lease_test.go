@@ -238,6 +238,33 @@ func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
 	}
 }
 
+// streaming is an upstream that answers with events, as a stream of
+// contentType.
+func streaming(contentType string, events []string) caddyhttp.Handler {
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", contentType)
+		w.WriteHeader(http.StatusOK)
+		for _, ev := range events {
+			if _, err := io.WriteString(w, ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// serveStream runs body, posted to path, through h in front of next.
+func serveStream(t *testing.T, h *LLMBudget, path, body string, next caddyhttp.Handler) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	rec := httptest.NewRecorder()
+	if err := h.ServeHTTP(rec, r, next); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
 // eachEventIsJSON checks that every data line (or NDJSON line) a client
 // reads is a JSON object, or [DONE].
 func eachEventIsJSON(t *testing.T, f usage.Format, stream string) {
@@ -462,23 +489,9 @@ func TestShadowNeverCutsAStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	contentType, events := streamOf(usage.OpenAIChat, 400, "ten bytes.")
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		w.Header().Set("Content-Type", contentType)
-		w.WriteHeader(http.StatusOK)
-		for _, ev := range events {
-			if _, err := io.WriteString(w, ev); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	next := streaming(contentType, events)
 	const body = `{"model":"m","stream":true,"max_tokens":4096,"messages":[]}`
-	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
-	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-	rec := httptest.NewRecorder()
-	if err := h.ServeHTTP(rec, r, next); err != nil {
-		t.Fatal(err)
-	}
+	rec := serveStream(t, h, "/v1/chat/completions", body, next)
 	if n := strings.Count(rec.Body.String(), "ten bytes."); n != 400 || strings.Contains(rec.Body.String(), `"finish_reason":"length"`) {
 		t.Fatalf("%d of 400 deltas reached the client (cut: %v), want all, uncut", n, strings.Contains(rec.Body.String(), `"length"`))
 	}
@@ -565,22 +578,8 @@ func TestAUsageReportIsNeverHeldAtTheLease(t *testing.T) {
 	}
 	contentType, events := streamOf(usage.OpenAIChat, 10, "short")
 	events = append(events[:len(events)-1], `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2000,"total_tokens":2005}}`+"\n\n", events[len(events)-1])
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		w.Header().Set("Content-Type", contentType)
-		w.WriteHeader(http.StatusOK)
-		for _, ev := range events {
-			if _, err := io.WriteString(w, ev); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
-	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-	rec := httptest.NewRecorder()
-	if err := h.ServeHTTP(rec, r, next); err != nil {
-		t.Fatal(err)
-	}
+	next := streaming(contentType, events)
+	rec := serveStream(t, h, "/v1/chat/completions", body, next)
 	got := rec.Body.String()
 	if strings.Contains(got, `"length"`) || !strings.Contains(got, `"completion_tokens":2000`) || !strings.HasSuffix(got, "data: [DONE]\n\n") {
 		t.Fatalf("the stream ends …%s, want the upstream's own end, its usage chunk included", got[max(0, len(got)-400):])
