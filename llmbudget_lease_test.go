@@ -668,3 +668,46 @@ func FuzzLeasedStream(f *testing.F) {
 		}
 	})
 }
+
+// TestADollarBudgetExtendsAndCutsInDollars: a lease is extended in every
+// budget's unit, a dollar budget at the output price; the dollar budget
+// that has no room cuts the stream, and both budgets end at what the lease
+// held, the dollar one within its limit.
+func TestADollarBudgetExtendsAndCutsInDollars(t *testing.T) {
+	h := directHandler(t)
+	h.Budgets = []BudgetConfig{
+		{Name: "tokens", Limit: 1e9, Window: caddy.Duration(time.Hour)},
+		{Name: "dollars", Unit: "usd", Limit: 0.004, Window: caddy.Duration(time.Hour)}, // 400 output tokens at $10/1M
+	}
+	h.Prices = map[string]PriceConfig{"gpt-4o": {Input: 2.5, Output: 10}}
+	if err := h.compile(); err != nil {
+		t.Fatal(err)
+	}
+	const body = `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
+	contentType, events := streamOf(usage.OpenAIChat, 400, "ten bytes.")
+	got := serveStream(t, h, "/v1/chat/completions", body, streaming(contentType, events)).Body.String()
+	if !strings.Contains(got, `"finish_reason":"length"`) {
+		t.Fatalf("the stream was not cut: …%s", got[max(0, len(got)-300):])
+	}
+	var end struct {
+		Usage struct {
+			Prompt     int64 `json:"prompt_tokens"`
+			Completion int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	chunks := strings.Split(strings.TrimSpace(got), "\n\n")
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(chunks[len(chunks)-2], "data: ")), &end); err != nil {
+		t.Fatal(err)
+	}
+	h.store.waitSettles(5 * time.Second)
+	used, err := h.store.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	price := budget.Price{Input: 2.5, Output: 10}
+	wantUSD := price.CostMicros(budget.Usage{InputTokens: end.Usage.Prompt, OutputTokens: end.Usage.Completion})
+	if used[0] != end.Usage.Prompt+end.Usage.Completion || used[1] != wantUSD || used[1] > budget.USDToMicros(0.004) || end.Usage.Completion <= DefaultOutputLeaseMin {
+		t.Fatalf("charged %d tokens and %d micro-dollars for a cut at %d+%d tokens; want the same usage in both units (%d micro-dollars), within $0.004, past the first lease",
+			used[0], used[1], end.Usage.Prompt, end.Usage.Completion, wantUSD)
+	}
+}
