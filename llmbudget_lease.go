@@ -25,12 +25,9 @@ import (
 // lease is the output a streamed request holds, grown with the stream. Its
 // methods run on the response's goroutine; an extension runs on its own.
 type lease struct {
-	h       *LLMBudget
-	res     *budget.Reservation
-	price   budget.Price
-	history *outputHistory
-	model   string // as the request names it
-	prompt  int64  // the prompt's estimate
+	h   *LLMBudget
+	res *budget.Reservation
+	c   *call // the request as estimated: its price, model, prompt, history
 	// held is the output held; limit the output the forwarded cap allows,
 	// past which nothing needs holding.
 	held, limit int64
@@ -55,8 +52,7 @@ type extension struct {
 }
 
 func newLease(h *LLMBudget, res *budget.Reservation, c *call) *lease {
-	l := &lease{h: h, res: res, price: c.price, history: c.history, model: c.req.Model, prompt: c.req.PromptTokens,
-		held: c.lease, limit: c.outputCap, ratio: 1}
+	l := &lease{h: h, res: res, c: c, held: c.lease, limit: c.outputCap, ratio: 1}
 	if bits := c.history.ratio.Load(); bits != 0 {
 		l.ratio = math.Float64frombits(bits)
 	}
@@ -143,7 +139,7 @@ func (l *lease) extend() {
 	more = min(more, l.limit-l.held)
 	spend := budget.Spend{Tokens: more}
 	if l.h.hasUSD {
-		spend.CostMicros = l.price.CostMicros(budget.Usage{OutputTokens: more})
+		spend.CostMicros = l.c.price.CostMicros(budget.Usage{OutputTokens: more})
 	}
 	ch := make(chan extension, 1)
 	l.pending = ch
@@ -176,7 +172,7 @@ func (l *lease) extend() {
 // learn tells the model's history how this answer ended: reported output
 // tokens, counted as l.count.
 func (l *lease) learn(reported int64) {
-	l.history.learn(l.count, usage.OutputTokenBound(l.text, l.high), reported)
+	l.c.history.learn(l.count, usage.OutputTokenBound(l.text, l.high), reported)
 }
 
 // holdAll extends the lease to the whole cap, waiting for the answer: for an

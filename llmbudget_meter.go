@@ -213,11 +213,11 @@ func (w *meteringWriter) truncate(withheld []byte) error {
 	metrics.llmTruncations.Inc()
 	if h := l.h; h.events.wants(eventLLMBudgetTruncated) {
 		h.events.emit(eventLLMBudgetTruncated, map[string]any{
-			"budget": l.refusedBy, "reservation": l.res.ID, "held_output": l.held, "model": l.model,
+			"budget": l.refusedBy, "reservation": l.res.ID, "held_output": l.held, "model": l.c.req.Model,
 		})
 	}
 	r := w.meter.Reading()
-	u := budget.Usage{InputTokens: l.prompt, OutputTokens: l.held}
+	u := budget.Usage{InputTokens: l.c.req.PromptTokens, OutputTokens: l.held}
 	if r.InputKnown {
 		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
 	}

@@ -58,8 +58,6 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 		mw.lease, mw.cancelUpstream = newLease(h, res, &c), cancel
 		mw.clientAskedUsage = c.req.IncludeUsage
 		r = r.WithContext(ctx)
-	}
-	if mw.lease != nil {
 		defer endTruncated(mw)
 	}
 	err := next.ServeHTTP(mw, r)
