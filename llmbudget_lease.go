@@ -100,7 +100,7 @@ func (l *lease) admit() bool {
 	if l.pending == nil && !l.refused && (l.count > l.held || !l.tight && l.count+l.step() > l.held) {
 		l.extend()
 	}
-	for l.count > l.held {
+	for l.count > l.held && l.held < l.limit {
 		if l.pending == nil {
 			return false
 		}

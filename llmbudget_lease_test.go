@@ -711,3 +711,19 @@ func TestADollarBudgetExtendsAndCutsInDollars(t *testing.T) {
 			used[0], used[1], end.Usage.Prompt, end.Usage.Completion, wantUSD)
 	}
 }
+
+// TestALeaseAtItsCapAdmitsWhatTheCountPassed: the running count over-counts,
+// so it can pass the forwarded cap; once the lease holds the cap, the cap
+// bounds what the upstream writes, and nothing more is held back for it.
+func TestALeaseAtItsCapAdmitsWhatTheCountPassed(t *testing.T) {
+	h := directHandler(t)
+	res, denial, err := h.store.budgets.Reserve(context.Background(), h.budgets, budget.Dims{}, budget.Spend{Tokens: 256})
+	if err != nil || denial != nil {
+		t.Fatal(denial, err)
+	}
+	l := newLease(h, res, &call{lease: 256, outputCap: 300, history: new(outputHistory)})
+	l.count = 400 // one event of much text: past the lease and the cap
+	if !l.admit() || l.held != 300 {
+		t.Fatalf("admit: held %d (refused %v), want the event admitted with the cap, 300, held", l.held, l.refused)
+	}
+}
