@@ -194,11 +194,7 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	for i := range budgets {
 		b := &budgets[i]
 		r.Holds[i] = Hold{Budget: b, Key: e.counterKey(b, &dims, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
-		limit := b.Limit
-		if !enforce {
-			limit = math.MaxInt64
-		}
-		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: limit, TTL: 2 * b.Window}
+		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: r.limitOf(b), TTL: 2 * b.Window}
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if e.failed(err) != nil {
@@ -214,10 +210,24 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		r.Holds[i].Used = res.Used[i]
 	}
 	if !res.Admitted {
-		h := r.Holds[res.Denied]
-		return nil, &Denial{Budget: h.Budget, Amount: h.Amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}, nil
+		return nil, r.denial(res.Denied, r.Holds[res.Denied].Amount), nil
 	}
 	return r, nil, nil
+}
+
+// limitOf is the limit a charge of r to b must fit: none for a reservation
+// over the limits (shadow mode).
+func (r *Reservation) limitOf(b *Budget) int64 {
+	if r.overLimit {
+		return math.MaxInt64
+	}
+	return b.Limit
+}
+
+// denial says that r's i-th budget could not take amount more.
+func (r *Reservation) denial(i int, amount int64) *Denial {
+	h := r.Holds[i]
+	return &Denial{Budget: h.Budget, Amount: amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}
 }
 
 // extendAttempts bounds the tries of one extension: a retry is safe, the
@@ -240,11 +250,7 @@ func (e *Engine) Extend(ctx context.Context, r *Reservation, more Spend) (*Denia
 	charges := make([]Charge, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
-		limit := h.Budget.Limit
-		if r.overLimit {
-			limit = math.MaxInt64
-		}
-		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: limit, TTL: 2 * h.Budget.Window}
+		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: r.limitOf(h.Budget), TTL: 2 * h.Budget.Window}
 	}
 	var res ExtendResult
 	var err error
@@ -259,15 +265,13 @@ func (e *Engine) Extend(ctx context.Context, r *Reservation, more Spend) (*Denia
 		return nil, err
 	}
 	if res.Gone {
-		h := r.Holds[0]
-		return &Denial{Budget: h.Budget, Amount: charges[0].Amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}, nil
+		return r.denial(0, charges[0].Amount), nil
 	}
 	for i := range r.Holds {
 		r.Holds[i].Used = res.Used[i]
 	}
 	if !res.Admitted {
-		h := r.Holds[res.Denied]
-		return &Denial{Budget: h.Budget, Amount: charges[res.Denied].Amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}, nil
+		return r.denial(res.Denied, charges[res.Denied].Amount), nil
 	}
 	r.extended = seq
 	for i := range r.Holds {
