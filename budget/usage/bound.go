@@ -13,10 +13,10 @@ import (
 // above ASCII (emoji are the densest). So the bound over-counts every
 // ordinary text measured, English prose about 2.3 times; only random strings
 // (base64, hex, punctuation: 1.45 to 1.75 bytes a token) can be
-// under-counted, by up to 0.72.
+// under-counted, at 0.72 of their tokens at worst.
 const (
 	asciiBytesPerToken = 2
-	// highBytesPerToken is 1.5, as halves.
+	// highHalfBytesPerToken is 1.5 bytes a token, in half bytes.
 	highHalfBytesPerToken = 3
 )
 
