@@ -108,6 +108,9 @@ func do(t *testing.T, method, url, body string, headers ...string) (*http.Respon
 		name, value, _ := strings.Cut(h, ":")
 		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
 	}
+	// A connection per request: a reload closes the old server's
+	// connections, and a request sent on one it was closing reads EOF.
+	req.Close = true
 	client := &http.Client{Timeout: 10 * time.Second}
 	resp, err := client.Do(req)
 	if err != nil {
