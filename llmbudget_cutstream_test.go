@@ -41,10 +41,11 @@ func TestLegacyCompletionsCutStreamChargesItsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 3 chunks of "tokNN " = 18 bytes of text = 5 tokens, plus the prompt.
+	// 3 chunks of "tokNN " = 18 bytes of text, charged by the strict bound,
+	// plus the prompt.
 	prompt := promptEstimate(t, usage.OpenAICompletions, "/v1/completions", body)
-	if used[0] != prompt+5 {
-		t.Fatalf("charged %d, want the prompt %d plus 5 tokens of text", used[0], prompt)
+	if want := prompt + usage.OutputTokenBound(18); used[0] != want {
+		t.Fatalf("charged %d, want the prompt %d plus the bound of 18 bytes of text (%d)", used[0], prompt, want)
 	}
 	if settles("estimated") != before+1 {
 		t.Fatal("a stream cut before its usage settles as usage_source=estimated")

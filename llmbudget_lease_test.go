@@ -166,7 +166,7 @@ func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
 			if err := h.compile(); err != nil {
 				t.Fatal(err)
 			}
-			contentType, events := streamOf(format, 400, "ten bytes.") // 5 tokens a delta by the bound
+			contentType, events := streamOf(format, 400, "ten bytes.") // 10 tokens a delta by the strict bound
 			cancelled := make(chan struct{})
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 				w.Header().Set("Content-Type", contentType)
@@ -203,7 +203,7 @@ func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
 				}
 				at += i + len(want)
 			}
-			if n := strings.Count(got, "ten bytes."); n < 40 || n >= 400 {
+			if n := strings.Count(got, "ten bytes."); n < (DefaultOutputLeaseMin-usage.OutputOverheadTokens)/10 || n >= 400 {
 				t.Fatalf("%d of 400 deltas reached the client, want the lease's worth", n)
 			}
 			eachEventIsJSON(t, format, got)
@@ -285,16 +285,17 @@ func eachEventIsJSON(t *testing.T, f usage.Format, stream string) {
 }
 
 // TestLeasesAdmitWhatTheBudgetCanServe: twenty streams of 300 tokens under
-// a 16,000-token budget all run at once, none cut, and the counter ends at
-// what they reported; holding each one's cap of 4096 admitted three. (A
-// model with no history has its text counted at the bound, 2.25 tokens for
-// each of these words: 20 streams hold about 14,000 at their end.)
+// a 40,000-token budget all run at once, none cut, and the counter ends at
+// what they reported; holding each one's cap of 4096 admitted nine. (A
+// model with no history has its text counted at the strict bound, a token a
+// byte, 4.5 for each of these words: 20 streams hold about 34,000 at their
+// end.)
 func TestLeasesAdmitWhatTheBudgetCanServe(t *testing.T) {
 	up := newFakeLLM(t)
 	up.Output, up.StopAtCap, up.Words, up.Interval = 300, true, true, 2*time.Millisecond
 	port := freePort(t)
 	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix lease%d\n }", port), `budget g {
-			limit 16000
+			limit 40000
 			window 1h
 		}`))
 	const clients = 20
@@ -326,20 +327,26 @@ func TestLeasesAdmitWhatTheBudgetCanServe(t *testing.T) {
 }
 
 // The running count never falls below the upstream's own running usage,
-// nor one token for each event with text.
+// nor one token for each event with text, nor the text's strict bound as the
+// history scales it.
 func TestTheRunningCountFollowsTheHighestSignal(t *testing.T) {
 	l := &lease{ratio: 0.1}
-	l.observe([]byte("x"), usage.Reading{OutputTextBytes: 40})
-	if l.count != 2 { // ceil(ceil(40/2) * 0.1) = 2, not below the one delta
-		t.Fatalf("count %d, want 2", l.count)
+	l.observe(usage.Reading{OutputTextBytes: 40})
+	if want := int64(math.Ceil(float64(usage.OutputTokenBound(40)) * 0.1)); l.count != want {
+		t.Fatalf("count %d, want the scaled bound %d", l.count, want)
 	}
-	l.observe([]byte("y"), usage.Reading{OutputTextBytes: 41, Usage: budget.Usage{OutputTokens: 30}})
+	l.observe(usage.Reading{OutputTextBytes: 41, Usage: budget.Usage{OutputTokens: 30}})
 	if l.count != 30 {
 		t.Fatalf("count %d, want the upstream's running 30", l.count)
 	}
-	l.observe([]byte("z"), usage.Reading{OutputTextBytes: 41})
+	l.observe(usage.Reading{OutputTextBytes: 41})
 	if l.count != 30 {
 		t.Fatalf("count %d fell back, want it kept at 30", l.count)
+	}
+	strict := &lease{ratio: 1}
+	strict.observe(usage.Reading{OutputTextBytes: 4000})
+	if strict.count != usage.OutputTokenBound(4000) {
+		t.Fatalf("strict count %d, want a token a byte and the overhead, %d", strict.count, usage.OutputTokenBound(4000))
 	}
 }
 
@@ -551,6 +558,25 @@ func TestOutputHistoryLearns(t *testing.T) {
 	o.learn(100, 100, 100) // an answer as dense as its bound: the ratio caps at 1
 	if got := math.Float64frombits(o.ratio.Load()); got != 1 {
 		t.Fatalf("ratio %v, want 1", got)
+	}
+	// An answer above its count ends the trust: the count is strict until
+	// eight more answers show the ratio again.
+	o.learn(100, 200, 150)
+	if o.ratio.Load() != 0 {
+		t.Fatalf("ratio %v after an answer above its count, want none (strict)", math.Float64frombits(o.ratio.Load()))
+	}
+	for i := 1; i < historyTrusted; i++ {
+		if o.learn(200, 200, 50); o.ratio.Load() != 0 {
+			t.Fatalf("trusted again after %d answers, want %d", i, historyTrusted)
+		}
+	}
+	if o.learn(200, 200, 50); math.Float64frombits(o.ratio.Load()) != 0.275 {
+		t.Fatalf("ratio %v after eight answers at a quarter of the bound, want 1.1 × 0.25", math.Float64frombits(o.ratio.Load()))
+	}
+	// An answer above what its text can hold: the model bills output it
+	// does not stream.
+	if o.learn(20, 20, 4096); !o.hidden.Load() {
+		t.Fatal("a model that billed 4096 for 20 bytes of text is not marked hidden")
 	}
 	var hs histories
 	for i := 0; i < 300; i++ {

@@ -3,9 +3,11 @@ package fleetguard
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -78,18 +80,52 @@ func (w *meteringWriter) WriteHeader(status int) {
 				w.meter = usage.NewMeter(w.format, usage.NDJSON)
 			}
 		}
-		if w.lease != nil && w.meter == nil && status < 300 {
-			// A leased request answered with a body the meter does not read
-			// as it passes (JSON, encoded): hold the whole cap first.
-			w.lease.holdAll()
+		if w.lease != nil && w.meter == nil && status < 300 && !w.holdAllOrRefuse() {
+			return
 		}
 	}
 	w.ResponseWriter.WriteHeader(status)
 }
 
+// holdAllOrRefuse holds the whole output cap for a leased request answered
+// with a body the meter does not read as it passes. A JSON answer passes
+// whether or not the cap fits: it is whole already, the upstream bills it,
+// and it is charged what it reports. Anything else (no Content-Type,
+// text/plain, an encoding) keeps no usage the settle could read, so it
+// passes only if the cap fits; else the client gets the budget's refusal
+// instead, the upstream request is cancelled, and the reservation is kept.
+func (w *meteringWriter) holdAllOrRefuse() bool {
+	if w.lease.holdAll() {
+		return true
+	}
+	ct, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type"))
+	if !w.opaque && (ct == "application/json" || strings.HasSuffix(ct, "+json")) {
+		return true
+	}
+	w.truncated = true
+	w.cancelUpstream()
+	metrics.llmTruncations.Inc()
+	hdr := w.Header()
+	ce := hdr.Get("Content-Encoding")
+	for _, k := range []string{"Content-Encoding", "Content-Length", "Content-Type", "Transfer-Encoding"} {
+		hdr.Del(k)
+	}
+	status, code := http.StatusTooManyRequests, "token_budget_exceeded"
+	if w.lease.h.hasUSD {
+		status, code = http.StatusPaymentRequired, "usd_budget_exceeded"
+	}
+	msg := fmt.Sprintf("the upstream answered a stream with a body llmbudget cannot meter (Content-Type %q, Content-Encoding %q), and budget %q cannot hold its whole output cap",
+		ct, ce, w.lease.refusedBy)
+	_ = writeError(w.ResponseWriter, w.format, status, "budget_exceeded", code, msg)
+	return false
+}
+
 func (w *meteringWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
+	}
+	if w.truncated {
+		return len(p), nil // the rest of an answer ended at its lease
 	}
 	if w.lease != nil && w.meter != nil {
 		return len(p), w.passLeased(p)
@@ -187,7 +223,7 @@ func (w *meteringWriter) eventEnd() int {
 // ends the stream with the API's terminal form.
 func (w *meteringWriter) passLeasedEvent(ev []byte) error {
 	w.meter.Write(ev)
-	if w.lease.observe(ev, w.meter.Reading()) && !w.lease.admit() {
+	if w.lease.observe(w.meter.Reading()) && !w.lease.admit() {
 		return w.truncate(ev)
 	}
 	if w.format == usage.OpenAIResponses {
@@ -368,7 +404,8 @@ func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) out
 	if r.InputKnown {
 		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
 	}
-	u.OutputTokens = max(r.Usage.OutputTokens, (r.OutputTextBytes+usage.BytesPerToken-1)/usage.BytesPerToken)
+	// The strict bound of the text: the upstream bills no more for it.
+	u.OutputTokens = max(r.Usage.OutputTokens, usage.OutputTokenBound(r.OutputTextBytes))
 	if w.lease != nil {
 		u.OutputTokens = max(u.OutputTokens, w.lease.count)
 	}
@@ -386,7 +423,8 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 		// The extension in flight ends before the settle reads the
 		// reservation; what is held bounds an estimate.
 		l.wait()
-		outputCap = l.held
+		defer l.end()
+		outputCap = l.charge()
 	}
 	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
 	if l := mw.lease; l != nil && out.source == sourceReported && !mw.truncated {

@@ -183,8 +183,9 @@ func TestStreamWithoutInjectionIsEstimated(t *testing.T) {
 	if strings.Contains(s.up.LastBody(), "include_usage") {
 		t.Fatal("inject_stream_usage off must leave the body alone")
 	}
-	// 5 chunks of "tokNN " = 30 bytes of text = 8 tokens, plus the prompt.
-	s.waitCounter(promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody) + 8)
+	// 5 chunks of "tokNN " = 30 bytes of text, at most 30 tokens and the
+	// overhead (the strict bound), plus the prompt.
+	s.waitCounter(promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody) + usage.OutputTokenBound(30))
 	if settles("estimated") != before+1 {
 		t.Fatal("a stream without usage counts as usage_source=estimated")
 	}
@@ -196,20 +197,22 @@ func TestStreamWithoutInjectionIsEstimated(t *testing.T) {
 func TestLongStreamIsMeteredWhole(t *testing.T) {
 	s := newStreamSetup(t, "inject_stream_usage off")
 	s.up.Chunks, s.up.Interval = 60, time.Millisecond
-	resp := s.open(context.Background(), "/v1/chat/completions", streamBody)
+	body := strings.Replace(streamBody, `"max_tokens":200`, `"max_tokens":1000`, 1)
+	resp := s.open(context.Background(), "/v1/chat/completions", body)
 	got, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if text := naiveClient(t, got); len(text) != 60*len("tok00 ") {
 		t.Fatalf("the client read %d bytes of text, want %d", len(text), 60*len("tok00 "))
 	}
-	// 60 chunks of "tokNN " = 360 bytes of text = 90 tokens, plus the prompt.
-	prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody)
-	s.waitCounter(prompt + 90)
-	asked := strings.Replace(streamBody, `"stream":true`, `"stream":true,"stream_options":{"include_usage":true}`, 1)
+	// 60 chunks of "tokNN " = 360 bytes of text, charged by the strict
+	// bound, plus the prompt.
+	prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", body)
+	s.waitCounter(prompt + usage.OutputTokenBound(360))
+	asked := strings.Replace(body, `"stream":true`, `"stream":true,"stream_options":{"include_usage":true}`, 1)
 	resp = s.open(context.Background(), "/v1/chat/completions", asked)
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	s.waitCounter(prompt + 90 + 100)
+	s.waitCounter(prompt + usage.OutputTokenBound(360) + 100)
 }
 
 func TestStreamFirstChunkArrivesBeforeUpstreamFinishes(t *testing.T) {
@@ -265,11 +268,12 @@ func TestStreamClientCancelSettlesOnce(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// Charged: the prompt plus the output that had started (at least the
-	// first chunk, at most all five), never the 200-token reservation.
+	// Charged: the prompt plus the strict bound of the output that had
+	// started (at least the first chunk, at most all five), never the
+	// 200-token reservation.
 	got := s.counter()
-	if got < prompt+2 || got > prompt+8 {
-		t.Fatalf("counter %d after a cancel, want the prompt %d plus 2..8 output tokens", got, prompt)
+	if got < prompt+usage.OutputTokenBound(6) || got > prompt+usage.OutputTokenBound(30) {
+		t.Fatalf("counter %d after a cancel, want the prompt %d plus %d..%d output tokens", got, prompt, usage.OutputTokenBound(6), usage.OutputTokenBound(30))
 	}
 	waitSettles() // a second settle, were there one, would be pending now
 	if settles("estimated") != before+1 || s.counter() != got {
@@ -296,8 +300,8 @@ func TestStreamCutBeforeUsageIsEstimated(t *testing.T) {
 	if strings.Count(string(got), "data: ") != 3 {
 		t.Fatalf("the client gets what the upstream sent: %q", got)
 	}
-	// 3 chunks = 18 bytes of text = 5 tokens.
-	s.waitCounter(promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody) + 5)
+	// 3 chunks = 18 bytes of text, charged by the strict bound.
+	s.waitCounter(promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody) + usage.OutputTokenBound(18))
 }
 
 func TestStreamSettlesAfterAReload(t *testing.T) {

@@ -165,9 +165,12 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 	}
 	output := c.outputCap * c.req.N
 	if h.leasable(r, format, c) {
-		c.history = h.store.histories.of(c.req.Model)
-		c.lease = min(max(c.history.lease.Load(), h.outputLeaseMin), c.outputCap)
-		output = c.lease
+		// A model seen to bill output its text cannot hold is not leased.
+		if hist := h.store.histories.of(c.req.Model); !hist.hidden.Load() {
+			c.history = hist
+			c.lease = min(max(hist.lease.Load(), h.outputLeaseMin), c.outputCap)
+			output = c.lease
+		}
 	}
 	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output}
 	c.spend = budget.Spend{Tokens: estimate.Tokens()}
