@@ -276,6 +276,8 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		output_leases      on|off
 //		output_lease_min   <n>
 //		reasoning_models   <pattern>...
+//		hidden_input       hold|refuse
+//		context_window     <n>
 //		fail_open
 //		shadow
 //		store_timeout <duration>
@@ -397,6 +399,16 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(h.ReasoningModels) == 0 {
 				return d.Errf("llmbudget: reasoning_models takes one or more model patterns (* matches any characters)")
 			}
+		case "hidden_input":
+			if !d.AllArgs(&h.HiddenInput) || h.HiddenInput != hiddenInputHold && h.HiddenInput != hiddenInputRefuse {
+				return d.Errf("llmbudget: hidden_input takes hold or refuse")
+			}
+		case "context_window":
+			n, err := parseIntArg(d)
+			if err != nil {
+				return fmt.Errorf("llmbudget: %w", err)
+			}
+			h.ContextWindow = n
 		case "chat_cap_field":
 			if !d.AllArgs(&h.ChatCapField) {
 				return d.Errf("llmbudget: chat_cap_field takes max_completion_tokens or max_tokens")
@@ -418,7 +430,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, hidden_input, context_window, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only

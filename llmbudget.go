@@ -142,6 +142,19 @@ type LLMBudget struct {
 	// o1*, o3*, o4*, gpt-5*, codex-*, gemini-2.5-*, gemini-3*, grok-3-mini*,
 	// grok-4*, *thinking*.
 	ReasoningModels []string `json:"reasoning_models,omitempty"`
+	// HiddenInput is what happens to a request that makes the upstream bill
+	// input its body does not show: a Responses request with
+	// previous_response_id, conversation or a stored prompt; a file,
+	// document or audio part by id or URL; a server tool (web search, file
+	// search, code execution, MCP) whose results the upstream reads. "hold"
+	// holds ContextWindow tokens for its prompt (the most it can bill), so
+	// a budget smaller than that refuses it as never fitting; "refuse"
+	// answers 400 (code hidden_input) and forwards nothing. Default "hold".
+	HiddenInput string `json:"hidden_input,omitempty"`
+	// ContextWindow is the input, in tokens, held for a request with hidden
+	// input: set it to the largest context window of the models behind this
+	// handler. Default 1,000,000.
+	ContextWindow int64 `json:"context_window,omitempty"`
 
 	budgets          []budget.Budget
 	defaultMaxTokens int64
@@ -156,6 +169,7 @@ type LLMBudget struct {
 	outputLeases     bool
 	outputLeaseMin   int64
 	reasoningModels  []string
+	contextWindow    int64
 	store            *store
 	logger           *zap.Logger
 	events           emitter
@@ -249,6 +263,9 @@ func (h *LLMBudget) compile() error {
 		return errors.New("llmbudget: max_request_body: must be > 0")
 	}
 	if err := h.compileLeases(); err != nil {
+		return err
+	}
+	if err := h.compileInput(); err != nil {
 		return err
 	}
 	if h.UnknownPaths != "" && h.UnknownPaths != "pass" && h.UnknownPaths != "deny" {

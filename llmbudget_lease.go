@@ -2,7 +2,6 @@ package fleetguard
 
 import (
 	"context"
-	"math"
 
 	"go.uber.org/zap"
 
@@ -28,8 +27,9 @@ import (
 // Its running count never falls below what the upstream can bill for what
 // it has streamed: the API's own running usage (Gemini), one token an event
 // with output, and the strict bound of the text (a byte a token,
-// usage.OutputTokenBound), which a model's history may scale down only while
-// the budgets' room could absorb what that scaling may miss (endGame).
+// usage.OutputTokenBound). No history scales it down: a count below the
+// strict bound bets that the next answer is like the last ones, and a bet
+// lost in a budget's last room cannot be given back (README, "The ceiling").
 type lease struct {
 	h   *LLMBudget
 	res *budget.Reservation
@@ -37,9 +37,6 @@ type lease struct {
 	// held is the output held; limit the output the forwarded cap allows,
 	// past which nothing needs holding.
 	held, limit int64
-	// ratio scales the strict bound down to what this model's answers use
-	// (1: the bound as is, and then for good).
-	ratio float64
 	// The running count: text seen, events with text, and the count they
 	// make with the API's own running usage.
 	text, deltas, count int64
@@ -61,14 +58,7 @@ type extension struct {
 }
 
 func newLease(h *LLMBudget, res *budget.Reservation, c *call) *lease {
-	l := &lease{h: h, res: res, c: c, held: c.lease, limit: c.outputCap, ratio: 1}
-	if bits := c.history.ratio.Load(); bits != 0 && !h.Shadow {
-		l.ratio = math.Float64frombits(bits)
-		h.store.calibratedLeases.Add(1)
-		l.endGame()
-	}
-	l.count = usage.OutputTokenBound(0)
-	return l
+	return &lease{h: h, res: res, c: c, held: c.lease, limit: c.outputCap, count: usage.OutputTokenBound(0)}
 }
 
 // observe folds one event into the running count. It reports whether the
@@ -83,57 +73,13 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 	if r.InputKnown {
 		l.inputExcess = r.Usage.InputTokens - l.c.req.PromptTokens
 	}
-	l.count = max(r.Usage.OutputTokens, l.bound(), l.deltas, l.count)
+	l.count = max(r.Usage.OutputTokens, usage.OutputTokenBound(l.text), l.deltas, l.count)
 	return output
-}
-
-// bound is the strict bound of the text seen, scaled by the ratio.
-func (l *lease) bound() int64 {
-	strict := usage.OutputTokenBound(l.text)
-	if l.ratio >= 1 {
-		return strict
-	}
-	return int64(math.Ceil(float64(strict) * l.ratio))
 }
 
 // need is what the lease must hold for the stream so far: its output count
 // and the input the upstream reported beyond the estimate.
 func (l *lease) need() int64 { return l.count + l.inputExcess }
-
-// endGame ends the scaling of a calibrated lease when the room its budgets
-// have left could not absorb what the scaled counts of this instance's
-// calibrated streams may miss: each may stream up to its lease at the strict
-// bound (held/ratio, within its cap). From then on it counts strictly, so a
-// budget's last room is never spent on a count that may be short. The room
-// is what the store answered with the last reserve or extension; streams of
-// other instances are not seen (README: "The ceiling").
-func (l *lease) endGame() {
-	if l.ratio >= 1 {
-		return
-	}
-	miss := min(int64(math.Ceil(float64(l.held)/l.ratio)), l.limit) - l.held
-	miss *= max(l.h.store.calibratedLeases.Load(), 1)
-	spend := budget.Spend{Tokens: miss}
-	if l.h.hasUSD {
-		spend.CostMicros = l.c.price.CostMicros(budget.Usage{OutputTokens: miss})
-	}
-	for _, hd := range l.res.Holds {
-		if hd.Budget.Limit-hd.Used < hd.Budget.Amount(spend) {
-			l.strict()
-			l.count = max(l.count, l.bound())
-			return
-		}
-	}
-}
-
-// strict makes the lease count by the strict bound from now on (and no more
-// as a calibrated lease in flight).
-func (l *lease) strict() {
-	if l.ratio < 1 {
-		l.ratio = 1
-		l.h.store.calibratedLeases.Add(-1)
-	}
-}
 
 // step is how far ahead of the count a lease is extended.
 func (l *lease) step() int64 { return max(l.h.outputLeaseMin/4, l.held/4) }
@@ -176,7 +122,6 @@ func (l *lease) apply(ext extension) {
 	switch {
 	case ext.granted:
 		l.held += ext.more
-		l.endGame()
 	case l.h.Shadow || ext.failed && l.h.FailOpen:
 		// Shadow mode enforces nothing, and fail_open admits while the store
 		// fails: the stream runs on unleased, and settles to what it reports.
@@ -229,12 +174,6 @@ func (l *lease) extend() {
 	}()
 }
 
-// learn tells the model's history how this answer ended: reported output
-// tokens, counted as l.count.
-func (l *lease) learn(reported int64) {
-	l.c.history.learn(l.count, usage.OutputTokenBound(l.text), reported)
-}
-
 // holdAll extends the lease to the whole cap, waiting for the answer: for an
 // answer whose output cannot be counted as it passes. Refused, the answer
 // passes all the same (it cannot be cut) and is charged what it reports.
@@ -250,9 +189,6 @@ func (l *lease) wait() {
 		l.apply(<-l.pending)
 	}
 }
-
-// end tells the store the lease is no longer in flight.
-func (l *lease) end() { l.strict() }
 
 // charge is the output a stream that ended without its usage is charged
 // at most: what the lease holds, less the input the upstream reported beyond

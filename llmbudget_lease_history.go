@@ -1,7 +1,6 @@
 package fleetguard
 
 import (
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,33 +13,28 @@ const (
 	historyTrusted = 8
 	// maxHistoryModels bounds the models remembered; more share one history.
 	maxHistoryModels = 256
-	// countMargin is how much more than the densest recent answer the
-	// running count assumes.
-	countMargin = 1.1
 )
 
-// outputHistory is what recent leased answers of one model say: the lease
-// most need (the 90th percentile of their final running counts), and how far
-// below the strict text bound their reported output stays. It lives on the
-// store, so it survives reloads.
-//
-// The ratio is evidence, never trust: it shrinks a model's running count only
-// once historyTrusted answers since the last surprise stayed below the bound,
-// to countMargin times the densest of them, and it is dropped (the count is
-// strict again) the moment an answer reports more than its count. A model
-// that reports more output than its text can hold bills output it does not
-// stream: it is hidden, and holds its whole cap from then on.
+// outputHistory is what recent streamed answers of one model say: the lease
+// most need (the 90th percentile of their final running counts), and
+// whether the model bills only output its text can hold. A model leases
+// once it is proven, by an answer whose reported output was within its
+// text's strict bound: until then a stream of it holds its whole cap, since
+// a model on no reasoning list may still bill output it does not stream. A
+// model seen to bill more than its text holds is hidden, and holds its
+// whole cap from then on. It lives on the store, so it survives reloads.
 type outputHistory struct {
 	mu     sync.Mutex
 	counts [historySize]int64
-	ratios [historySize]float64
-	n      int // answers in counts
-	m      int // answers in ratios since the last surprise
-	// lease, ratio and hidden are read on the request path without the lock.
-	lease  atomic.Int64
-	ratio  atomic.Uint64 // math.Float64bits; 0 until trusted (the bound as is)
-	hidden atomic.Bool
+	n      int
+	// lease, proven and hidden are read on the request path without the
+	// lock.
+	lease          atomic.Int64
+	proven, hidden atomic.Bool
 }
+
+// leases reports whether a stream of the model may hold a lease.
+func (o *outputHistory) leases() bool { return o.proven.Load() && !o.hidden.Load() }
 
 // learn records an answer that reported output tokens whose strict bound
 // was bound and whose running count ended at count.
@@ -52,27 +46,18 @@ func (o *outputHistory) learn(count, bound, reported int64) {
 		o.hidden.Store(true)
 		return
 	}
+	o.proven.Store(true)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.counts[o.n%historySize] = count
 	o.n++
-	if k := min(o.n, historySize); o.n >= historyTrusted {
-		counts := o.counts
-		slices.Sort(counts[:k])
-		o.lease.Store(counts[(k*9+9)/10-1])
-	}
-	if reported > count {
-		// The count under-counted this answer: trust nothing learned.
-		o.m = 0
-		o.ratio.Store(0)
+	if o.n < historyTrusted {
 		return
 	}
-	o.ratios[o.m%historySize] = float64(reported) / float64(bound)
-	o.m++
-	if o.m >= historyTrusted {
-		ratio := slices.Max(o.ratios[:min(o.m, historySize)]) * countMargin
-		o.ratio.Store(math.Float64bits(min(ratio, 1)))
-	}
+	k := min(o.n, historySize)
+	counts := o.counts
+	slices.Sort(counts[:k])
+	o.lease.Store(counts[(k*9+9)/10-1])
 }
 
 // histories are the output histories of a store, by model. Reads take no

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -298,6 +297,7 @@ func TestLeasesAdmitWhatTheBudgetCanServe(t *testing.T) {
 			limit 40000
 			window 1h
 		}`))
+	proveModels(nil, "gpt-4o")
 	const clients = 20
 	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go"}]}`
 	type result struct {
@@ -327,26 +327,20 @@ func TestLeasesAdmitWhatTheBudgetCanServe(t *testing.T) {
 }
 
 // The running count never falls below the upstream's own running usage,
-// nor one token for each event with text, nor the text's strict bound as the
-// history scales it.
+// nor one token for each event with text, nor the text's strict bound.
 func TestTheRunningCountFollowsTheHighestSignal(t *testing.T) {
-	l := &lease{ratio: 0.1}
+	l := &lease{}
 	l.observe(usage.Reading{OutputTextBytes: 40})
-	if want := int64(math.Ceil(float64(usage.OutputTokenBound(40)) * 0.1)); l.count != want {
-		t.Fatalf("count %d, want the scaled bound %d", l.count, want)
+	if l.count != usage.OutputTokenBound(40) {
+		t.Fatalf("count %d, want the strict bound %d", l.count, usage.OutputTokenBound(40))
 	}
-	l.observe(usage.Reading{OutputTextBytes: 41, Usage: budget.Usage{OutputTokens: 30}})
-	if l.count != 30 {
-		t.Fatalf("count %d, want the upstream's running 30", l.count)
+	l.observe(usage.Reading{OutputTextBytes: 41, Usage: budget.Usage{OutputTokens: 300}})
+	if l.count != 300 {
+		t.Fatalf("count %d, want the upstream's running 300", l.count)
 	}
-	l.observe(usage.Reading{OutputTextBytes: 41})
-	if l.count != 30 {
-		t.Fatalf("count %d fell back, want it kept at 30", l.count)
-	}
-	strict := &lease{ratio: 1}
-	strict.observe(usage.Reading{OutputTextBytes: 4000})
-	if strict.count != usage.OutputTokenBound(4000) {
-		t.Fatalf("strict count %d, want a token a byte and the overhead, %d", strict.count, usage.OutputTokenBound(4000))
+	l.observe(usage.Reading{OutputTextBytes: 42})
+	if l.count != 300 {
+		t.Fatalf("count %d fell back, want it kept at 300", l.count)
 	}
 }
 
@@ -363,6 +357,7 @@ func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 			limit 1000
 			window 1h
 		}`))
+	proveModels(nil, "gpt-4o")
 	body := `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
 	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
 	if err != nil {
@@ -426,6 +421,7 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 			window 1h
 		}
 		`+options))
+			proveModels(nil, "gpt-4o")
 			body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
 			resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port), "application/json", strings.NewReader(body))
 			if err != nil {
@@ -538,43 +534,23 @@ func TestALeasedRequestAnsweredInJSONHoldsItsCap(t *testing.T) {
 }
 
 // TestOutputHistoryLearns: after 8 answers a model's lease is the 90th
-// percentile of their final counts, and its count is scaled to 1.1 times
-// the densest answer's reported tokens over its bound; models past 256 share
-// one history, so a client naming random models cannot grow memory.
+// percentile of their final counts; a model that bills more output than its
+// text can hold is hidden; models past 256 share one history, so a client
+// naming random models cannot grow memory.
 func TestOutputHistoryLearns(t *testing.T) {
 	var o outputHistory
 	for i := int64(1); i <= 10; i++ {
 		o.learn(i*100, i*100, i*50)
-		if i < historyTrusted && (o.lease.Load() != 0 || o.ratio.Load() != 0) {
+		if i < historyTrusted && o.lease.Load() != 0 {
 			t.Fatalf("after %d answers the history is used: lease %d", i, o.lease.Load())
 		}
 	}
 	if got := o.lease.Load(); got != 900 {
 		t.Fatalf("lease %d, want the 90th percentile of 100..1000, 900", got)
 	}
-	if got := math.Float64frombits(o.ratio.Load()); math.Abs(got-0.55) > 1e-9 {
-		t.Fatalf("ratio %v, want 1.1 × 0.5", got)
+	if o.hidden.Load() {
+		t.Fatal("answers within their text's bound do not make a model hidden")
 	}
-	o.learn(100, 100, 100) // an answer as dense as its bound: the ratio caps at 1
-	if got := math.Float64frombits(o.ratio.Load()); got != 1 {
-		t.Fatalf("ratio %v, want 1", got)
-	}
-	// An answer above its count ends the trust: the count is strict until
-	// eight more answers show the ratio again.
-	o.learn(100, 200, 150)
-	if o.ratio.Load() != 0 {
-		t.Fatalf("ratio %v after an answer above its count, want none (strict)", math.Float64frombits(o.ratio.Load()))
-	}
-	for i := 1; i < historyTrusted; i++ {
-		if o.learn(200, 200, 50); o.ratio.Load() != 0 {
-			t.Fatalf("trusted again after %d answers, want %d", i, historyTrusted)
-		}
-	}
-	if o.learn(200, 200, 50); math.Float64frombits(o.ratio.Load()) != 0.275 {
-		t.Fatalf("ratio %v after eight answers at a quarter of the bound, want 1.1 × 0.25", math.Float64frombits(o.ratio.Load()))
-	}
-	// An answer above what its text can hold: the model bills output it
-	// does not stream.
 	if o.learn(20, 20, 4096); !o.hidden.Load() {
 		t.Fatal("a model that billed 4096 for 20 bytes of text is not marked hidden")
 	}

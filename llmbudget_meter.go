@@ -423,12 +423,18 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 		// The extension in flight ends before the settle reads the
 		// reservation; what is held bounds an estimate.
 		l.wait()
-		defer l.end()
 		outputCap = l.charge()
 	}
 	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
-	if l := mw.lease; l != nil && out.source == sourceReported && !mw.truncated {
-		l.learn(out.usage.OutputTokens)
+	if c.history != nil && mw.meter != nil && out.source == sourceReported && !mw.truncated {
+		// What the answer showed against what it billed, leased or not
+		// (a model on probation holds its cap until it is proven).
+		bound := usage.OutputTokenBound(mw.meter.Reading().OutputTextBytes)
+		count := bound
+		if l := mw.lease; l != nil {
+			count = l.count
+		}
+		c.history.learn(count, bound, out.usage.OutputTokens)
 	}
 	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {

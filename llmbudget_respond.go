@@ -34,9 +34,10 @@ type refusal struct {
 	// refusal is not enforced; bodyStart: only its start (the rest follows).
 	body      []byte
 	bodyStart bool
-	// denial and dims, for refusedBudget.
+	// denial and dims, for refusedBudget; note, said after its message.
 	denial *budget.Denial
 	dims   budget.Dims
+	note   string
 }
 
 // refusalKind says what is refused, which decides how it is counted and
@@ -152,6 +153,9 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 		ref.code, ref.noRetry = "request_exceeds_budget", true
 		ref.message = fmt.Sprintf("this request alone needs up to %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%s per %s): lower max_tokens or shorten the prompt",
 			amount(d.Amount), d.Budget.Name, amount(d.Budget.Limit), window)
+		if ref.note != "" {
+			ref.message += " " + ref.note
+		}
 		return
 	case d.Used >= d.Budget.Limit:
 		ref.message = fmt.Sprintf("budget %q (%s, per %s) is exhausted for this window: %s of %s used; it resets in %ds",
@@ -161,6 +165,9 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 		// once requests in flight settle below what they reserved.
 		ref.message = fmt.Sprintf("this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s); it may fit once requests in flight settle, or when the window resets in %ds",
 			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Budget.Limit-d.Used), amount(d.Budget.Limit), amount(d.Used), retry)
+	}
+	if ref.note != "" {
+		ref.message += " " + ref.note
 	}
 	ref.retryAfter = retry
 	repl.Set("http.llmbudget.retry_after", retry)

@@ -96,6 +96,8 @@ type call struct {
 	spend   budget.Spend
 	model   string // the price book's name of the model ("" unpriced)
 	price   budget.Price
+	// holdNote explains a hold larger than the body shows, for a denial.
+	holdNote string
 }
 
 // screen decides from the method and path alone: budgeted (go on), passed
@@ -153,6 +155,9 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 	if ref := h.boundOutput(format, c); ref != nil {
 		return ref
 	}
+	if ref := h.boundInput(c); ref != nil {
+		return ref
+	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	c.dims = budget.Dims{Model: c.req.Model}
 	if h.Principal != "" {
@@ -165,10 +170,10 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 	}
 	output := c.outputCap * c.req.N
 	if h.leasable(r, format, c) {
-		// A model seen to bill output its text cannot hold is not leased.
-		if hist := h.store.histories.of(c.req.Model); !hist.hidden.Load() {
-			c.history = hist
-			c.lease = min(max(hist.lease.Load(), h.outputLeaseMin), c.outputCap)
+		// Only a model proven to bill no output its text does not show
+		// leases (llmbudget_lease_history.go).
+		if c.history = h.store.histories.of(c.req.Model); c.history.leases() {
+			c.lease = min(max(c.history.lease.Load(), h.outputLeaseMin), c.outputCap)
 			output = c.lease
 		}
 	}
@@ -209,7 +214,7 @@ func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *ref
 	}
 	h.store.budgetStoreOK(h.logger)
 	if denial != nil {
-		return nil, &refusal{kind: refusedBudget, denial: denial, dims: c.dims}
+		return nil, &refusal{kind: refusedBudget, denial: denial, dims: c.dims, note: c.holdNote}
 	}
 	return res, nil
 }

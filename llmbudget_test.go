@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetguard/fleetguard/budget/usage"
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
@@ -356,9 +357,10 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// The 100 tokens of the first remaining() call, and the abandoned
-	// request's reservation: 200 max_tokens and 5 of prompt.
-	if after := remaining(); after != before-100-205 {
-		t.Fatalf("after a client cancel: %d remaining, want %d (the abandoned request keeps its reservation)", after, before-100-205)
+	// request's reservation: 200 max_tokens and its prompt.
+	held := 200 + promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", chatBody)
+	if after := remaining(); after != before-100-held {
+		t.Fatalf("after a client cancel: %d remaining, want %d (the abandoned request keeps its reservation)", after, before-100-held)
 	}
 	bad := strings.Replace(cfg, `"limit": 1000`, `"limit": -3`, 1)
 	if code, body := tc.load("application/json", bad); code == http.StatusOK || !strings.Contains(body, "limit must be > 0") {

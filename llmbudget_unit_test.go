@@ -33,7 +33,32 @@ func directHandler(t testing.TB) *LLMBudget {
 	}
 	h.store, h.logger = eng, zap.NewNop()
 	h.bindCounters()
+	proveModels(eng, leasedTestModels...)
 	return h
+}
+
+// leasedTestModels are the models the tests of leases name. A model leases
+// once an answer of its has shown no output beyond its text
+// (llmbudget_lease_history.go); those tests start there. A test of that
+// probation names a model of its own.
+var leasedTestModels = []string{"gpt-4o", "gpt-3.5-turbo-instruct", "claude-sonnet-4-5", "gemini-2.0-flash", "llama3", "m", "o3-mini"}
+
+// proveModels makes models leasing in e's histories, or in every store's
+// when e is nil.
+func proveModels(e *store, models ...string) {
+	prove := func(e *store) {
+		for _, m := range models {
+			e.histories.of(m).proven.Store(true)
+		}
+	}
+	if e != nil {
+		prove(e)
+		return
+	}
+	stores.Range(func(_, v any) bool {
+		prove(v.(*store))
+		return true
+	})
 }
 
 func (h *LLMBudget) usedForTest(t testing.TB) int64 {

@@ -165,9 +165,6 @@ type store struct {
 	// histories are what recent streamed answers of each model say about
 	// their output leases (llmbudget_lease.go).
 	histories histories
-	// calibratedLeases counts the leases in flight that count below the
-	// strict bound, for each one's end game (llmbudget_lease.go).
-	calibratedLeases atomic.Int64
 
 	// logger is the logger of the config that built the store, for what
 	// happens in the background, outside any config.

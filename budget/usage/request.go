@@ -5,18 +5,27 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 )
 
+// The prompt estimate bounds the input an upstream bills for what the body
+// shows: a token a byte of its text (keys, numbers and literals included, as
+// a tool's schema is rendered into the prompt), since no tokenizer makes a
+// token of less than a byte (bound.go); a token for each token id of a
+// prompt given as ids; MediaPartTokens for each image; the bytes of an
+// inline file, document or audio part as well as MediaPartTokens. Input the
+// body names but does not hold (server-side state, files by reference,
+// server tools) is Request.HiddenInput: the caller holds the most it can be.
 const (
-	// MediaPartTokens is what an image, audio or file part of a prompt counts,
-	// whatever its size: its bytes (often base64) say little about its tokens.
-	// The settle corrects the estimate to what the upstream reports.
-	MediaPartTokens = 1000
+	// MediaPartTokens is what an image part of a prompt counts, whatever
+	// its size, and what an inline file or audio part counts besides its
+	// bytes: the most one image bills at the providers' default detail
+	// (OpenAI's 4.1-nano patches, 3,779, is the largest). The settle
+	// corrects the estimate to what the upstream reports.
+	MediaPartTokens = 4096
 	// MessageOverheadTokens is added per message for roles and separators.
 	MessageOverheadTokens = 4
-	// BytesPerToken is the text-to-token ratio of the estimate.
-	BytesPerToken = 4
 	// MaxOutputCap is the largest output cap accepted; more is a client error.
 	MaxOutputCap = 1_000_000
 	// MaxChoices is the largest n accepted.
@@ -44,6 +53,10 @@ type Request struct {
 	MaxOutputTokensField string
 	// PromptTokens estimates the input tokens from the text parts.
 	PromptTokens int64
+	// HiddenInput, when not empty, says why the upstream may bill input
+	// the body does not show: "previous_response_id", "a file by
+	// reference", "server tool web_search". PromptTokens bounds the rest.
+	HiddenInput string
 	// NoOutput is true for an API that only reads input (embeddings): no
 	// output is reserved.
 	NoOutput bool
@@ -88,6 +101,11 @@ type rawRequest struct {
 	System       json.RawMessage   `json:"system"`
 	Tools        json.RawMessage   `json:"tools"`
 	Prompt       json.RawMessage   `json:"prompt"`
+	// Server-side state a Responses request continues from.
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	Conversation       json.RawMessage `json:"conversation"`
+	// Anthropic's MCP connector: tools whose results it fetches.
+	MCPServers json.RawMessage `json:"mcp_servers"`
 
 	// Gemini, in both proto JSON spellings (keys.go refuses a body with both).
 	Contents               json.RawMessage   `json:"contents"`
@@ -255,9 +273,27 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 		est.messages++
 		est.add(m)
 	}
-	for _, part := range []json.RawMessage{raw.Input, raw.Instructions, raw.System, raw.Tools, raw.Prompt, raw.SystemInstruction, raw.SystemInstructionProto} {
+	if f == OpenAICompletions || f == OpenAIEmbeddings {
+		// A prompt or input of token ids is that many tokens.
+		raw.Prompt, raw.Input = est.tokenIDs(raw.Prompt), est.tokenIDs(raw.Input)
+	}
+	if f == OpenAIResponses {
+		switch {
+		case present(raw.PreviousResponseID):
+			est.hidden = "previous_response_id"
+		case present(raw.Conversation):
+			est.hidden = "conversation"
+		case len(raw.Prompt) > 0 && raw.Prompt[0] == '{':
+			est.hidden = "a stored prompt"
+		}
+	}
+	if f == Anthropic && present(raw.MCPServers) {
+		est.hidden = "mcp_servers"
+	}
+	for _, part := range []json.RawMessage{raw.Input, raw.Instructions, raw.System, raw.Prompt, raw.SystemInstruction, raw.SystemInstructionProto} {
 		est.add(part)
 	}
+	est.tools(raw.Tools)
 	if len(raw.Contents) > 0 {
 		var contents []json.RawMessage
 		if json.Unmarshal(raw.Contents, &contents) == nil {
@@ -270,9 +306,12 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 	if est.ambiguousKey != "" {
 		return Request{}, ambiguous(est.ambiguousKey, "a Gemini part")
 	}
-	req.PromptTokens = est.tokens()
+	req.PromptTokens, req.HiddenInput = est.tokens(), est.hidden
 	return req, nil
 }
+
+// present reports whether a JSON value was given and is not null.
+func present(v json.RawMessage) bool { return len(v) > 0 && string(v) != "null" }
 
 func jsonKind(k reflect.Kind) string {
 	switch k {
@@ -293,6 +332,8 @@ type estimator struct {
 	textBytes int64
 	media     int64
 	messages  int64
+	ids       int64  // token ids
+	hidden    string // the first input the body does not show
 	// gemini reads part keys in both proto JSON spellings; ambiguousKey is
 	// the first key of a part that gives one twice, in both spellings.
 	gemini       bool
@@ -300,7 +341,56 @@ type estimator struct {
 }
 
 func (e *estimator) tokens() int64 {
-	return (e.textBytes+BytesPerToken-1)/BytesPerToken + e.media*MediaPartTokens + e.messages*MessageOverheadTokens
+	return e.textBytes + e.ids + e.media*MediaPartTokens + e.messages*MessageOverheadTokens
+}
+
+// tokenIDs counts a prompt given as token ids (an array of integers, or of
+// arrays of them) and returns nil for it; any other prompt is returned as is.
+func (e *estimator) tokenIDs(raw json.RawMessage) json.RawMessage {
+	if len(raw) == 0 || raw[0] != '[' {
+		return raw
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil {
+		e.ids += int64(len(ids))
+		return nil
+	}
+	var batches [][]int64
+	if json.Unmarshal(raw, &batches) == nil {
+		for _, b := range batches {
+			e.ids += int64(len(b))
+		}
+		return nil
+	}
+	return raw
+}
+
+// serverTools are tool types whose results the upstream fetches and bills as
+// input the body does not show (web pages, files, code output), matched as
+// a prefix of the tool's type.
+var serverTools = []string{"web_search", "web_fetch", "file_search", "code_interpreter", "code_execution", "mcp", "image_generation"}
+
+// tools counts tool definitions as text, and notes a server tool.
+func (e *estimator) tools(raw json.RawMessage) {
+	var tools []map[string]any
+	if len(raw) > 0 && json.Unmarshal(raw, &tools) == nil && e.hidden == "" {
+		for _, t := range tools {
+			typ, _ := t["type"].(string)
+			for _, p := range serverTools {
+				if strings.HasPrefix(typ, p) {
+					e.hidden = "server tool " + typ
+				}
+			}
+			for k := range t { // Gemini names its server tools by key
+				for _, p := range []string{"googleSearch", "google_search", "googleSearchRetrieval", "google_search_retrieval", "codeExecution", "code_execution", "urlContext", "url_context", "fileSearch", "file_search", "retrieval"} {
+					if k == p && e.hidden == "" {
+						e.hidden = "server tool " + k
+					}
+				}
+			}
+		}
+	}
+	e.add(raw)
 }
 
 func (e *estimator) add(raw json.RawMessage) {
@@ -313,12 +403,17 @@ func (e *estimator) add(raw json.RawMessage) {
 	}
 }
 
-// mediaTypes are content part types whose payload is not text.
-var mediaTypes = map[string]bool{
-	"image_url": true, "image": true, "input_image": true,
-	"file": true, "input_file": true, "document": true,
-	"input_audio": true, "audio": true,
-}
+// imageTypes are content part types of an image; fileTypes of a file,
+// document or audio clip.
+var (
+	imageTypes = map[string]bool{"image_url": true, "image": true, "input_image": true}
+	fileTypes  = map[string]bool{"file": true, "input_file": true, "document": true, "input_audio": true, "audio": true, "container_upload": true}
+)
+
+// references are the keys by which a part names content the upstream fetches
+// itself (a file id, a URL other than an inline data: URL): input the body
+// does not show.
+var references = []string{"file_id", "file_url", "fileUri", "file_uri", "url"}
 
 // structuralKeys name fields that are not prompt text.
 var structuralKeys = map[string]bool{
@@ -336,38 +431,93 @@ func (e *estimator) walk(v any) {
 			return
 		}
 		e.textBytes += int64(len(v))
+	case float64:
+		e.textBytes += int64(len(strconv.FormatFloat(v, 'g', -1, 64)))
+	case bool:
+		e.textBytes += 5
 	case []any:
 		for _, x := range v {
 			e.walk(x)
 		}
 	case map[string]any:
-		if t, ok := v["type"].(string); ok && mediaTypes[t] {
-			e.media++
-			return
-		}
-		if e.gemini && e.ambiguousKey == "" {
-			for _, f := range geminiPartFields {
-				if _, camel := v[f[0]]; camel {
-					if _, proto := v[f[1]]; proto {
-						e.ambiguousKey = f[1]
-					}
-				}
-			}
-		}
-		// Gemini marks media parts by key, Ollama lists images per message.
-		for _, k := range [...]string{"inlineData", "inline_data", "fileData", "file_data"} {
-			if _, ok := v[k]; ok {
-				e.media++
-				return
-			}
-		}
-		if images, ok := v["images"].([]any); ok {
-			e.media += int64(len(images))
+		e.walkObject(v)
+	}
+}
+
+func (e *estimator) walkObject(v map[string]any) {
+	t, _ := v["type"].(string)
+	if imageTypes[t] {
+		e.media++
+		return
+	}
+	if fileTypes[t] {
+		// A file by reference is fetched by the upstream; one inline counts
+		// its bytes and a part's worth more (a PDF's pages bill as text
+		// and as images).
+		e.media++
+		if e.hidden == "" && hasReference(v) {
+			e.hidden = "a " + t + " by reference"
 		}
 		for k, x := range v {
-			if !structuralKeys[k] {
+			if k != "type" {
 				e.walk(x)
 			}
 		}
+		return
 	}
+	if e.gemini && e.ambiguousKey == "" {
+		for _, f := range geminiPartFields {
+			if _, camel := v[f[0]]; camel {
+				if _, proto := v[f[1]]; proto {
+					e.ambiguousKey = f[1]
+				}
+			}
+		}
+	}
+	// Gemini marks media parts by key, Ollama lists images per message.
+	for _, k := range [...]string{"inlineData", "inline_data"} {
+		if x, ok := v[k]; ok {
+			e.media++
+			e.walk(x)
+			return
+		}
+	}
+	for _, k := range [...]string{"fileData", "file_data"} {
+		if _, ok := v[k]; ok {
+			e.media++
+			if e.hidden == "" {
+				e.hidden = "a Gemini " + k + " part"
+			}
+			return
+		}
+	}
+	if images, ok := v["images"].([]any); ok {
+		e.media += int64(len(images))
+	}
+	for k, x := range v {
+		if !structuralKeys[k] {
+			e.textBytes += int64(len(k))
+			e.walk(x)
+		}
+	}
+}
+
+// hasReference reports whether a file part names its content by id or URL
+// rather than holding it, at its top or in its source.
+func hasReference(part map[string]any) bool {
+	for _, m := range []any{part, part["source"], part["file"], part["input_audio"]} {
+		obj, ok := m.(map[string]any)
+		if !ok {
+			continue
+		}
+		if typ, _ := obj["type"].(string); typ == "url" || typ == "file" {
+			return true
+		}
+		for _, k := range references {
+			if ref, ok := obj[k].(string); ok && ref != "" && !strings.HasPrefix(ref, "data:") {
+				return true
+			}
+		}
+	}
+	return false
 }
