@@ -22,7 +22,9 @@ import (
 // of it an event (several tokens a chunk, as servers batch them), Interval
 // apart, and stops at the request's output cap.
 type Billed struct {
-	Text       string
+	Text string
+	// Texts, when the request names one in X-Fake-Text, is streamed instead.
+	Texts      map[string]string
 	ChunkBytes int
 	Interval   time.Duration
 	// Input, when above 0, is the input every answer reports and bills,
@@ -32,8 +34,10 @@ type Billed struct {
 	// does not show (reasoning).
 	HiddenOutput int64
 
-	billed atomic.Int64 // input and output billed, every answer
-	hits   atomic.Int64
+	billed   atomic.Int64 // input and output billed, every answer
+	hits     atomic.Int64
+	inFlight atomic.Int64
+	byModel  sync.Map // model → *atomic.Int64 billed
 }
 
 var (
@@ -56,11 +60,25 @@ func Tokens(s string) int64 {
 // Billed is every token billed so far, input and output.
 func (b *Billed) Billed() int64 { return b.billed.Load() }
 
+// BilledFor is every token billed so far for model.
+func (b *Billed) BilledFor(model string) int64 {
+	if n, ok := b.byModel.Load(model); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
+// InFlight is how many answers are being generated: a cut stream's bill is
+// final once its answer has seen the cancel.
+func (b *Billed) InFlight() int64 { return b.inFlight.Load() }
+
 // Hits is how many requests were served.
 func (b *Billed) Hits() int64 { return b.hits.Load() }
 
 func (b *Billed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b.hits.Add(1)
+	b.inFlight.Add(1)
+	defer b.inFlight.Add(-1)
 	body, _ := io.ReadAll(r.Body)
 	var req struct {
 		Model               string          `json:"model"`
@@ -87,7 +105,14 @@ func (b *Billed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if input <= 0 {
 		input = Tokens(string(req.Messages) + string(req.Input) + string(req.Prompt) + string(req.Contents))
 	}
-	a := billedAnswer{b: b, w: w, r: r, input: input, limit: limit, model: req.Model}
+	if i := strings.LastIndex(r.URL.Path, "/models/"); i >= 0 && req.Model == "" {
+		req.Model, _, _ = strings.Cut(r.URL.Path[i+len("/models/"):], ":") // Gemini's is in the path
+	}
+	text := b.Text
+	if t, ok := b.Texts[r.Header.Get("X-Fake-Text")]; ok {
+		text = t
+	}
+	a := billedAnswer{b: b, w: w, r: r, input: input, limit: limit, model: req.Model, text: text}
 	a.stream(pathAPI(r.URL.Path))
 }
 
@@ -100,6 +125,7 @@ type billedAnswer struct {
 	model        string
 	output       int64 // tokens of the text sent
 	seq          int
+	text         string
 }
 
 func pathAPI(path string) string {
@@ -147,7 +173,12 @@ func jsonString(s string) string {
 // stream writes the answer in api's events and bills what it generated.
 func (a *billedAnswer) stream(api string) {
 	b := a.b
-	defer func() { b.billed.Add(a.input + a.output + b.HiddenOutput) }()
+	defer func() {
+		bill := a.input + a.usageTotal()
+		b.billed.Add(bill)
+		n, _ := b.byModel.LoadOrStore(a.model, new(atomic.Int64))
+		n.(*atomic.Int64).Add(bill)
+	}()
 	ct := "text/event-stream"
 	if api == "ollama" {
 		ct = "application/x-ndjson"
@@ -157,7 +188,7 @@ func (a *billedAnswer) stream(api string) {
 	if !a.start(api) {
 		return
 	}
-	text, size := b.Text, max(b.ChunkBytes, 1)
+	text, size := a.text, max(b.ChunkBytes, 1)
 	finish := "stop"
 	for len(text) > 0 {
 		n := min(size, len(text))
@@ -166,7 +197,7 @@ func (a *billedAnswer) stream(api string) {
 		}
 		chunk := text[:n]
 		t := Tokens(chunk)
-		if a.output+t > a.limit {
+		if a.output+b.HiddenOutput+t > a.limit {
 			finish = "length"
 			break
 		}
@@ -187,7 +218,9 @@ func (a *billedAnswer) stream(api string) {
 	a.end(api, finish)
 }
 
-func (a *billedAnswer) usageTotal() int64 { return a.output + a.b.HiddenOutput }
+// usageTotal is the output billed: the text sent and the hidden output, at
+// most the cap.
+func (a *billedAnswer) usageTotal() int64 { return min(a.output+a.b.HiddenOutput, a.limit) }
 
 func (a *billedAnswer) start(api string) bool {
 	switch api {

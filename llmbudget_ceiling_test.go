@@ -1,0 +1,305 @@
+package fleetguard
+
+import (
+	"encoding/base64"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetguard/fleetguard/internal/fakellm"
+)
+
+// The ceiling: for any text an upstream streams, in every API, with or
+// without a model's history, concurrent streams never take a budget past its
+// limit, and the upstream never bills more than the budget charged. The
+// upstream here bills o200k counts (fakellm.Billed) and streams several
+// tokens an event.
+
+// ceilingTexts are answers of every density: o200k counts English at about
+// 0.23 tokens a byte, a CSV of numbers at 0.6, random base64 at 0.68.
+func ceilingTexts(size int) map[string]string {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var csv, b64 strings.Builder
+	for csv.Len() < size {
+		fmt.Fprintf(&csv, "2026-%02d-%02d,%d.%02d,%d,-0.%04d\n", rng.IntN(12)+1, rng.IntN(28)+1, rng.IntN(100000), rng.IntN(100), rng.IntN(1000), rng.IntN(10000))
+	}
+	raw := make([]byte, size*3/4)
+	for i := range raw {
+		raw[i] = byte(rng.Uint32())
+	}
+	b64.WriteString(base64.StdEncoding.EncodeToString(raw))
+	repeat := func(s string) string {
+		r := strings.Repeat(s, size/len(s)+1)[:size]
+		return strings.ToValidUTF8(r, "")
+	}
+	return map[string]string{
+		"english": repeat("The river runs north through eleven countries before it reaches the sea, and its delta feeds millions. "),
+		"csv":     csv.String()[:size],
+		"code":    repeat("func (s *server) handle(w http.ResponseWriter, r *http.Request) {\n\tif err := s.check(r); err != nil {\n\t\thttp.Error(w, err.Error(), 400)\n\t}\n}\n"),
+		"cjk":     repeat("日本語のテキストは一文字ずつ数えられる。中文的文本也是如此。한국어도 마찬가지다。"),
+		"base64":  b64.String(),
+		"json":    repeat(`{"city":"Paris","days":[1,2,3],"units":"metric","limit":25,"coords":[48.8566,2.3522]}`),
+	}
+}
+
+// ceilingAPIs are the APIs a stream is asked for in: a path and a body for a
+// model that caps its output at 2000.
+var ceilingAPIs = []struct {
+	name string
+	path func(model string) string
+	body func(model string) string
+}{
+	{"openai_chat", func(string) string { return "/v1/chat/completions" },
+		func(m string) string {
+			return `{"model":"` + m + `","stream":true,"stream_options":{"include_usage":true},"max_tokens":2000,"messages":[{"role":"user","content":"go"}]}`
+		}},
+	{"openai_responses", func(string) string { return "/v1/responses" },
+		func(m string) string {
+			return `{"model":"` + m + `","stream":true,"max_output_tokens":2000,"input":"go"}`
+		}},
+	{"openai_completions", func(string) string { return "/v1/completions" },
+		func(m string) string {
+			return `{"model":"` + m + `","stream":true,"stream_options":{"include_usage":true},"max_tokens":2000,"prompt":"go"}`
+		}},
+	{"anthropic", func(string) string { return "/v1/messages" },
+		func(m string) string {
+			return `{"model":"` + m + `","stream":true,"max_tokens":2000,"messages":[{"role":"user","content":"go"}]}`
+		}},
+	{"gemini", func(m string) string { return "/v1beta/models/" + m + ":streamGenerateContent?alt=sse" },
+		func(string) string {
+			return `{"contents":[{"role":"user","parts":[{"text":"go"}]}],"generationConfig":{"maxOutputTokens":2000}}`
+		}},
+	{"ollama", func(string) string { return "/api/chat" },
+		func(m string) string {
+			return `{"model":"` + m + `","messages":[{"role":"user","content":"go"}],"options":{"num_predict":2000}}`
+		}},
+}
+
+// ceilingSetup is one Caddy with a per-model budget in front of a Billed
+// upstream: each case names its own model, so its counter and its history
+// are its own.
+type ceilingSetup struct {
+	t     *testing.T
+	url   string
+	admin string
+	up    *fakellm.Billed
+	limit int64
+}
+
+// ceilingTextBytes is the length of each text of the tests (bench/ceiling
+// runs longer ones).
+const ceilingTextBytes = 1500
+
+func newCeilingSetup(t *testing.T, limit int64, options string) *ceilingSetup {
+	up := &fakellm.Billed{Texts: ceilingTexts(ceilingTextBytes), ChunkBytes: 24, Interval: 2 * time.Millisecond}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	port := freePort(t)
+	tc := startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+	fleetguard {
+		prefix ceiling%d
+	}
+}
+:%d {
+	llmbudget {
+		budget ceiling {
+			scope model
+			limit %d
+			window 1h
+		}
+		max_request_body 4MiB
+		%s
+	}
+	reverse_proxy %s
+}`, port, port, limit, options, strings.TrimPrefix(srv.URL, "http://")))
+	return &ceilingSetup{t: t, url: fmt.Sprintf("http://127.0.0.1:%d", port), admin: tc.admin, up: up, limit: limit}
+}
+
+// stream asks for one answer of text from model and reads it whole.
+func (s *ceilingSetup) stream(api int, model, text string) int {
+	s.t.Helper()
+	a := ceilingAPIs[api]
+	req, _ := http.NewRequest(http.MethodPost, s.url+a.path(model), strings.NewReader(a.body(model)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Fake-Text", text)
+	req.Close = true
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Error(err)
+		return 0
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+// settled waits until the upstream and the budget are done with every
+// answer, and returns model's counter and what the upstream billed for it.
+func (s *ceilingSetup) settled(model string) (counter, billed int64) {
+	eventually(s.t, 10*time.Second, "the upstream's answers ended", func() bool { return s.up.InFlight() == 0 })
+	waitSettles()
+	w := budgetWindowAt(s.t, http.MethodGet, "http://"+s.admin+"/fleetguard/budgets/ceiling?model="+model)
+	return mustInt(s.t, w.Used.String()), s.up.BilledFor(model)
+}
+
+// TestTheCeilingHoldsForAnyTextInEveryAPI: eight concurrent streams of 1,500
+// bytes (up to 1,000 tokens each) under a 3,000-token budget, for every API,
+// every density of text, a model with no history and one proven by an
+// English answer: the counter never passes the limit, and the upstream never
+// bills more than the counter.
+func TestTheCeilingHoldsForAnyTextInEveryAPI(t *testing.T) {
+	s := newCeilingSetup(t, 3000, "")
+	texts := ceilingTexts(ceilingTextBytes)
+	for api, a := range ceilingAPIs {
+		for text := range texts {
+			for _, history := range []string{"none", "english"} {
+				model := fmt.Sprintf("m-%s-%s-%s", a.name, text, history)
+				t.Run(model, func(t *testing.T) {
+					if history == "english" {
+						if got := s.stream(api, model, "english"); got != http.StatusOK {
+							t.Fatalf("the English answer: %d", got)
+						}
+					}
+					var wg sync.WaitGroup
+					statuses := make([]int, 8)
+					for i := range statuses {
+						wg.Go(func() { statuses[i] = s.stream(api, model, text) })
+					}
+					wg.Wait()
+					counter, billed := s.settled(model)
+					if counter > s.limit || billed > counter {
+						t.Fatalf("counter %d of %d, the upstream billed %d (statuses %v)", counter, s.limit, billed, statuses)
+					}
+					t.Logf("counter %d of %d, billed %d, statuses %v", counter, s.limit, billed, statuses)
+				})
+			}
+		}
+	}
+}
+
+// concurrently sends n requests of body to path (with headers) and returns
+// their statuses and bodies.
+func (s *ceilingSetup) concurrently(n int, path, body string, headers ...string) (statuses []int, bodies []string) {
+	statuses, bodies = make([]int, n), make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			resp, got := do(s.t, http.MethodPost, s.url+path, body, append([]string{"Content-Type: application/json"}, headers...)...)
+			statuses[i], bodies[i] = resp.StatusCode, got
+		})
+	}
+	wg.Wait()
+	return statuses, bodies
+}
+
+// within fails unless model's counter is within the limit and the upstream
+// billed no more than it.
+func (s *ceilingSetup) within(model string) (counter, billed int64) {
+	s.t.Helper()
+	counter, billed = s.settled(model)
+	if counter > s.limit || billed > counter {
+		s.t.Fatalf("counter %d of %d, the upstream billed %d", counter, s.limit, billed)
+	}
+	return counter, billed
+}
+
+// A model on no reasoning list whose upstream bills 4,000 tokens of output
+// the stream does not show: its first streams hold their cap (it is not
+// proven), and once it billed more than its text it holds its cap for good.
+func TestAModelWithHiddenOutputHoldsItsCap(t *testing.T) {
+	s := newCeilingSetup(t, 20000, "")
+	s.up.HiddenOutput, s.up.Text = 4000, "Done."
+	body := `{"model":"quiet-thinker","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"go"}]}`
+	for range 3 {
+		s.concurrently(6, "/v1/chat/completions", body)
+	}
+	s.within("quiet-thinker")
+	hidden := false
+	stores.Range(func(_, v any) bool {
+		if h, ok := v.(*store).histories.models.Load("quiet-thinker"); ok {
+			hidden = h.(*outputHistory).hidden.Load() && !h.(*outputHistory).leases()
+		}
+		return true
+	})
+	if !hidden {
+		t.Fatal("a model that billed 4,000 tokens for 5 bytes of text still leases")
+	}
+}
+
+// Anthropic reports the input in message_start: input beyond the estimate
+// (a server-side system prompt) comes out of the lease before more output
+// passes, so streams cut at the ceiling still end within it.
+func TestInputReportedAboveTheEstimateComesOutOfTheLease(t *testing.T) {
+	s := newCeilingSetup(t, 3000, "")
+	s.up.Input = 400
+	proveModels(nil, "claude-input")
+	body := `{"model":"claude-input","stream":true,"max_tokens":2000,"messages":[{"role":"user","content":"go"}]}`
+	s.concurrently(6, "/v1/messages", body, "X-Fake-Text: english")
+	s.within("claude-input")
+}
+
+// A prompt is held at a token a byte of its text: dense prompts (base64,
+// numbers) never take a budget past its limit, and one larger than the
+// limit is refused before it is forwarded.
+func TestDensePromptsAreHeldAtTheirBound(t *testing.T) {
+	s := newCeilingSetup(t, 30000, "")
+	texts := ceilingTexts(9000)
+	for _, text := range []string{"base64", "csv"} {
+		model := "dense-" + text
+		body := fmt.Sprintf(`{"model":%q,"max_tokens":10,"messages":[{"role":"user","content":%q}]}`, model, texts[text])
+		statuses, _ := s.concurrently(6, "/v1/chat/completions", body, "X-Fake-Text: english")
+		counter, billed := s.within(model)
+		t.Logf("%s: statuses %v, counter %d, billed %d", text, statuses, counter, billed)
+	}
+	huge := fmt.Sprintf(`{"model":"dense-huge","max_tokens":10,"messages":[{"role":"user","content":%q}]}`, strings.Repeat(texts["base64"], 4))
+	hits := s.up.Hits()
+	if statuses, bodies := s.concurrently(1, "/v1/chat/completions", huge); statuses[0] != http.StatusTooManyRequests || !strings.Contains(bodies[0], "request_exceeds_budget") {
+		t.Fatalf("a 36 KB base64 prompt under a 30,000-token budget: %d %s", statuses[0], bodies[0])
+	}
+	if s.up.Hits() != hits {
+		t.Fatal("a prompt that cannot fit was forwarded")
+	}
+}
+
+// Input the body does not show holds context_window: Responses requests
+// continuing a conversation stored upstream (150,000 tokens each there).
+func TestHiddenInputHoldsTheContextWindow(t *testing.T) {
+	s := newCeilingSetup(t, 1000000, "context_window 200000")
+	s.up.Input, s.up.Text = 150000, "ok"
+	body := `{"model":"gpt-x","stream":true,"previous_response_id":"resp_1","input":"and then?","max_output_tokens":100}`
+	statuses, _ := s.concurrently(10, "/v1/responses", body)
+	counter, billed := s.within("gpt-x")
+	t.Logf("statuses %v, counter %d, billed %d", statuses, counter, billed)
+
+	// Under a smaller budget it never fits, and the denial says why.
+	small := newCeilingSetup(t, 100000, "")
+	statuses, bodies := small.concurrently(1, "/v1/responses", body)
+	if statuses[0] != http.StatusTooManyRequests || !strings.Contains(bodies[0], "previous_response_id") || !strings.Contains(bodies[0], "context_window") {
+		t.Fatalf("a request with hidden input under a budget below context_window: %d %s", statuses[0], bodies[0])
+	}
+	refusing := newCeilingSetup(t, 1000000, "hidden_input refuse")
+	statuses, bodies = refusing.concurrently(1, "/v1/responses", body)
+	if statuses[0] != http.StatusBadRequest || !strings.Contains(bodies[0], "hidden_input") || refusing.up.Hits() != 0 {
+		t.Fatalf("hidden_input refuse: %d %s (forwarded %d)", statuses[0], bodies[0], refusing.up.Hits())
+	}
+}
+
+// A prompt of token ids is that many tokens: embeddings and legacy
+// completions given ids hold them.
+func TestTokenIDPromptsCountEachID(t *testing.T) {
+	s := newCeilingSetup(t, 20000, "")
+	s.up.Input = 3000 // an id is a token
+	ids := strings.TrimSuffix(strings.Repeat("1234,", 3000), ",")
+	statuses, _ := s.concurrently(10, "/v1/completions", `{"model":"ids","prompt":[`+ids+`],"max_tokens":10}`)
+	counter, _ := s.within("ids")
+	if want := int64(6 * 3000); counter < want {
+		t.Fatalf("statuses %v, counter %d, want the 3,000 ids of at least six admitted (each held)", statuses, counter)
+	}
+}
