@@ -23,6 +23,10 @@ import (
 type budgetRegistry struct {
 	mu   sync.Mutex
 	defs map[string][]budgetDef // by budget name
+	// live is each budget's limit in force: the newest definition's. A
+	// handler's budgets read it (budget.Budget.Live), so streams admitted
+	// under an older config extend under a reload's limits.
+	live map[string]*atomic.Int64
 }
 
 // budgetDef is one handler's definition of one budget.
@@ -40,12 +44,28 @@ func (reg *budgetRegistry) add(h *LLMBudget, config *App) {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
 	if reg.defs == nil {
-		reg.defs = make(map[string][]budgetDef)
+		reg.defs, reg.live = make(map[string][]budgetDef), make(map[string]*atomic.Int64)
 	}
 	seq := registrations.Add(1)
-	for _, b := range h.budgets {
-		reg.defs[b.Name] = append(reg.defs[b.Name], budgetDef{budget: b, handler: h, config: config, seq: seq})
+	for i := range h.budgets {
+		b := &h.budgets[i]
+		if reg.live[b.Name] == nil {
+			reg.live[b.Name] = new(atomic.Int64)
+		}
+		b.Live = reg.live[b.Name]
+		reg.defs[b.Name] = append(reg.defs[b.Name], budgetDef{budget: *b, handler: h, config: config, seq: seq})
+		reg.setLive(b.Name)
 	}
+}
+
+// setLive makes the newest definition of name its limit in force.
+func (reg *budgetRegistry) setLive(name string) {
+	defs := reg.defs[name]
+	if len(defs) == 0 {
+		return
+	}
+	newest := slices.MaxFunc(defs, func(a, b budgetDef) int { return cmp.Compare(a.seq, b.seq) })
+	reg.live[name].Store(newest.budget.Limit)
 }
 
 func (reg *budgetRegistry) remove(h *LLMBudget) {
@@ -57,6 +77,7 @@ func (reg *budgetRegistry) remove(h *LLMBudget) {
 			delete(reg.defs, name)
 		} else {
 			reg.defs[name] = defs
+			reg.setLive(name) // a failed load's definitions leave the running ones in force
 		}
 	}
 }

@@ -85,11 +85,13 @@ var ceilingAPIs = []struct {
 // upstream: each case names its own model, so its counter and its history
 // are its own.
 type ceilingSetup struct {
-	t     *testing.T
-	url   string
-	admin string
-	up    *fakellm.Billed
-	limit int64
+	t          *testing.T
+	tc         *testCaddy
+	port       int
+	url, admin string
+	upstream   string
+	up         *fakellm.Billed
+	limit      int64
 }
 
 // ceilingTextBytes is the length of each text of the tests (bench/ceiling
@@ -100,8 +102,16 @@ func newCeilingSetup(t *testing.T, limit int64, options string) *ceilingSetup {
 	up := &fakellm.Billed{Texts: ceilingTexts(ceilingTextBytes), ChunkBytes: 24, Interval: 2 * time.Millisecond}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
-	port := freePort(t)
-	tc := startCaddy(t, fmt.Sprintf(`{
+	s := &ceilingSetup{t: t, port: freePort(t), upstream: srv.URL, up: up, limit: limit}
+	s.url = fmt.Sprintf("http://127.0.0.1:%d", s.port)
+	s.tc = startCaddy(t, s.caddyfile(limit, options))
+	s.admin = s.tc.admin
+	return s
+}
+
+// caddyfile is the setup's config with a limit.
+func (s *ceilingSetup) caddyfile(limit int64, options string) string {
+	return fmt.Sprintf(`{
 	admin {ADMIN}
 	fleetguard {
 		prefix ceiling%d
@@ -118,8 +128,16 @@ func newCeilingSetup(t *testing.T, limit int64, options string) *ceilingSetup {
 		%s
 	}
 	reverse_proxy %s
-}`, port, port, limit, options, strings.TrimPrefix(srv.URL, "http://")))
-	return &ceilingSetup{t: t, url: fmt.Sprintf("http://127.0.0.1:%d", port), admin: tc.admin, up: up, limit: limit}
+}`, s.port, s.port, limit, options, strings.TrimPrefix(s.upstream, "http://"))
+}
+
+// reload loads the config with another limit.
+func (s *ceilingSetup) reload(limit int64) {
+	s.t.Helper()
+	if code, body := s.tc.load("application/json", string(s.tc.adapt(s.caddyfile(limit, "")))); code != http.StatusOK {
+		s.t.Fatalf("reload: %d %s", code, body)
+	}
+	s.limit = limit
 }
 
 // stream asks for one answer of text from model and reads it whole.
@@ -302,4 +320,22 @@ func TestTokenIDPromptsCountEachID(t *testing.T) {
 	if want := int64(6 * 3000); counter < want {
 		t.Fatalf("statuses %v, counter %d, want the 3,000 ids of at least six admitted (each held)", statuses, counter)
 	}
+}
+
+// A reload that lowers a limit applies to the streams in flight at their
+// next extension: they end within the new limit, not the old one.
+func TestAReloadLowersTheLimitOfStreamsInFlight(t *testing.T) {
+	s := newCeilingSetup(t, 100000, "")
+	s.up.Interval = 20 * time.Millisecond // 3,000 bytes in 2.5 s
+	s.up.Texts["long"] = ceilingTexts(3000)["english"]
+	proveModels(nil, "reload-m")
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() { s.stream(0, "reload-m", "long") })
+	}
+	eventually(t, 5*time.Second, "ten streams admitted", func() bool { return s.up.InFlight() == 10 })
+	s.reload(6000)
+	wg.Wait()
+	counter, billed := s.within("reload-m")
+	t.Logf("counter %d of the new limit 6000, billed %d", counter, billed)
 }

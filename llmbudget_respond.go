@@ -117,7 +117,7 @@ func (h *LLMBudget) shadowDenied(r *http.Request, d *budget.Denial, dims budget.
 		zap.String("scope", d.Budget.Scope.String()),
 		zap.Int64("requested", d.Amount),
 		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Budget.Limit))
+		zap.Int64("limit", d.Budget.LimitNow()))
 	h.emitDenied(r, d, dims, true)
 }
 
@@ -143,28 +143,28 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 		zap.String("model", ref.dims.Model),
 		zap.Int64("requested", d.Amount),
 		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Budget.Limit))
+		zap.Int64("limit", d.Budget.LimitNow()))
 	amount := func(n int64) string { return formatAmount(d.Budget.Unit, n) }
 	window := time.Duration(d.Budget.Window)
 	switch {
-	case d.Amount > d.Budget.Limit:
+	case d.Amount > d.Budget.LimitNow():
 		// No window will ever admit it: say what to lower, and tell SDKs not
 		// to retry (they would sleep Retry-After and fail again).
 		ref.code, ref.noRetry = "request_exceeds_budget", true
 		ref.message = fmt.Sprintf("this request alone needs up to %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%s per %s): lower max_tokens or shorten the prompt",
-			amount(d.Amount), d.Budget.Name, amount(d.Budget.Limit), window)
+			amount(d.Amount), d.Budget.Name, amount(d.Budget.LimitNow()), window)
 		if ref.note != "" {
 			ref.message += " " + ref.note
 		}
 		return
-	case d.Used >= d.Budget.Limit:
+	case d.Used >= d.Budget.LimitNow():
 		ref.message = fmt.Sprintf("budget %q (%s, per %s) is exhausted for this window: %s of %s used; it resets in %ds",
-			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Budget.Limit), retry)
+			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Budget.LimitNow()), retry)
 	default:
 		// Headroom remains, but not enough: the request does not fit. It may
 		// once requests in flight settle below what they reserved.
 		ref.message = fmt.Sprintf("this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s); it may fit once requests in flight settle, or when the window resets in %ds",
-			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Budget.Limit-d.Used), amount(d.Budget.Limit), amount(d.Used), retry)
+			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Budget.LimitNow()-d.Used), amount(d.Budget.LimitNow()), amount(d.Used), retry)
 	}
 	if ref.note != "" {
 		ref.message += " " + ref.note
@@ -206,7 +206,7 @@ func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Di
 		"unit":       d.Budget.Unit.String(),
 		"requested":  d.Amount,
 		"used":       d.Used,
-		"limit":      d.Budget.Limit,
+		"limit":      d.Budget.LimitNow(),
 		"shadow":     shadow,
 		"path":       r.URL.Path,
 	})
@@ -217,7 +217,7 @@ func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Di
 func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
 	buf := make([]byte, 0, 48*len(holds))
 	for _, hold := range holds {
-		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.Limit-hold.Used, hold.WindowEnd.Sub(now))
+		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.LimitNow()-hold.Used, hold.WindowEnd.Sub(now))
 	}
 	setRateLimitHeaders(hdr, h.policy, string(buf))
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -83,6 +84,20 @@ type Budget struct {
 	Unit   Unit
 	Limit  int64 // tokens, or micro-dollars
 	Window time.Duration
+	// Live, when set and above 0, is the limit in force, which a newer
+	// definition of the budget (a reload) may have changed since Limit
+	// was read: reservations made before it extend under it.
+	Live *atomic.Int64
+}
+
+// LimitNow is the limit in force: Live's, else Limit.
+func (b *Budget) LimitNow() int64 {
+	if b.Live != nil {
+		if n := b.Live.Load(); n > 0 {
+			return n
+		}
+	}
+	return b.Limit
 }
 
 // MicrosPerUSD converts dollars to the integer unit USD budgets count in.

@@ -221,7 +221,7 @@ func (r *Reservation) limitOf(b *Budget) int64 {
 	if r.overLimit {
 		return math.MaxInt64
 	}
-	return b.Limit
+	return b.LimitNow()
 }
 
 // denial says that r's i-th budget could not take amount more.
