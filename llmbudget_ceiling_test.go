@@ -3,6 +3,7 @@ package fleetguard
 import (
 	"encoding/base64"
 	"fmt"
+	"github.com/fleetguard/fleetguard/budget/usage"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -338,4 +339,75 @@ func TestAReloadLowersTheLimitOfStreamsInFlight(t *testing.T) {
 	wg.Wait()
 	counter, billed := s.within("reload-m")
 	t.Logf("counter %d of the new limit 6000, billed %d", counter, billed)
+}
+
+// A leased stream answered with a body the meter cannot read (no
+// Content-Type, text/plain, octet-stream, an encoding) keeps no usage to
+// settle: it passes only if its whole cap fits, and is charged it; else the
+// client gets the budget's refusal and the upstream request is cancelled.
+func TestAnAnswerTheMeterCannotReadIsNeverFree(t *testing.T) {
+	for _, tt := range []struct{ name, contentType, encoding string }{
+		{"no content type", "", ""},
+		{"text/plain", "text/plain", ""},
+		{"octet-stream", "application/octet-stream", ""},
+		{"brotli", "text/event-stream", "br"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cancelled := make(chan struct{}, 4)
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tt.contentType != "" {
+					w.Header().Set("Content-Type", tt.contentType)
+				} else {
+					w.Header()["Content-Type"] = nil // no sniffing
+				}
+				if tt.encoding != "" {
+					w.Header().Set("Content-Encoding", tt.encoding)
+				}
+				w.WriteHeader(http.StatusOK)
+				for range 200 {
+					if _, err := io.WriteString(w, strings.Repeat("x", 20)); err != nil || r.Context().Err() != nil {
+						cancelled <- struct{}{}
+						return
+					}
+					w.(http.Flusher).Flush()
+					time.Sleep(2 * time.Millisecond)
+				}
+			}))
+			defer up.Close()
+			for _, limit := range []int64{3000, 100000} {
+				port := freePort(t)
+				tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix opaque%d\n }", port), fmt.Sprintf(`budget g {
+			limit %d
+			window 1h
+		}`, limit)))
+				proveModels(nil, "gpt-4o")
+				body := `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go"}]}`
+				resp, got := chat(t, fmt.Sprintf("http://127.0.0.1:%d", port), body)
+				waitSettles()
+				used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
+				prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", body)
+				switch {
+				case limit < 4096:
+					if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(got, "cannot meter") || strings.Contains(got, "xxxx") {
+						t.Fatalf("limit %d: %d %q, want the budget's refusal instead of the body", limit, resp.StatusCode, got)
+					}
+					select {
+					case <-cancelled:
+					case <-time.After(5 * time.Second):
+						t.Fatal("the upstream request was not cancelled")
+					}
+					if used != prompt+DefaultOutputLeaseMin {
+						t.Fatalf("limit %d: charged %d, want what was held, the prompt and the lease (%d)", limit, used, prompt+DefaultOutputLeaseMin)
+					}
+				default:
+					if resp.StatusCode != http.StatusOK || len(got) != 4000 && tt.encoding == "" {
+						t.Fatalf("limit %d: %d, %d bytes, want the whole answer", limit, resp.StatusCode, len(got))
+					}
+					if used != prompt+4096 {
+						t.Fatalf("limit %d: charged %d, want the whole cap held (%d)", limit, used, prompt+4096)
+					}
+				}
+			}
+		})
+	}
 }
