@@ -9,7 +9,7 @@
 // against the limit and against the upstream's reported usage, and the
 // tokens the upstream generated that no client received (the residual).
 //
-//	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096]
+//	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096] [-warm=false]
 package main
 
 import (
@@ -46,6 +46,7 @@ var (
 	interval = flag.Duration("interval", 5*time.Millisecond, "time between tokens of a stream")
 	capTok   = flag.Int("cap", 4096, "max_tokens of every request")
 	jitter   = flag.Float64("jitter", 0, "vary each answer's length by up to this fraction of -output either way")
+	warm     = flag.Bool("warm", true, "send one answer first, which proves the model (it bills no output its text does not show), so that the clients' streams lease from their first request; its usage counts against the limit")
 	useRedis = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
 	caddyBin = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
 )
@@ -177,6 +178,12 @@ http://127.0.0.1:%d {
 	hc := &http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
 	}}
+	if *warm {
+		if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
+			return fmt.Errorf("the warm-up answer: %d %v", r.status, r.err)
+		}
+		time.Sleep(200 * time.Millisecond) // its settle
+	}
 	var (
 		mu      sync.Mutex
 		results []result
