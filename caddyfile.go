@@ -278,6 +278,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		reasoning_models   <pattern>...
 //		hidden_input       hold|refuse
 //		context_window     <n>
+//		settle_wait        <duration>
 //		fail_open
 //		shadow
 //		store_timeout <duration>
@@ -403,6 +404,12 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&h.HiddenInput) || h.HiddenInput != hiddenInputHold && h.HiddenInput != hiddenInputRefuse {
 				return d.Errf("llmbudget: hidden_input takes hold or refuse")
 			}
+		case "settle_wait":
+			wait, err := parseDurationArg(d)
+			if err != nil {
+				return fmt.Errorf("llmbudget: %w", err)
+			}
+			h.SettleWait = &wait
 		case "context_window":
 			n, err := parseIntArg(d)
 			if err != nil {
@@ -430,7 +437,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, hidden_input, context_window, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, hidden_input, context_window, settle_wait, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only

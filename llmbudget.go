@@ -155,6 +155,13 @@ type LLMBudget struct {
 	// input: set it to the largest context window of the models behind this
 	// handler. Default 1,000,000.
 	ContextWindow int64 `json:"context_window,omitempty"`
+	// SettleWait is how long a request a budget refuses, but that fits its
+	// limit, waits for requests in flight to settle before it is answered
+	// 429 (or 402): streams in flight hold up to a token a byte of their
+	// text, several times what they will be charged, so room often comes
+	// back within an answer's length. It tries again at each settle of this
+	// instance and every 100ms. 0 turns it off. Default 2s.
+	SettleWait *caddy.Duration `json:"settle_wait,omitempty"`
 
 	budgets          []budget.Budget
 	defaultMaxTokens int64
@@ -170,6 +177,7 @@ type LLMBudget struct {
 	outputLeaseMin   int64
 	reasoningModels  []string
 	contextWindow    int64
+	settleWait       time.Duration
 	store            *store
 	logger           *zap.Logger
 	events           emitter
@@ -267,6 +275,13 @@ func (h *LLMBudget) compile() error {
 	}
 	if err := h.compileInput(); err != nil {
 		return err
+	}
+	h.settleWait = DefaultSettleWait
+	if h.SettleWait != nil {
+		if *h.SettleWait < 0 {
+			return errors.New("llmbudget: settle_wait: must be 0 or more")
+		}
+		h.settleWait = time.Duration(*h.SettleWait)
 	}
 	if h.UnknownPaths != "" && h.UnknownPaths != "pass" && h.UnknownPaths != "deny" {
 		return fmt.Errorf("llmbudget: unknown_paths %q: want pass or deny", h.UnknownPaths)

@@ -135,7 +135,7 @@ func (s *ceilingSetup) caddyfile(limit int64, options string) string {
 // reload loads the config with another limit.
 func (s *ceilingSetup) reload(limit int64) {
 	s.t.Helper()
-	if code, body := s.tc.load("application/json", string(s.tc.adapt(s.caddyfile(limit, "")))); code != http.StatusOK {
+	if code, body := s.tc.load("application/json", string(s.tc.adapt(s.caddyfile(limit, "settle_wait 0")))); code != http.StatusOK {
 		s.t.Fatalf("reload: %d %s", code, body)
 	}
 	s.limit = limit
@@ -174,7 +174,7 @@ func (s *ceilingSetup) settled(model string) (counter, billed int64) {
 // English answer: the counter never passes the limit, and the upstream never
 // bills more than the counter.
 func TestTheCeilingHoldsForAnyTextInEveryAPI(t *testing.T) {
-	s := newCeilingSetup(t, 3000, "")
+	s := newCeilingSetup(t, 3000, "settle_wait 0")
 	texts := ceilingTexts(ceilingTextBytes)
 	for api, a := range ceilingAPIs {
 		for text := range texts {
@@ -233,7 +233,7 @@ func (s *ceilingSetup) within(model string) (counter, billed int64) {
 // the stream does not show: its first streams hold their cap (it is not
 // proven), and once it billed more than its text it holds its cap for good.
 func TestAModelWithHiddenOutputHoldsItsCap(t *testing.T) {
-	s := newCeilingSetup(t, 20000, "")
+	s := newCeilingSetup(t, 20000, "settle_wait 0")
 	s.up.HiddenOutput, s.up.Text = 4000, "Done."
 	body := `{"model":"quiet-thinker","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"go"}]}`
 	for range 3 {
@@ -256,7 +256,7 @@ func TestAModelWithHiddenOutputHoldsItsCap(t *testing.T) {
 // (a server-side system prompt) comes out of the lease before more output
 // passes, so streams cut at the ceiling still end within it.
 func TestInputReportedAboveTheEstimateComesOutOfTheLease(t *testing.T) {
-	s := newCeilingSetup(t, 3000, "")
+	s := newCeilingSetup(t, 3000, "settle_wait 0")
 	s.up.Input = 400
 	proveModels(nil, "claude-input")
 	body := `{"model":"claude-input","stream":true,"max_tokens":2000,"messages":[{"role":"user","content":"go"}]}`
@@ -268,7 +268,7 @@ func TestInputReportedAboveTheEstimateComesOutOfTheLease(t *testing.T) {
 // numbers) never take a budget past its limit, and one larger than the
 // limit is refused before it is forwarded.
 func TestDensePromptsAreHeldAtTheirBound(t *testing.T) {
-	s := newCeilingSetup(t, 30000, "")
+	s := newCeilingSetup(t, 30000, "settle_wait 0")
 	texts := ceilingTexts(9000)
 	for _, text := range []string{"base64", "csv"} {
 		model := "dense-" + text
@@ -290,7 +290,7 @@ func TestDensePromptsAreHeldAtTheirBound(t *testing.T) {
 // Input the body does not show holds context_window: Responses requests
 // continuing a conversation stored upstream (150,000 tokens each there).
 func TestHiddenInputHoldsTheContextWindow(t *testing.T) {
-	s := newCeilingSetup(t, 1000000, "context_window 200000")
+	s := newCeilingSetup(t, 1000000, "context_window 200000\n\t\tsettle_wait 0")
 	s.up.Input, s.up.Text = 150000, "ok"
 	body := `{"model":"gpt-x","stream":true,"previous_response_id":"resp_1","input":"and then?","max_output_tokens":100}`
 	statuses, _ := s.concurrently(10, "/v1/responses", body)
@@ -298,12 +298,12 @@ func TestHiddenInputHoldsTheContextWindow(t *testing.T) {
 	t.Logf("statuses %v, counter %d, billed %d", statuses, counter, billed)
 
 	// Under a smaller budget it never fits, and the denial says why.
-	small := newCeilingSetup(t, 100000, "")
+	small := newCeilingSetup(t, 100000, "settle_wait 0")
 	statuses, bodies := small.concurrently(1, "/v1/responses", body)
 	if statuses[0] != http.StatusTooManyRequests || !strings.Contains(bodies[0], "previous_response_id") || !strings.Contains(bodies[0], "context_window") {
 		t.Fatalf("a request with hidden input under a budget below context_window: %d %s", statuses[0], bodies[0])
 	}
-	refusing := newCeilingSetup(t, 1000000, "hidden_input refuse")
+	refusing := newCeilingSetup(t, 1000000, "hidden_input refuse\n\t\tsettle_wait 0")
 	statuses, bodies = refusing.concurrently(1, "/v1/responses", body)
 	if statuses[0] != http.StatusBadRequest || !strings.Contains(bodies[0], "hidden_input") || refusing.up.Hits() != 0 {
 		t.Fatalf("hidden_input refuse: %d %s (forwarded %d)", statuses[0], bodies[0], refusing.up.Hits())
@@ -313,7 +313,7 @@ func TestHiddenInputHoldsTheContextWindow(t *testing.T) {
 // A prompt of token ids is that many tokens: embeddings and legacy
 // completions given ids hold them.
 func TestTokenIDPromptsCountEachID(t *testing.T) {
-	s := newCeilingSetup(t, 20000, "")
+	s := newCeilingSetup(t, 20000, "settle_wait 0")
 	s.up.Input = 3000 // an id is a token
 	ids := strings.TrimSuffix(strings.Repeat("1234,", 3000), ",")
 	statuses, _ := s.concurrently(10, "/v1/completions", `{"model":"ids","prompt":[`+ids+`],"max_tokens":10}`)
@@ -409,5 +409,34 @@ func TestAnAnswerTheMeterCannotReadIsNeverFree(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A request refused while streams in flight hold the room waits, up to
+// settle_wait, for them to settle: a stream holds a token a byte of its text
+// until then, about four times what English costs. Without the wait the
+// same request is refused at once.
+func TestARefusalWaitsForStreamsInFlightToSettle(t *testing.T) {
+	for _, wait := range []string{"settle_wait 0", "settle_wait 3s"} {
+		// Each stream holds 1,000 at first: the second does not fit while
+		// the first is in flight, and fits once it settled (about 400).
+		s := newCeilingSetup(t, 2000, "output_lease_min 1000\n\t\t"+wait)
+		s.up.Interval = 10 * time.Millisecond
+		proveModels(nil, "wait-m")
+		first := make(chan int, 1)
+		go func() { first <- s.stream(3, "wait-m", "english") }()
+		eventually(t, 5*time.Second, "the first stream under way", func() bool { return s.up.InFlight() == 1 })
+		second := s.stream(3, "wait-m", "english")
+		if got := <-first; got != http.StatusOK {
+			t.Fatalf("%s: the first stream: %d", wait, got)
+		}
+		counter, billed := s.within("wait-m")
+		want := http.StatusOK
+		if wait == "settle_wait 0" {
+			want = http.StatusTooManyRequests
+		}
+		if second != want {
+			t.Fatalf("%s: the second request: %d, want %d (counter %d, billed %d)", wait, second, want, counter, billed)
+		}
 	}
 }

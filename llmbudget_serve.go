@@ -199,6 +199,9 @@ func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *ref
 	ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
 	defer cancel()
 	res, denial, err := h.store.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
+	if denial != nil {
+		res, denial, err = h.waitForRoom(r, c, denial)
+	}
 	if denial != nil && h.Shadow {
 		h.shadowDenied(r, denial, c.dims)
 		res, err = h.store.budgets.ReserveOverLimit(ctx, h.budgets, c.dims, c.spend)
@@ -213,6 +216,9 @@ func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *ref
 			code: "budget_store_unavailable", message: "the budget store is unavailable; try again shortly", retryAfter: 1, body: c.body}
 	}
 	h.store.budgetStoreOK(h.logger)
+	if denial == nil {
+		h.store.inFlight.reserved()
+	}
 	if denial != nil {
 		return nil, &refusal{kind: refusedBudget, denial: denial, dims: c.dims, note: c.holdNote}
 	}

@@ -108,6 +108,7 @@ func (e *store) settleLater(settle func()) {
 	select {
 	case e.settleSlots <- struct{}{}:
 	default:
+		defer e.inFlight.done()
 		defer safego.Recover("llmbudget settle", e.reportPanic)
 		settle()
 		return
@@ -115,6 +116,7 @@ func (e *store) settleLater(settle func()) {
 	e.settles.Add(1)
 	go func() {
 		defer func() { <-e.settleSlots; e.settles.Done() }()
+		defer e.inFlight.done()
 		defer safego.Recover("llmbudget settle", e.reportPanic)
 		settle()
 	}()

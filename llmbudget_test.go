@@ -46,6 +46,7 @@ func llmCaddyfile(port int, upstream, global, budgets string) string {
 		%s
 		price gpt-4o* 2.50 10.00 1.25
 		max_request_body 4KiB
+		settle_wait 0
 	}
 	reverse_proxy %s
 }`, global, port, budgets, strings.TrimPrefix(upstream, "http://"))

@@ -27,7 +27,8 @@ func directHandler(t testing.TB) *LLMBudget {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = eng.Destruct() })
-	h := &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: 100000, Window: caddy.Duration(time.Hour)}}}
+	noWait := caddy.Duration(0) // a refusal is answered at once
+	h := &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: 100000, Window: caddy.Duration(time.Hour)}}, SettleWait: &noWait}
 	if err := h.compile(); err != nil {
 		t.Fatal(err)
 	}

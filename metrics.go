@@ -30,6 +30,7 @@ var metrics = struct {
 	llmOversizedEvents prometheus.Counter
 	llmLeaseExtensions *prometheus.CounterVec
 	llmTruncations     prometheus.Counter
+	llmSettleWaits     prometheus.Counter
 	panics             *prometheus.CounterVec
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -136,6 +137,12 @@ var metrics = struct {
 		Name:      "truncations_total",
 		Help:      "Streamed responses ended at their output lease, in the API's own terminal form (finish_reason length, stop_reason max_tokens...), because an extension was refused or failed; the upstream request is cancelled.",
 	}),
+	llmSettleWaits: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "settle_waits_total",
+		Help:      "Refused requests that waited (up to settle_wait) for requests in flight to settle before their 429 or 402, since those hold more than they will be charged.",
+	}),
 	panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Name:      "panics_total",
@@ -197,7 +204,7 @@ func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
 		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
-		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.panics}
+		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.panics}
 }
 
 // observePass counts a reconcile pass.

@@ -161,6 +161,9 @@ type store struct {
 	// Destruct waits for them.
 	settleSlots chan struct{}
 	settles     sync.WaitGroup
+	// inFlight counts reservations not settled yet, for requests waiting
+	// for room (llmbudget_wait.go).
+	inFlight inFlight
 
 	// histories are what recent streamed answers of each model say about
 	// their output leases (llmbudget_lease.go).
