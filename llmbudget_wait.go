@@ -56,11 +56,13 @@ func (f *inFlight) next() <-chan struct{} {
 }
 
 // waitForRoom retries a denied reserve after settles until it is admitted,
-// a denial can no longer be lifted by a settle (the request is larger than
-// the limit, or nothing is in flight here and the wait ended), the store
-// fails, or SettleWait passes. It returns the last outcome.
+// a settle here can no longer lift the denial (the request is larger than
+// the limit, or nothing is in flight on this instance), the store fails, or
+// SettleWait passes. It returns the last outcome. (Requests in flight on
+// other instances are not seen: without any here, a refusal is answered at
+// once.)
 func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial) (*budget.Reservation, *budget.Denial, error) {
-	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Budget.LimitNow() {
+	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Budget.LimitNow() || h.store.inFlight.n.Load() == 0 {
 		return nil, denial, nil
 	}
 	deadline := time.NewTimer(h.settleWait)
@@ -83,6 +85,8 @@ func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial)
 		if d == nil || err != nil {
 			return res, nil, err
 		}
-		denial = d
+		if denial = d; h.store.inFlight.n.Load() == 0 {
+			return nil, denial, nil // nothing here left to settle
+		}
 	}
 }

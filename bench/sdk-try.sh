@@ -9,7 +9,7 @@
 # Prints PASS/FAIL per check (bench/sdk/try.mjs says what each checks).
 source "$(dirname "$0")/lib.sh"
 "$work/fakellm" -addr 127.0.0.1:11503 -input 30 -output 70 -chunks 40 -interval 2ms 2>"$work/fakellm.log" &
-"$work/fakellm" -addr 127.0.0.1:11504 -input 30 -words -output 3000 -chunks 600 -interval 1ms 2>"$work/fakellm-long.log" &
+"$work/fakellm" -addr 127.0.0.1:11504 -input 30 -words -stop-at-cap -output 3000 -chunks 600 -interval 1ms 2>"$work/fakellm-long.log" &
 cat >"$work/sdk.Caddyfile" <<CFG
 {
 	admin localhost:2501
@@ -42,4 +42,12 @@ CFG
 echo "SDKs: openai $(grep -m1 '"version"' "$work/node_modules/openai/package.json" | cut -d'"' -f4), @anthropic-ai/sdk $(grep -m1 '"version"' "$work/node_modules/@anthropic-ai/sdk/package.json" | cut -d'"' -f4)"
 cp bench/sdk/try.mjs "$work/try.mjs"
 sleep 1
+# A model leases once one streamed answer of its has shown it bills no output
+# its text does not show: one short answer of each model first, each under a
+# key of its own.
+curl -s -o /dev/null -H 'Authorization: Bearer sk-warm-chat' -H 'Content-Type: application/json' \
+	-d '{"model":"gpt-4o","stream":true,"max_tokens":300,"messages":[{"role":"user","content":"hi"}]}' http://127.0.0.1:9402/v1/chat/completions
+curl -s -o /dev/null -H 'x-api-key: sk-warm-claude' -H 'anthropic-version: 2023-06-01' -H 'Content-Type: application/json' \
+	-d '{"model":"claude-sonnet-4-6","stream":true,"max_tokens":300,"messages":[{"role":"user","content":"hi"}]}' http://127.0.0.1:9402/v1/messages
+sleep 0.3
 CADDY_URL=http://127.0.0.1:9401 LEASE_URL=http://127.0.0.1:9402 node "$work/try.mjs"
