@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"encoding/base64"
+	"flag"
 	"fmt"
 	"github.com/fleetguard/fleetguard/budget/usage"
 	"io"
@@ -95,12 +96,12 @@ type ceilingSetup struct {
 	limit      int64
 }
 
-// ceilingTextBytes is the length of each text of the tests (bench/ceiling
-// runs longer ones).
-const ceilingTextBytes = 1500
+// ceilingTextBytes is the length of each text of the suite; the budget of
+// TestTheCeilingHoldsForAnyTextInEveryAPI is twice it.
+var ceilingTextBytes = flag.Int("ceiling.bytes", 1500, "the length of each text of the ceiling suite")
 
 func newCeilingSetup(t *testing.T, limit int64, options string) *ceilingSetup {
-	up := &fakellm.Billed{Texts: ceilingTexts(ceilingTextBytes), ChunkBytes: 24, Interval: 2 * time.Millisecond}
+	up := &fakellm.Billed{Texts: ceilingTexts(*ceilingTextBytes), ChunkBytes: 24, Interval: 2 * time.Millisecond}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
 	s := &ceilingSetup{t: t, port: freePort(t), upstream: srv.URL, up: up, limit: limit}
@@ -174,8 +175,8 @@ func (s *ceilingSetup) settled(model string) (counter, billed int64) {
 // English answer: the counter never passes the limit, and the upstream never
 // bills more than the counter.
 func TestTheCeilingHoldsForAnyTextInEveryAPI(t *testing.T) {
-	s := newCeilingSetup(t, 3000, "settle_wait 0")
-	texts := ceilingTexts(ceilingTextBytes)
+	s := newCeilingSetup(t, int64(2**ceilingTextBytes), "settle_wait 0")
+	texts := ceilingTexts(*ceilingTextBytes)
 	for api, a := range ceilingAPIs {
 		for text := range texts {
 			for _, history := range []string{"none", "english"} {

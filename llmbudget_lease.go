@@ -79,7 +79,7 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 
 // need is what the lease must hold for the stream so far: its output count
 // and the input the upstream reported beyond the estimate.
-func (l *lease) need() int64 { return l.count + l.inputExcess }
+func (l *lease) need() int64 { return min(l.count, l.limit) + l.inputExcess }
 
 // step is how far ahead of the count a lease is extended.
 func (l *lease) step() int64 { return max(l.h.outputLeaseMin/4, l.held/4) }
@@ -99,23 +99,28 @@ func (l *lease) admit() bool {
 		default:
 		}
 	}
-	if l.held >= l.limit {
+	full := l.full()
+	if l.held >= full {
 		return true // the forwarded cap bounds the rest
 	}
 	if l.pending == nil && !l.refused && (l.need() > l.held || !l.tight && l.need()+l.step() > l.held) {
 		l.extend()
 	}
-	for l.need() > l.held && l.held < l.limit {
+	for l.need() > l.held && l.held < full {
 		if l.pending == nil {
 			return false
 		}
 		l.apply(<-l.pending)
-		if l.need() > l.held && !l.refused && l.held < l.limit {
+		if l.need() > l.held && !l.refused && l.held < full {
 			l.extend()
 		}
 	}
 	return true
 }
+
+// full is the most the lease needs to hold: the output the forwarded cap
+// allows, and the input the upstream reported beyond the estimate.
+func (l *lease) full() int64 { return l.limit + max(l.inputExcess, 0) }
 
 func (l *lease) apply(ext extension) {
 	l.pending = nil
@@ -125,7 +130,7 @@ func (l *lease) apply(ext extension) {
 	case l.h.Shadow || ext.failed && l.h.FailOpen:
 		// Shadow mode enforces nothing, and fail_open admits while the store
 		// fails: the stream runs on unleased, and settles to what it reports.
-		l.held = l.limit
+		l.held = l.full()
 	case !ext.failed && !l.tight:
 		l.tight = true // a budget is nearly spent: ask for what is needed only
 	default:
@@ -141,7 +146,7 @@ func (l *lease) extend() {
 	if !l.tight {
 		more += l.step()
 	}
-	more = min(more, l.limit-l.held)
+	more = min(more, l.full()-l.held)
 	spend := budget.Spend{Tokens: more}
 	if l.h.hasUSD {
 		spend.CostMicros = l.c.price.CostMicros(budget.Usage{OutputTokens: more})
@@ -179,7 +184,7 @@ func (l *lease) extend() {
 // passes all the same (it cannot be cut) and is charged what it reports.
 func (l *lease) holdAll() bool {
 	l.count = max(l.count, l.limit)
-	return l.admit() && l.held >= l.limit
+	return l.admit() && l.held >= l.full()
 }
 
 // wait ends the extension in flight, if any, before the settle reads the

@@ -76,7 +76,14 @@ func (h *LLMBudget) usedForTest(t testing.TB) int64 {
 // so a test reads counters after the settles of the responses it has.
 func waitSettles() {
 	stores.Range(func(_, v any) bool {
-		v.(*store).waitSettles(5 * time.Second)
+		// Every reservation's settle has run once none is in flight; only
+		// then is a wait on the settles' WaitGroup free of a race with a
+		// handler still on its way to its settle.
+		e := v.(*store)
+		for deadline := time.Now().Add(5 * time.Second); e.inFlight.n.Load() > 0 && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		e.waitSettles(5 * time.Second)
 		return true
 	})
 }
