@@ -255,10 +255,12 @@ func TestAModelWithHiddenOutputHoldsItsCap(t *testing.T) {
 
 // Anthropic reports the input in message_start: input beyond the estimate
 // (a server-side system prompt) comes out of the lease before more output
-// passes, so streams cut at the ceiling still end within it.
+// passes, so streams cut at the ceiling still end within it. (Input beyond
+// the estimate by more than the lease held is billed before any output: it
+// is charged, past the limit if it must be; see README, "The ceiling".)
 func TestInputReportedAboveTheEstimateComesOutOfTheLease(t *testing.T) {
 	s := newCeilingSetup(t, 3000, "settle_wait 0")
-	s.up.Input = 400
+	s.up.Input = 200 // 187 beyond the estimate, within the first lease of 256
 	proveModels(nil, "claude-input")
 	body := `{"model":"claude-input","stream":true,"max_tokens":2000,"messages":[{"role":"user","content":"go"}]}`
 	s.concurrently(6, "/v1/messages", body, "X-Fake-Text: english")
