@@ -10,13 +10,14 @@ import (
 	"github.com/fleetguard/fleetguard/internal/safego"
 )
 
-// Output leases (DESIGN.md "Output leases"): a streamed request reserves its
+// Output leases (README, "Output leases"): a streamed request reserves its
 // prompt and a lease of output learned from recent answers of its model, not
 // its whole cap, and the lease grows with the stream, atomically across
 // every budget of the request. Bytes past the lease wait for the extension;
 // a refused extension ends the stream at the lease in the API's own terminal
 // form and cancels the upstream request. Output the meter cannot see (hidden
-// reasoning) and non-streamed answers hold their whole cap.
+// reasoning, a model not yet proven) and non-streamed answers hold their
+// whole cap.
 //
 // Which requests lease is in llmbudget_lease_policy.go, what a model's recent
 // answers teach in llmbudget_lease_history.go.
