@@ -87,8 +87,11 @@ func (l *lease) step() int64 { return max(l.h.outputLeaseMin/4, l.held/4) }
 
 // admit reports whether the output counted so far may reach the client:
 // within the lease, or once an extension covers it (waiting for it if it
-// must). An extension starts when the count nears the lease, so the wait is
-// rare. Once one is refused the lease is tight: it is extended only by what
+// must). An extension starts when the count comes within half a step of
+// the lease and takes it a step past the count, so the count grows by half a
+// step between extensions: the lease grows geometrically (a step is a
+// quarter of it), a few store calls a stream at any event rate, and holds
+// at most a third more than the count. Once one is refused the lease is tight: it is extended only by what
 // an event needs, when it needs it, so a stream near the limit spends the
 // budget to its last tokens. It is false when a tight extension was refused,
 // or one failed.
@@ -104,7 +107,7 @@ func (l *lease) admit() bool {
 	if l.held >= full {
 		return true // the forwarded cap bounds the rest
 	}
-	if l.pending == nil && !l.refused && (l.need() > l.held || !l.tight && l.need()+l.step() > l.held) {
+	if l.pending == nil && !l.refused && (l.need() > l.held || !l.tight && l.need()+l.step()/2 > l.held) {
 		l.extend()
 	}
 	for l.need() > l.held && l.held < full {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/budget"
@@ -727,5 +728,38 @@ func TestALeaseAtItsCapAdmitsWhatTheCountPassed(t *testing.T) {
 	l.count = 400 // one event of much text: past the lease and the cap
 	if !l.admit() || l.held != 300 {
 		t.Fatalf("admit: held %d (refused %v), want the event admitted with the cap, 300, held", l.held, l.refused)
+	}
+}
+
+// TestALeaseGrowsGeometricallyAtAnyEventRate: a stream of 300 events, one
+// every 10 ms (each extension is answered before the next event) or all at
+// once, extends its lease a few times, not once an event: the count grows
+// half a step between extensions, a step being a quarter of the lease.
+func TestALeaseGrowsGeometricallyAtAnyEventRate(t *testing.T) {
+	for _, iv := range []time.Duration{10 * time.Millisecond, 0} {
+		h := directHandler(t)
+		_, events := streamOf(usage.OpenAIChat, 300, " word")
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			for _, ev := range events {
+				w.Write([]byte(ev))
+				w.(http.Flusher).Flush()
+				if iv > 0 {
+					time.Sleep(iv)
+				}
+			}
+			return nil
+		})
+		before := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted"))
+		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		h.ServeHTTP(httptest.NewRecorder(), r, next)
+		// 1,516 counted from a first lease of 256, at least an eighth more
+		// each time: 16 extensions.
+		if n := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted")) - before; n > 20 {
+			t.Fatalf("an event every %v: %v extensions for 300 events, want at most 20", iv, n)
+		}
 	}
 }
