@@ -26,9 +26,8 @@ import (
 // methods run on the response's goroutine; an extension runs on its own.
 //
 // Its running count never falls below what the upstream can bill for what
-// it has streamed: the API's own running usage (Gemini), one token an event
-// with output, and the strict bound of the text (a byte a token,
-// usage.OutputTokenBound). No history scales it down: a count below the
+// it has streamed: the API's own running usage (Gemini) and the strict bound
+// of the text (a byte a token, usage.OutputTokenBound). No history scales it down: a count below the
 // strict bound bets that the next answer is like the last ones, and a bet
 // lost in a budget's last room cannot be given back (README, "The ceiling").
 type lease struct {
@@ -38,9 +37,9 @@ type lease struct {
 	// held is the output held; limit the output the forwarded cap allows,
 	// past which nothing needs holding.
 	held, limit int64
-	// The running count: text seen, events with text, and the count they
-	// make with the API's own running usage.
-	text, deltas, count int64
+	// The running count: the output text seen, and the count it makes with
+	// the API's own running usage.
+	text, count int64
 	// inputExcess is the input the upstream reported beyond the estimate
 	// (below it: negative), which the lease holds too.
 	inputExcess int64
@@ -68,13 +67,13 @@ func newLease(h *LLMBudget, res *budget.Reservation, c *call) *lease {
 func (l *lease) observe(r usage.Reading) (output bool) {
 	if r.OutputTextBytes > l.text {
 		l.text = r.OutputTextBytes
-		l.deltas++
 		output = true
 	}
 	if r.InputKnown {
 		l.inputExcess = r.Usage.InputTokens - l.c.req.PromptTokens
 	}
-	l.count = max(r.Usage.OutputTokens, usage.OutputTokenBound(l.text), l.deltas, l.count)
+	// (The bound is at least a token an event with text: each has a byte.)
+	l.count = max(r.Usage.OutputTokens, usage.OutputTokenBound(l.text), l.count)
 	return output
 }
 
@@ -91,9 +90,9 @@ func (l *lease) step() int64 { return max(l.h.outputLeaseMin/4, l.held/4) }
 // the lease and takes it a step past the count, so the count grows by half a
 // step between extensions: the lease grows geometrically (a step is a
 // quarter of it), a few store calls a stream at any event rate, and holds
-// at most a third more than the count. Once one is refused the lease is tight: it is extended only by what
-// an event needs, when it needs it, so a stream near the limit spends the
-// budget to its last tokens. It is false when a tight extension was refused,
+// at most a third more than the count. Once one is refused the lease is
+// tight: it is extended only by what an event needs, when it needs it, so a
+// stream near the limit spends the budget to its last tokens. It is false when a tight extension was refused,
 // or one failed.
 func (l *lease) admit() bool {
 	if l.pending != nil {
@@ -184,8 +183,8 @@ func (l *lease) extend() {
 }
 
 // holdAll extends the lease to the whole cap, waiting for the answer: for an
-// answer whose output cannot be counted as it passes. Refused, the answer
-// passes all the same (it cannot be cut) and is charged what it reports.
+// answer whose output cannot be counted as it passes. It reports whether the
+// whole cap is held (meteringWriter.holdAllOrRefuse decides what passes).
 func (l *lease) holdAll() bool {
 	l.count = max(l.count, l.limit)
 	return l.admit() && l.held >= l.full()
