@@ -146,6 +146,7 @@ func parseFleetLimit(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //			max_keys  <n>
 //		}
 //		dry_run
+//		error_body on|off
 //		ratelimit_headers always|denied|off
 //	}
 func (h *FleetLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -182,6 +183,16 @@ func (h *FleetLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("fleetlimit: dry_run is set twice")
 			}
 			h.DryRun = true
+		case "error_body":
+			if h.ErrorBody != nil {
+				return d.Errf("fleetlimit: error_body is set twice")
+			}
+			var v string
+			if !d.AllArgs(&v) || v != "on" && v != "off" {
+				return d.Errf("fleetlimit: error_body takes on or off")
+			}
+			on := v == "on"
+			h.ErrorBody = &on
 		case "ratelimit_headers":
 			if h.RateLimitHeaders != "" {
 				return d.Errf("fleetlimit: ratelimit_headers is set twice")
@@ -190,7 +201,7 @@ func (h *FleetLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("fleetlimit: ratelimit_headers takes always, denied or off")
 			}
 		default:
-			return d.Errf("fleetlimit: unknown subdirective %q (want zone, dry_run or ratelimit_headers)", d.Val())
+			return d.Errf("fleetlimit: unknown subdirective %q (want zone, dry_run, error_body or ratelimit_headers)", d.Val())
 		}
 	}
 	if len(h.Zones) == 0 {

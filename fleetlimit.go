@@ -30,6 +30,12 @@ type FleetLimit struct {
 	Zones map[string]*ZoneConfig `json:"zones,omitempty"`
 	// DryRun logs and counts denials but lets every request through.
 	DryRun bool `json:"dry_run,omitempty"`
+	// ErrorBody writes a body with a denial when the server has no
+	// handle_errors routes to answer it: on a path of an LLM API (as
+	// llmbudget recognises them) that API's own rate-limit error, elsewhere a
+	// line naming the zone and the wait. handle_errors routes, where there
+	// are any, answer instead. Default true.
+	ErrorBody *bool `json:"error_body,omitempty"`
 	// RateLimitHeaders says which responses carry the RateLimit and
 	// RateLimit-Policy headers: "always" (admitted and denied), "denied"
 	// (only 429s, like caddy-ratelimit; saves the two header fields on every
@@ -41,6 +47,7 @@ type FleetLimit struct {
 	policy string        // RateLimit-Policy header, the same for every response
 	// headersOnAdmit and headersOnDeny: RateLimitHeaders compiled.
 	headersOnAdmit, headersOnDeny bool
+	errorBody                     bool // ErrorBody compiled
 	store                         *store
 	logger                        *zap.Logger
 	events                        emitter
@@ -158,6 +165,7 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
+	h.errorBody = h.ErrorBody == nil || *h.ErrorBody
 	app, err := appFrom(ctx)
 	if err != nil {
 		return fmt.Errorf("fleetlimit: %w", err)
@@ -311,6 +319,9 @@ func (h *FleetLimit) deny(w http.ResponseWriter, r *http.Request, denied int, ke
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	repl.Set("http.fleetlimit.zone", z.name)
 	repl.Set("http.fleetlimit.retry_after", retry)
+	if h.errorBody && !hasErrorRoutes(r) {
+		return writeDenial(w, r, z.name, retry) // (fleetlimit_body.go)
+	}
 	return caddyhttp.Error(http.StatusTooManyRequests,
 		fmt.Errorf("fleetlimit: zone %q: rate limit exceeded, retry after %ds", z.name, retry))
 }

@@ -2,6 +2,8 @@
 # Tries the official OpenAI and Anthropic Node SDKs at default settings against
 # Caddy + llmbudget (a per-key 1000-token budget per hour, no principal set)
 # in front of bench/fakellm; installs the SDKs from npm into a scratch folder.
+# A third site (:9403) fronts it with a fleetlimit of one request per key per
+# 10 minutes: the SDKs must raise their rate-limit error with a readable message.
 # A second site (:9402, a per-key 600-token budget per hour) fronts a fakellm
 # that writes long answers, so a stream asking for 4096 tokens is admitted
 # with its output lease and cut when an extension is refused: the SDKs must
@@ -21,6 +23,16 @@ cat >"$work/sdk.Caddyfile" <<CFG
 			unit tokens
 			limit 1000
 			window 1h
+		}
+	}
+	reverse_proxy 127.0.0.1:11503
+}
+:9403 {
+	fleetlimit {
+		zone per_key_rate {
+			key {http.request.header.Authorization}{http.request.header.X-Api-Key}
+			events 1
+			window 10m
 		}
 	}
 	reverse_proxy 127.0.0.1:11503
@@ -50,4 +62,4 @@ curl -s -o /dev/null -H 'Authorization: Bearer sk-warm-chat' -H 'Content-Type: a
 curl -s -o /dev/null -H 'x-api-key: sk-warm-claude' -H 'anthropic-version: 2023-06-01' -H 'Content-Type: application/json' \
 	-d '{"model":"claude-sonnet-4-6","stream":true,"max_tokens":300,"messages":[{"role":"user","content":"hi"}]}' http://127.0.0.1:9402/v1/messages
 sleep 0.3
-CADDY_URL=http://127.0.0.1:9401 LEASE_URL=http://127.0.0.1:9402 node "$work/try.mjs"
+CADDY_URL=http://127.0.0.1:9401 LEASE_URL=http://127.0.0.1:9402 RATE_URL=http://127.0.0.1:9403 node "$work/try.mjs"

@@ -149,4 +149,24 @@ const describe = (e) => `${e?.constructor?.name}: ${e?.message}`;
     failure ? describe(failure) : `status ${final.status} (${final.incomplete_details?.reason}), output_text ${final.output_text.length} chars, deltas ${deltas.length} chars`);
 }
 
+// (g) fleetlimit in front of the APIs: the second request of a key is refused
+//     with the API's own rate-limit error, which each SDK raises as its
+//     RateLimitError with a message naming the zone, at once (the wait is
+//     long: x-should-retry false).
+{
+  const rate = process.env.RATE_URL;
+  const openai = new OpenAI({ apiKey: "sk-rate-openai", baseURL: rate + "/v1" });
+  const askOpenAI = () => openai.chat.completions.create({ model: "gpt-4o", max_tokens: 20, messages: [{ role: "user", content: "hi" }] });
+  let err;
+  try { await askOpenAI(); await askOpenAI(); } catch (e) { err = e; }
+  report("openai: a fleetlimit 429 is a RateLimitError naming the zone", err instanceof OpenAI.RateLimitError && /per_key_rate/.test(err.message),
+    `${err?.constructor?.name}: ${err?.message}`);
+  const anthropic = new Anthropic({ apiKey: "sk-rate-claude", baseURL: rate });
+  const askClaude = () => anthropic.messages.create({ model: "claude-sonnet-4-6", max_tokens: 20, messages: [{ role: "user", content: "hi" }] });
+  err = undefined;
+  try { await askClaude(); await askClaude(); } catch (e) { err = e; }
+  report("anthropic: a fleetlimit 429 is a RateLimitError naming the zone", err instanceof Anthropic.RateLimitError && /per_key_rate/.test(err.message),
+    `${err?.constructor?.name}: ${err?.message}`);
+}
+
 process.exit(results.every((r) => r.ok) ? 0 : 1);
