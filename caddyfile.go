@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 
@@ -290,6 +291,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		hidden_input       hold|refuse
 //		context_window     <n>
 //		settle_wait        <duration>
+//		usd_denial_status  429|402
 //		fail_open
 //		shadow
 //		store_timeout <duration>
@@ -415,6 +417,15 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&h.HiddenInput) || h.HiddenInput != hiddenInputHold && h.HiddenInput != hiddenInputRefuse {
 				return d.Errf("llmbudget: hidden_input takes hold or refuse")
 			}
+		case "usd_denial_status":
+			n, err := parseIntArg(d)
+			if err != nil {
+				return fmt.Errorf("llmbudget: %w", err)
+			}
+			if n != http.StatusTooManyRequests && n != http.StatusPaymentRequired {
+				return d.Errf("llmbudget: usd_denial_status takes 429 or 402")
+			}
+			h.USDDenialStatus = int(n)
 		case "settle_wait":
 			wait, err := parseDurationArg(d)
 			if err != nil {
@@ -448,7 +459,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, hidden_input, context_window, settle_wait, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -155,6 +156,14 @@ type LLMBudget struct {
 	// input: set it to the largest context window of the models behind this
 	// handler. Default 1,000,000.
 	ContextWindow int64 `json:"context_window,omitempty"`
+	// USDDenialStatus is the status of a dollar budget's denial: 429
+	// (insufficient_quota in OpenAI's shape, rate_limit_error in
+	// Anthropic's, RESOURCE_EXHAUSTED in Gemini's), which each SDK raises
+	// as its rate-limit error as it does for the provider's own exhausted
+	// quota, so code written against the provider handles it; or 402
+	// (usd_budget_exceeded), which the SDKs raise as a plain API error.
+	// Default 429.
+	USDDenialStatus int `json:"usd_denial_status,omitempty"`
 	// SettleWait is how long a request a budget refuses, but that fits its
 	// limit, waits for requests in flight to settle before it is answered
 	// 429 (or 402): streams in flight hold up to a token a byte of their
@@ -275,6 +284,9 @@ func (h *LLMBudget) compile() error {
 	}
 	if err := h.compileInput(); err != nil {
 		return err
+	}
+	if h.USDDenialStatus != 0 && h.USDDenialStatus != http.StatusTooManyRequests && h.USDDenialStatus != http.StatusPaymentRequired {
+		return fmt.Errorf("llmbudget: usd_denial_status %d: want 429 or 402", h.USDDenialStatus)
 	}
 	h.settleWait = DefaultSettleWait
 	if h.SettleWait != nil {

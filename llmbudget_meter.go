@@ -110,13 +110,14 @@ func (w *meteringWriter) holdAllOrRefuse() bool {
 	for _, k := range []string{"Content-Encoding", "Content-Length", "Content-Type", "Transfer-Encoding"} {
 		hdr.Del(k)
 	}
-	status, code := http.StatusTooManyRequests, "token_budget_exceeded"
+	unit := budget.Tokens
 	if w.lease.h.hasUSD {
-		status, code = http.StatusPaymentRequired, "usd_budget_exceeded"
+		unit = budget.USD
 	}
+	status, errType, code := w.lease.h.denialOf(unit)
 	msg := fmt.Sprintf("the upstream answered a stream with a body llmbudget cannot meter (Content-Type %q, Content-Encoding %q), and budget %q cannot hold its whole output cap",
 		ct, ce, w.lease.refusedBy)
-	_ = writeError(w.ResponseWriter, w.format, status, "budget_exceeded", code, msg)
+	_ = writeError(w.ResponseWriter, w.format, status, errType, code, msg)
 	return false
 }
 

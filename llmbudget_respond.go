@@ -128,10 +128,7 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 	d := ref.denial
 	now := time.Now()
 	retry := ceilSeconds(d.WindowEnd.Sub(now))
-	ref.status, ref.errType, ref.code = http.StatusTooManyRequests, "budget_exceeded", "token_budget_exceeded"
-	if d.Budget.Unit == budget.USD {
-		ref.status, ref.code = http.StatusPaymentRequired, "usd_budget_exceeded"
-	}
+	ref.status, ref.errType, ref.code = h.denialOf(d.Budget.Unit)
 	h.setRateLimitHeaders(w.Header(), d.Holds, now)
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	repl.Set("http.llmbudget.budget", d.Budget.Name)
@@ -384,4 +381,20 @@ func (h *LLMBudget) budgetIndex(b *budget.Budget) int {
 		}
 	}
 	return 0
+}
+
+// denialOf is the status, error type and code of a denial by a budget of
+// unit u. A token budget's is 429 budget_exceeded. A dollar budget's reads
+// to each SDK as the provider's own quota error: 429 insufficient_quota in
+// OpenAI's shape (its SDK's RateLimitError, as for OpenAI's own exhausted
+// quota), Anthropic's rate_limit_error and Gemini's RESOURCE_EXHAUSTED
+// alike; or, with usd_denial_status 402, 402 usd_budget_exceeded.
+func (h *LLMBudget) denialOf(u budget.Unit) (status int, errType, code string) {
+	switch {
+	case u != budget.USD:
+		return http.StatusTooManyRequests, "budget_exceeded", "token_budget_exceeded"
+	case h.USDDenialStatus == http.StatusPaymentRequired:
+		return http.StatusPaymentRequired, "budget_exceeded", "usd_budget_exceeded"
+	}
+	return http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota"
 }

@@ -134,48 +134,63 @@ func TestLLMBudgetTokenBudgetAdmitsEightThenDenies(t *testing.T) {
 	}
 }
 
+// TestLLMBudgetUSDBudget: a dollar budget admits what fits, in dollars, and
+// its denial reads as the provider's own exhausted quota (429
+// insufficient_quota), or 402 with usd_denial_status 402.
 func TestLLMBudgetUSDBudget(t *testing.T) {
-	up := newFakeLLM(t)
-	port := freePort(t)
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	// gpt-4o: 200 output tokens reserve 200 x $10/1M = $0.002 (+ the prompt);
-	// an actual request costs 30 x 2.5 + 70 x 10 = 775 micro-dollars.
-	startCaddy(t, llmCaddyfile(port, up.URL, "", `budget team_usd {
+	for _, tt := range []struct {
+		option string
+		status int
+		code   string
+	}{
+		{"", http.StatusTooManyRequests, "insufficient_quota"},
+		{"usd_denial_status 402", http.StatusPaymentRequired, "usd_budget_exceeded"},
+	} {
+		up := newFakeLLM(t)
+		port := freePort(t)
+		url := fmt.Sprintf("http://127.0.0.1:%d", port)
+		// gpt-4o: 200 output tokens reserve 200 x $10/1M = $0.002 (+ the
+		// prompt); an actual request costs 30 x 2.5 + 70 x 10 = 775
+		// micro-dollars.
+		startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix usd%d\n }", port), `budget team_usd {
 			scope team
 			unit usd
 			limit 0.004
 			window 1h
-		}`))
-	admitted := 0
-	var last *http.Response
-	var lastBody string
-	for i := 0; i < 10; i++ {
-		waitSettles() // each request sees the last one settled
-		last, lastBody = chat(t, url, chatBody, "X-Team: red")
-		if last.StatusCode != http.StatusOK {
-			break
 		}
-		admitted++
-	}
-	// $0.004 = 4000 micro-dollars; each reservation needs about 2030 and each
-	// request settles to 775: 775k + 2030 <= 4000 admits k = 0, 1, 2.
-	if admitted != 3 || last.StatusCode != http.StatusPaymentRequired {
-		t.Fatalf("admitted %d then %d %s; want 3 then 402", admitted, last.StatusCode, lastBody)
-	}
-	// Dollars read as dollars; with $0.001675 left the request does not fit,
-	// which is not "exhausted".
-	if e := decodeError(t, lastBody); e.Error.Code != "usd_budget_exceeded" ||
-		!strings.Contains(e.Error.Message, "$0.001675 of $0.004 left") || !strings.Contains(e.Error.Message, "does not fit") ||
-		strings.Contains(e.Error.Message, "micro") || strings.Contains(e.Error.Message, "exhausted") {
-		t.Fatalf("code %q, message %q: want dollars and \"does not fit\"", e.Error.Code, e.Error.Message)
-	}
-	if last.Header.Get("Retry-After") == "" {
-		t.Fatal("402 carries Retry-After")
-	}
-	// A model with no price is never free under a dollar budget.
-	resp, body := chat(t, url, `{"model":"mystery-1","max_tokens":5,"messages":[]}`, "X-Team: blue")
-	if resp.StatusCode != http.StatusPaymentRequired || decodeError(t, body).Error.Code != "model_not_priced" {
-		t.Fatalf("unpriced model: %d %s, want 402 model_not_priced", resp.StatusCode, body)
+		`+tt.option))
+		admitted := 0
+		var last *http.Response
+		var lastBody string
+		for i := 0; i < 10; i++ {
+			waitSettles() // each request sees the last one settled
+			last, lastBody = chat(t, url, chatBody, "X-Team: red")
+			if last.StatusCode != http.StatusOK {
+				break
+			}
+			admitted++
+		}
+		// $0.004 = 4000 micro-dollars; each reservation needs about 2030
+		// and each request settles to 775: 775k + 2030 <= 4000 admits
+		// k = 0, 1, 2.
+		if admitted != 3 || last.StatusCode != tt.status {
+			t.Fatalf("%q: admitted %d then %d %s; want 3 then %d", tt.option, admitted, last.StatusCode, lastBody, tt.status)
+		}
+		// Dollars read as dollars; with $0.001675 left the request does not
+		// fit, which is not "exhausted".
+		if e := decodeError(t, lastBody); e.Error.Code != tt.code ||
+			!strings.Contains(e.Error.Message, "$0.001675 of $0.004 left") || !strings.Contains(e.Error.Message, "does not fit") ||
+			strings.Contains(e.Error.Message, "micro") || strings.Contains(e.Error.Message, "exhausted") {
+			t.Fatalf("%q: code %q, message %q: want %s, dollars and \"does not fit\"", tt.option, e.Error.Code, e.Error.Message, tt.code)
+		}
+		if last.Header.Get("Retry-After") == "" {
+			t.Fatalf("%q: the denial carries no Retry-After", tt.option)
+		}
+		// A model with no price is never free under a dollar budget.
+		resp, body := chat(t, url, `{"model":"mystery-1","max_tokens":5,"messages":[]}`, "X-Team: blue")
+		if resp.StatusCode != http.StatusPaymentRequired || decodeError(t, body).Error.Code != "model_not_priced" {
+			t.Fatalf("unpriced model: %d %s, want 402 model_not_priced", resp.StatusCode, body)
+		}
 	}
 }
 

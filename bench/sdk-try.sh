@@ -27,6 +27,19 @@ cat >"$work/sdk.Caddyfile" <<CFG
 	}
 	reverse_proxy 127.0.0.1:11503
 }
+:9404 {
+	llmbudget {
+		budget per_key_usd {
+			scope key
+			unit usd
+			limit 0.001
+			window 1h
+		}
+		price gpt-4o* 2.50 10.00
+		price claude-sonnet* 3.00 15.00
+	}
+	reverse_proxy 127.0.0.1:11503
+}
 :9403 {
 	fleetlimit {
 		zone per_key_rate {
@@ -62,4 +75,4 @@ curl -s -o /dev/null -H 'Authorization: Bearer sk-warm-chat' -H 'Content-Type: a
 curl -s -o /dev/null -H 'x-api-key: sk-warm-claude' -H 'anthropic-version: 2023-06-01' -H 'Content-Type: application/json' \
 	-d '{"model":"claude-sonnet-4-6","stream":true,"max_tokens":300,"messages":[{"role":"user","content":"hi"}]}' http://127.0.0.1:9402/v1/messages
 sleep 0.3
-CADDY_URL=http://127.0.0.1:9401 LEASE_URL=http://127.0.0.1:9402 RATE_URL=http://127.0.0.1:9403 node "$work/try.mjs"
+CADDY_URL=http://127.0.0.1:9401 LEASE_URL=http://127.0.0.1:9402 RATE_URL=http://127.0.0.1:9403 USD_URL=http://127.0.0.1:9404 node "$work/try.mjs"

@@ -169,4 +169,25 @@ const describe = (e) => `${e?.constructor?.name}: ${e?.message}`;
     `${err?.constructor?.name}: ${err?.message}`);
 }
 
+// (h) An exhausted dollar budget reads as the provider's own exhausted
+//     quota: OpenAI's SDK raises RateLimitError (429 insufficient_quota),
+//     Anthropic's its RateLimitError, each naming the budget, at once.
+{
+  const usd = process.env.USD_URL;
+  const openai = new OpenAI({ apiKey: "sk-usd-openai", baseURL: usd + "/v1" });
+  let err;
+  for (let i = 0; i < 20 && !err; i++) {
+    try { await openai.chat.completions.create({ model: "gpt-4o", max_tokens: 20, messages: [{ role: "user", content: "hi" }] }); } catch (e) { err = e; }
+  }
+  report("openai: an exhausted dollar budget is a RateLimitError (insufficient_quota)", err instanceof OpenAI.RateLimitError && err.code === "insufficient_quota" && /per_key_usd/.test(err.message),
+    `${err?.constructor?.name} ${err?.code}: ${err?.message}`);
+  const anthropic = new Anthropic({ apiKey: "sk-usd-claude", baseURL: usd });
+  err = undefined;
+  for (let i = 0; i < 20 && !err; i++) {
+    try { await anthropic.messages.create({ model: "claude-sonnet-4-6", max_tokens: 20, messages: [{ role: "user", content: "hi" }] }); } catch (e) { err = e; }
+  }
+  report("anthropic: an exhausted dollar budget is a RateLimitError", err instanceof Anthropic.RateLimitError && /per_key_usd/.test(err.message),
+    `${err?.constructor?.name}: ${err?.message}`);
+}
+
 process.exit(results.every((r) => r.ok) ? 0 : 1);
