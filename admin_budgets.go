@@ -108,7 +108,7 @@ func handleBudgetList(w http.ResponseWriter, r *http.Request) error {
 				Scope:    b.Scope.String(),
 				Unit:     b.Unit.String(),
 				Limit:    amountJSON(b.Unit, b.Limit),
-				Window:   b.Window.String(),
+				Window:   b.Period(),
 				Store:    rb.store.identity.String(),
 				Conflict: rb.conflict(),
 			})

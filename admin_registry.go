@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -142,15 +141,22 @@ func resolveBudget(defs []placedDef) (rb runningBudget, ok bool) {
 	newest := slices.MaxFunc(defs, func(a, b placedDef) int { return cmp.Compare(a.seq, b.seq) })
 	rb.store = newest.store
 	for _, d := range defs {
-		if d.config == newest.config && !slices.Contains(rb.definitions, d.budget) {
+		if d.config == newest.config && !slices.ContainsFunc(rb.definitions, func(b budget.Budget) bool { return sameBudget(b, d.budget) }) {
 			rb.definitions = append(rb.definitions, d.budget)
 		}
 	}
 	slices.SortFunc(rb.definitions, func(a, b budget.Budget) int {
 		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Unit, b.Unit),
-			cmp.Compare(a.Window, b.Window), cmp.Compare(a.Limit, b.Limit))
+			cmp.Compare(a.Window, b.Window), cmp.Compare(a.Calendar, b.Calendar), cmp.Compare(a.Limit, b.Limit))
 	})
 	return rb, true
+}
+
+// sameBudget reports whether a and b define a budget alike (time zones by
+// name: each load makes its own *time.Location).
+func sameBudget(a, b budget.Budget) bool {
+	return a.Name == b.Name && a.Scope == b.Scope && a.Unit == b.Unit && a.Limit == b.Limit &&
+		a.Window == b.Window && a.Calendar == b.Calendar && a.Period() == b.Period()
 }
 
 // lookupBudget finds the running definition of the budget called name, and
@@ -181,7 +187,7 @@ var (
 // describeBudget is a definition in the words of the config.
 func describeBudget(b budget.Budget) string {
 	limit := amountJSON(b.Unit, b.Limit).String()
-	return fmt.Sprintf("scope %s, limit %s %s per %s", b.Scope, limit, b.Unit, time.Duration(b.Window))
+	return fmt.Sprintf("scope %s, limit %s %s per %s", b.Scope, limit, b.Unit, b.Period())
 }
 
 // registerBudgets makes the handler's budgets known to the admin API until

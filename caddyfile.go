@@ -14,6 +14,7 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
@@ -513,13 +514,25 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 				decimalLimit = position(d)
 			}
 		case "window":
-			dur, err := parseDurationArg(d)
-			if err != nil {
-				return bc, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
+			var s string
+			if !d.AllArgs(&s) {
+				return bc, d.Errf("llmbudget: budget %q: window takes a duration, or day, week or month", bc.Name)
 			}
-			bc.Window = dur
+			if _, err := budget.ParseCalendar(s); err == nil {
+				bc.Calendar = strings.ToLower(s)
+				break
+			}
+			dur, err := caddy.ParseDuration(s)
+			if err != nil {
+				return bc, d.Errf("llmbudget: budget %q: window %q: want a duration (24h) or day, week or month", bc.Name, s)
+			}
+			bc.Window = caddy.Duration(dur)
+		case "timezone":
+			if !d.AllArgs(&bc.Timezone) {
+				return bc, d.Errf("llmbudget: budget %q: timezone takes an IANA zone name (America/New_York)", bc.Name)
+			}
 		default:
-			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit or window)", bc.Name, field)
+			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, window or timezone)", bc.Name, field)
 		}
 	}
 	for _, required := range []string{"limit", "window"} {

@@ -185,3 +185,35 @@ func TestLLMBudgetLeaseCaddyfile(t *testing.T) {
 		})
 	}
 }
+
+// The options of the ceiling, dollar denials and calendar windows, in the
+// Caddyfile and as they adapt; each refusal names the field.
+func TestLLMBudgetCeilingAndCalendarCaddyfile(t *testing.T) {
+	const monthly = "budget m {\nunit usd\nlimit 500.00\nwindow month\ntimezone America/New_York\n}\nprice gpt-4o* 2.50 10.00\n"
+	cfg, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + monthly + "hidden_input refuse\ncontext_window 200000\nsettle_wait 500ms\nusd_denial_status 402\n}\n}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"calendar":"month"`, `"timezone":"America/New_York"`, `"hidden_input":"refuse"`, `"context_window":200000`, `"settle_wait":500000000`, `"usd_denial_status":402`} {
+		if !strings.Contains(string(cfg), want) {
+			t.Errorf("adapted JSON lacks %s: %s", want, cfg)
+		}
+	}
+	refusals := []struct{ name, lines, want string }{
+		{"a month written as a duration", "budget x {\nlimit 10\nwindow 1mo\n}", `window "1mo": want a duration (24h) or day, week or month`},
+		{"a timezone without a calendar", "budget x {\nlimit 10\nwindow 24h\ntimezone UTC\n}", "timezone applies to a calendar window"},
+		{"an unknown timezone", "budget x {\nlimit 10\nwindow day\ntimezone Mars/Olympus\n}", `timezone "Mars/Olympus"`},
+		{"hidden_input unknown", monthly + "hidden_input maybe", "hidden_input takes hold or refuse"},
+		{"context_window not a number", monthly + "context_window big", `context_window: "big" is not an integer`},
+		{"usd_denial_status other", monthly + "usd_denial_status 403", "usd_denial_status takes 429 or 402"},
+		{"settle_wait twice", monthly + "settle_wait 1s\nsettle_wait 2s", "set twice"},
+	}
+	for _, tt := range refusals {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + tt.lines + "\n}\n}")
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}

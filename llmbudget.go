@@ -209,7 +209,15 @@ type BudgetConfig struct {
 	// Limit in tokens (an integer) or dollars.
 	Limit float64 `json:"limit,omitempty"`
 	// Window is the length of the fixed window, aligned to the Unix epoch.
+	// Required unless Calendar is set.
 	Window caddy.Duration `json:"window,omitempty"`
+	// Calendar makes the window a calendar "day", "week" (ISO, from Monday)
+	// or "month" in Timezone instead: it resets at local midnight (on
+	// Monday, on the 1st). Default: none (Window).
+	Calendar string `json:"calendar,omitempty"`
+	// Timezone is the IANA time zone of a calendar window
+	// ("America/New_York"). Default UTC.
+	Timezone string `json:"timezone,omitempty"`
 }
 
 // PriceConfig is a model's price in USD per one million tokens.
@@ -334,7 +342,7 @@ func (h *LLMBudget) compile() error {
 		}
 		h.hasUSD = h.hasUSD || b.Unit == budget.USD
 		h.budgets = append(h.budgets, b)
-		policies = append(policies, policyItem(b.Name, b.Limit, b.Window))
+		policies = append(policies, policyItem(b.Name, b.Limit, b.NominalWindow()))
 	}
 	h.policy = joinItems(policies)
 	if h.hasUSD && len(h.Prices) == 0 {
@@ -378,7 +386,19 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 	default:
 		b.Limit = int64(bc.Limit)
 	}
-	if bc.Window == 0 {
+	switch {
+	case bc.Calendar != "" && bc.Window != 0:
+		return b, fmt.Errorf("llmbudget: budget %q: window and calendar are both set: a budget has one window", bc.Name)
+	case bc.Calendar != "":
+		if b.Calendar, err = budget.ParseCalendar(bc.Calendar); err != nil {
+			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
+		}
+		if b.Location, err = time.LoadLocation(cmp.Or(bc.Timezone, "UTC")); err != nil {
+			return b, fmt.Errorf("llmbudget: budget %q: timezone %q: %w", bc.Name, bc.Timezone, err)
+		}
+	case bc.Timezone != "":
+		return b, fmt.Errorf("llmbudget: budget %q: timezone applies to a calendar window (window day, week or month)", bc.Name)
+	case bc.Window == 0:
 		return b, fmt.Errorf("llmbudget: budget %q: window is required", bc.Name)
 	}
 	if err := b.Validate(); err != nil {

@@ -142,7 +142,7 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 		zap.Int64("used", d.Used),
 		zap.Int64("limit", d.Budget.LimitNow()))
 	amount := func(n int64) string { return formatAmount(d.Budget.Unit, n) }
-	window := time.Duration(d.Budget.Window)
+	window := d.Budget.Period()
 	switch {
 	case d.Amount > d.Budget.LimitNow():
 		// No window will ever admit it: say what to lower, and tell SDKs not

@@ -84,6 +84,10 @@ type Budget struct {
 	Unit   Unit
 	Limit  int64 // tokens, or micro-dollars
 	Window time.Duration
+	// Calendar, when not Fixed, makes the window a calendar day, week or
+	// month in Location (UTC when nil) instead of Window.
+	Calendar Calendar
+	Location *time.Location
 	// Live, when set and above 0, is the limit in force, which a newer
 	// definition of the budget (a reload) may have changed since Limit
 	// was read: reservations made before it extend under it.
@@ -113,6 +117,7 @@ func (b *Budget) Validate() error {
 		return fmt.Errorf("budget %q: name must be non-empty without braces, colons, quotes or spaces", b.Name)
 	case b.Limit <= 0:
 		return fmt.Errorf("budget %q: limit must be > 0", b.Name)
+	case b.Calendar != Fixed:
 	case b.Window < time.Second:
 		return fmt.Errorf("budget %q: window must be at least 1s", b.Name)
 	case b.Window%time.Second != 0:
@@ -121,20 +126,62 @@ func (b *Budget) Validate() error {
 	return nil
 }
 
-// WindowIndex is the index of the fixed window containing now: windows are
-// numbered from the Unix epoch, so every instance agrees on them.
+// WindowIndex is the index of the window containing now: fixed windows are
+// numbered from the Unix epoch, calendar ones by the calendar, so every
+// instance agrees on them.
 func (b *Budget) WindowIndex(now time.Time) int64 {
+	if b.Calendar != Fixed {
+		return b.calendarIndex(now)
+	}
 	return now.Unix() / int64(b.Window/time.Second)
 }
 
 // WindowStart is when the window containing now began.
 func (b *Budget) WindowStart(now time.Time) time.Time {
+	if b.Calendar != Fixed {
+		return b.calendarStart(now)
+	}
 	return time.Unix(b.WindowIndex(now)*int64(b.Window/time.Second), 0)
 }
 
 // WindowEnd is when the window containing now ends.
 func (b *Budget) WindowEnd(now time.Time) time.Time {
+	if b.Calendar != Fixed {
+		return b.calendarEnd(b.calendarStart(now))
+	}
 	return b.WindowStart(now).Add(b.Window)
+}
+
+// KeyTTL is how long a counter of the budget is kept: two of its longest
+// windows, so a counter outlives its window whatever instance wrote it last.
+func (b *Budget) KeyTTL() time.Duration {
+	if b.Calendar != Fixed {
+		return 2 * b.Calendar.longest()
+	}
+	return 2 * b.Window
+}
+
+// Period says the window as people read it: "1h0m0s", "month
+// (America/New_York)".
+func (b *Budget) Period() string {
+	if b.Calendar != Fixed {
+		return fmt.Sprintf("%s (%s)", b.Calendar, b.location())
+	}
+	return b.Window.String()
+}
+
+// NominalWindow is the window's usual length, for a RateLimit-Policy's w:
+// a calendar month counts 30 days.
+func (b *Budget) NominalWindow() time.Duration {
+	switch b.Calendar {
+	case Day:
+		return 24 * time.Hour
+	case Week:
+		return 7 * 24 * time.Hour
+	case Month:
+		return 30 * 24 * time.Hour
+	}
+	return b.Window
 }
 
 // Amount is what spend costs in this budget's unit.

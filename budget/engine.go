@@ -194,7 +194,7 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	for i := range budgets {
 		b := &budgets[i]
 		r.Holds[i] = Hold{Budget: b, Key: e.counterKey(b, &dims, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
-		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: r.limitOf(b), TTL: 2 * b.Window}
+		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: r.limitOf(b), TTL: b.KeyTTL()}
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if e.failed(err) != nil {
@@ -250,7 +250,7 @@ func (e *Engine) Extend(ctx context.Context, r *Reservation, more Spend) (*Denia
 	charges := make([]Charge, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
-		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: r.limitOf(h.Budget), TTL: 2 * h.Budget.Window}
+		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: r.limitOf(h.Budget), TTL: h.Budget.KeyTTL()}
 	}
 	var res ExtendResult
 	var err error
@@ -357,7 +357,7 @@ func adjustments(r *Reservation, amount func(h *Hold) int64) []Adjustment {
 	adjs := make([]Adjustment, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
-		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: 2 * h.Budget.Window}
+		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: h.Budget.KeyTTL()}
 	}
 	return adjs
 }
@@ -483,7 +483,11 @@ func (e *Engine) counterKey(b *Budget, dims *Dims, now time.Time) string {
 }
 
 func (e *Engine) scopedKey(b *Budget, scopeID string, now time.Time) string {
-	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeID + ":" + strconv.FormatInt(b.WindowIndex(now), 10)
+	window := strconv.FormatInt(b.WindowIndex(now), 10)
+	if b.Calendar != Fixed {
+		window = b.Calendar.String()[:1] + window // d, w or m: apart from fixed windows' numbers
+	}
+	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeID + ":" + window
 }
 
 // ScopeID names, in store keys and logs, the scope value of b that dims fall
