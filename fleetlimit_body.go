@@ -21,10 +21,6 @@ import (
 // x-should-retry: false when the wait is longer than the SDKs should sleep;
 // elsewhere a line of text naming the zone and the wait.
 
-// fleetlimitMaxRetryAfter is the longest wait an SDK is left to sleep out by
-// itself (llmbudget's max_retry_after default).
-const fleetlimitMaxRetryAfter = defaultMaxRetryAfter
-
 // hasErrorRoutes reports whether the request's server has handle_errors
 // routes, which answer a handler's error themselves.
 func hasErrorRoutes(r *http.Request) bool {
@@ -36,7 +32,9 @@ func hasErrorRoutes(r *http.Request) bool {
 // wait is retry seconds.
 func writeDenial(w http.ResponseWriter, r *http.Request, zone string, retry int64) error {
 	msg := fmt.Sprintf("rate limit of zone %q exceeded; retry in %ds", zone, retry)
-	if time.Duration(retry)*time.Second > fleetlimitMaxRetryAfter {
+	// SDKs sleep out a shorter wait by themselves (llmbudget's
+	// max_retry_after default).
+	if time.Duration(retry)*time.Second > defaultMaxRetryAfter {
 		w.Header().Set("X-Should-Retry", "false")
 	}
 	format := usage.FormatFromPath(usage.NormalizePath(r.URL.Path))

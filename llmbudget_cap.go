@@ -9,7 +9,7 @@ import (
 
 // What is held bounds what the upstream may write: a request is forwarded
 // with the output cap it reserved, in its API's own field, whether it named
-// one or not (DESIGN.md "The ceiling holds for every request").
+// one or not (README, "The cap is forwarded").
 
 // Values of OverMaxOutputTokens.
 const (

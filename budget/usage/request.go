@@ -370,27 +370,35 @@ func (e *estimator) tokenIDs(raw json.RawMessage) json.RawMessage {
 // a prefix of the tool's type.
 var serverTools = []string{"web_search", "web_fetch", "file_search", "code_interpreter", "code_execution", "mcp", "image_generation"}
 
+// geminiServerTools are the keys by which a Gemini tool names a server tool.
+var geminiServerTools = map[string]bool{
+	"googleSearch": true, "google_search": true, "googleSearchRetrieval": true, "google_search_retrieval": true,
+	"codeExecution": true, "code_execution": true, "urlContext": true, "url_context": true,
+	"fileSearch": true, "file_search": true, "retrieval": true,
+}
+
 // tools counts tool definitions as text, and notes a server tool.
 func (e *estimator) tools(raw json.RawMessage) {
-	var tools []map[string]any
-	if len(raw) > 0 && json.Unmarshal(raw, &tools) == nil && e.hidden == "" {
-		for _, t := range tools {
-			typ, _ := t["type"].(string)
-			for _, p := range serverTools {
-				if strings.HasPrefix(typ, p) {
-					e.hidden = "server tool " + typ
-				}
+	var v any
+	if len(raw) == 0 || json.Unmarshal(raw, &v) != nil {
+		return
+	}
+	tools, _ := v.([]any)
+	for _, x := range tools {
+		t, _ := x.(map[string]any)
+		typ, _ := t["type"].(string)
+		for _, p := range serverTools {
+			if e.hidden == "" && strings.HasPrefix(typ, p) {
+				e.hidden = "server tool " + typ
 			}
-			for k := range t { // Gemini names its server tools by key
-				for _, p := range []string{"googleSearch", "google_search", "googleSearchRetrieval", "google_search_retrieval", "codeExecution", "code_execution", "urlContext", "url_context", "fileSearch", "file_search", "retrieval"} {
-					if k == p && e.hidden == "" {
-						e.hidden = "server tool " + k
-					}
-				}
+		}
+		for k := range t {
+			if e.hidden == "" && geminiServerTools[k] {
+				e.hidden = "server tool " + k
 			}
 		}
 	}
-	e.add(raw)
+	e.walk(v)
 }
 
 func (e *estimator) add(raw json.RawMessage) {
@@ -475,21 +483,8 @@ func (e *estimator) walkObject(v map[string]any) {
 		}
 	}
 	// Gemini marks media parts by key, Ollama lists images per message.
-	for _, k := range [...]string{"inlineData", "inline_data"} {
-		if x, ok := v[k]; ok {
-			e.media++
-			e.walk(x)
-			return
-		}
-	}
-	for _, k := range [...]string{"fileData", "file_data"} {
-		if _, ok := v[k]; ok {
-			e.media++
-			if e.hidden == "" {
-				e.hidden = "a Gemini " + k + " part"
-			}
-			return
-		}
+	if e.gemini && e.geminiMedia(v) {
+		return
 	}
 	if images, ok := v["images"].([]any); ok {
 		e.media += int64(len(images))
@@ -502,16 +497,42 @@ func (e *estimator) walkObject(v map[string]any) {
 	}
 }
 
+// geminiMedia counts a Gemini part of inline data (its bytes too) or of a
+// file by URI (input the body does not show), and reports whether v is one.
+func (e *estimator) geminiMedia(v map[string]any) bool {
+	for _, k := range [...]string{"inlineData", "inline_data"} {
+		if x, ok := v[k]; ok {
+			e.media++
+			e.walk(x)
+			return true
+		}
+	}
+	for _, k := range [...]string{"fileData", "file_data"} {
+		if _, ok := v[k]; ok {
+			e.media++
+			if e.hidden == "" {
+				e.hidden = "a Gemini " + k + " part"
+			}
+			return true
+		}
+	}
+	return false
+}
+
 // hasReference reports whether a file part names its content by id or URL
 // rather than holding it, at its top or in its source.
 func hasReference(part map[string]any) bool {
+	if src, ok := part["source"].(map[string]any); ok {
+		// Anthropic's source of a document or image: url or file, or
+		// inline (base64, text, content).
+		if typ, _ := src["type"].(string); typ == "url" || typ == "file" {
+			return true
+		}
+	}
 	for _, m := range []any{part, part["source"], part["file"], part["input_audio"]} {
 		obj, ok := m.(map[string]any)
 		if !ok {
 			continue
-		}
-		if typ, _ := obj["type"].(string); typ == "url" || typ == "file" {
-			return true
 		}
 		for _, k := range references {
 			if ref, ok := obj[k].(string); ok && ref != "" && !strings.HasPrefix(ref, "data:") {

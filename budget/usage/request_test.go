@@ -120,3 +120,31 @@ func TestGeminiModelFromTheCleanedPath(t *testing.T) {
 		}
 	}
 }
+
+// Input the body does not show is named; input it holds is not.
+func TestHiddenInputIsNamed(t *testing.T) {
+	for _, tt := range []struct {
+		format     Format
+		path, body string
+		hidden     bool
+	}{
+		{OpenAIChat, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBERi0x","filename":"a.pdf"}}]}]}`, false},
+		{OpenAIChat, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"file","file":{"file_id":"file-abc"}}]}]}`, true},
+		{OpenAIChat, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, false},
+		{Anthropic, "/v1/messages", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0x"}}]}]}`, false},
+		{Anthropic, "/v1/messages", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"url","url":"https://example.com/a.pdf"}}]}]}`, true},
+		{Anthropic, "/v1/messages", `{"model":"m","max_tokens":5,"tools":[{"type":"web_search_20250305","name":"web_search"}],"messages":[]}`, true},
+		{Anthropic, "/v1/messages", `{"model":"m","max_tokens":5,"tools":[{"name":"get_weather","input_schema":{"type":"object"}}],"messages":[]}`, false},
+		{Gemini, geminiPath, `{"contents":[],"tools":[{"googleSearch":{}}]}`, true},
+		{OpenAIResponses, "/v1/responses", `{"model":"m","input":"hi","previous_response_id":"resp_1"}`, true},
+		{OpenAIResponses, "/v1/responses", `{"model":"m","input":"hi","previous_response_id":null}`, false},
+	} {
+		req, err := ParseRequest(tt.format, tt.path, []byte(tt.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		if got := req.HiddenInput != ""; got != tt.hidden {
+			t.Errorf("%s: hidden input %q, want hidden %v", tt.body, req.HiddenInput, tt.hidden)
+		}
+	}
+}
