@@ -55,11 +55,6 @@ const DefaultSyncInterval = 250 * time.Millisecond
 // a busy loop against the store.
 const minSyncInterval = 10 * time.Millisecond
 
-// firstShare is the share of a key's limit an instance admits before its
-// first read of the key's fleet count (first contact), or after its last read
-// has grown stale while the store is healthy (an idle key).
-const firstShare = 0.1
-
 // Engine owns the zones, their per-key state and the reconciler. One Engine
 // serves every config that names the same store, across reloads.
 type Engine struct {
@@ -91,17 +86,20 @@ type Engine struct {
 
 	passMu sync.Mutex // one reconcile pass (or eviction) at a time
 
-	// member is this instance's number in the fleet's membership, and
-	// members the fleet's size as of the last heartbeat (0: not known yet,
-	// and then no key admits on a floor share).
+	// member is this instance's number in the fleet's membership, joined
+	// when it first heartbeated (Unix ms), and members the live instances
+	// as of the last heartbeat (0: not known yet, and then no key admits on
+	// a floor share).
 	member     int64
+	joined     atomic.Int64
 	members    atomic.Int64
 	membersKey string
+	hotKey     string
 	warmUntil  atomic.Int64 // Unix ns: until then a key busy here syncs early (see floorAdmits)
-	// lastSeenMembers is the fleet's size the last heartbeat saw, and
-	// lastHeartbeat when it was sent (Unix ms).
-	lastSeenMembers atomic.Int64
-	lastHeartbeat   atomic.Int64
+	// founded is the membership's founding as last seen (Unix ms), and
+	// lastHeartbeat when the last heartbeat was sent (Unix ms).
+	founded       atomic.Int64
+	lastHeartbeat atomic.Int64
 
 	// Keys queued for an early sync; kick wakes the reconciler for them.
 	queueMu sync.Mutex
@@ -134,7 +132,8 @@ func NewEngine(o Options) (*Engine, error) {
 		onEarly:    o.OnEarlySync,
 		onPanic:    o.OnPanic,
 		member:     1 + rand.Int64N(1<<53-1),
-		membersKey: o.Prefix + ":rl:members",
+		membersKey: o.Prefix + ":rl:members:{fleet}",
+		hotKey:     o.Prefix + ":rl:hot:{fleet}",
 		solo:       o.Solo,
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
@@ -167,24 +166,37 @@ func (e *Engine) NearLimit() bool { return e.nearLimit.Load() }
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }
 
 // floorFraction is the part of a key's limit the instances share as floor
-// shares: each of N live instances may admit floorFraction × events / N of a
-// key in any window without telling the store. The rest is for the
-// instances that sync the key.
+// shares: each instance that holds a claim (see fleetView) may admit
+// floorFraction × events / claims of a key in any window without telling the
+// store. The rest is for the instances that sync the key, and for keys an
+// instance has not read yet.
 const floorFraction = 0.8
 
-// floor is this instance's floor share of l's limit, or 0 when there is none
-// (a solo engine, a fleet whose size is not known yet, or a share too small
-// to spare the store a sync).
-func (e *Engine) floor(events int64) int64 {
-	n := e.members.Load()
-	if n <= 0 || !e.nearLimit.Load() {
+// minFloor is the least floor share worth having: a smaller one would send
+// the key to the store after a request or two anyway.
+const minFloor = 4
+
+// share is one floor share of events among claims, or 0 when there is none
+// (no claims known yet, or a share too small: a limit below what the fleet
+// can share has no floor, and every instance syncs it).
+func share(events, claims int64) int64 {
+	if claims <= 0 {
 		return 0
 	}
-	f := int64(floorFraction * float64(events) / float64(n))
-	if f < 4 {
+	if f := int64(floorFraction * float64(events) / float64(claims)); f >= minFloor {
+		return f
+	}
+	return 0
+}
+
+// floorOf is this instance's floor share of a key of z at now, or 0 when it
+// has none (the near-limit mechanisms are off, it is not eligible yet, or
+// the share is too small).
+func (e *Engine) floorOf(z *Zone, events, now int64) int64 {
+	if !e.nearLimit.Load() || !z.fleet.eligible.Load() {
 		return 0
 	}
-	return f
+	return share(events, z.fleet.claimsAt(now))
 }
 
 // memberTTL is how long a key's registration as synced by this instance
@@ -282,9 +294,9 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 	if len(checks) == 1 {
 		// The usual single zone, without the stack arrays of the general case.
 		c, v := &checks[0], &out[0]
-		floor := e.floorIf(near, c.Limit)
+		floor := e.floorIf(near, c, now)
 		s, en, ring, untracked := c.Zone.lock(c.Key, now, floor > 0)
-		tat, oldest := e.judge(c, en, ring, untracked, now, staleAfter, floor, near, v)
+		tat, oldest := e.judge(c, s, en, ring, untracked, now, staleAfter, floor, near, v)
 		if v.Allowed {
 			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
 		}
@@ -311,9 +323,9 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	denied := -1
 	for i := range checks {
 		c := &checks[i]
-		floor := e.floorIf(near, c.Limit)
+		floor := e.floorIf(near, c, now)
 		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now, floor > 0)
-		tats[i], oldest[i] = e.judge(c, entries[i], rings[i], untracked[i], now, staleAfter, floor, near, &out[i])
+		tats[i], oldest[i] = e.judge(c, shards[i], entries[i], rings[i], untracked[i], now, staleAfter, floor, near, &out[i])
 		if !out[i].Allowed && denied < 0 {
 			denied = i
 		}
@@ -333,8 +345,8 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 // clock (slots that left, last seen, demand). The key's state is its entry
 // and ring, or, when the zone does not track it (en nil), its untracked
 // local cap. It returns the GCRA state to record and the oldest slot that
-// counts. The caller holds the key's shard lock.
-func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
+// counts. The caller holds the key's shard lock, s.
+func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
 	l := c.Limit
 	if en == nil {
 		return judgeUntracked(l, untracked, now, v), 0
@@ -349,9 +361,7 @@ func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedS
 			en.flags &^= flagSynced | flagLeaving
 		}
 		if en.flags&flagFloor == 0 {
-			// Every live instance that does not sync the key may hold its
-			// floor share unreported.
-			events -= max(e.members.Load()-1-int64(en.syncing), 0) * floor
+			events -= e.setAside(c.Zone, s, c.Key, en, l.Events, now, staleAfter)
 		}
 	}
 	en.lastSeen = now
@@ -360,6 +370,13 @@ func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedS
 	g := gcraCheck(en.tat, now, l)
 	*v = Verdict{}
 	onFloor := near && en.flags&flagFloor != 0
+	if onFloor && floor == 0 {
+		// Its floor share is gone (the share became too small): it syncs
+		// from the next early pass, and until then admits as a key not read
+		// yet.
+		e.enqueue(c.Zone, c.Key, en)
+		onFloor = false
+	}
 	switch {
 	case used >= events:
 		v.Fleet = true
@@ -367,7 +384,7 @@ func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedS
 	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor, now):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
-	case near && !onFloor && !e.shareAdmits(c.Zone, c.Key, en, events, used, now, staleAfter):
+	case near && !onFloor && !e.shareAdmits(c.Zone, s, c.Key, en, l.Events, events, used, now, staleAfter):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
 	case !g.allowed:
@@ -379,13 +396,33 @@ func (e *Engine) judge(c *Check, en *entry, ring []uint32, untracked *untrackedS
 	return g.newTAT, oldest
 }
 
-// floorIf is the floor share of l when the near-limit mechanisms are on
-// (near), else 0.
-func (e *Engine) floorIf(near bool, l *Limit) int64 {
+// floorIf is this instance's floor share of c's key when the near-limit
+// mechanisms are on (near), else 0.
+func (e *Engine) floorIf(near bool, c *Check, now int64) int64 {
 	if !near {
 		return 0
 	}
-	return e.floor(l.Events)
+	return e.floorOf(c.Zone, c.Limit.Events, now)
+}
+
+// setAside is what a key this instance does not admit on its floor share
+// leaves for the floor admits of others that it cannot see: a floor share for
+// every instance gone while its admits still count, and, until every live
+// instance has heard that the key is hot (within a heartbeat's lifetime of
+// its becoming hot), one for every live instance holding a floor share that
+// does not sync it. An instance that has heard admits the key on no floor
+// share: it pushed what it had admitted on one and syncs from then on. The
+// caller holds the key's shard lock, s.
+func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, now, staleAfter int64) int64 {
+	sh := share(events, z.fleet.widest())
+	if sh == 0 {
+		return 0
+	}
+	n := z.fleet.dead.Load()
+	if m, hot := s.hotAt(h, now); !hot || now-m.at < staleAfter {
+		n += max(z.fleet.holders.Load()-int64(en.syncing), 0)
+	}
+	return n * sh
 }
 
 // floorAdmits admits a key on its floor share while this instance's own
@@ -433,16 +470,16 @@ func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, 
 
 // shareAdmits applies the near-limit mechanisms to a request the window would
 // admit: a key without a fresh read (first contact, or idle past its read's
-// lifetime) is queued for a read and admits only firstShare of the limit
+// lifetime) is queued for a read and admits only its first allowance
 // meanwhile; a key whose fleet headroom is small against the fleet's demand
 // admits only this instance's share of it until the next read; a key that has
 // spent half of what it may spend is queued for an early sync.
-func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, events, used, now, staleAfter int64) bool {
+func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit, events, used, now, staleAfter int64) bool {
 	since := int64(en.sinceRead)
 	var allowance int64
 	if !en.fresh(now, staleAfter) {
 		e.enqueue(z, h, en)
-		allowance = ceilFraction(events, firstShare)
+		allowance = firstAllowance(z, s, h, limit, now)
 	} else {
 		// The fleet's headroom as of the last read, plus what has left the
 		// window since.
@@ -458,13 +495,36 @@ func (e *Engine) shareAdmits(z *Zone, h keyhash.Hash, en *entry, events, used, n
 			// The others sync every earlySpacing too; what they admit in
 			// between is not in the read yet.
 			unseen := float64(en.fleetRate-en.ownRate) / earlySyncsPerInterval
-			allowance = ceilFraction(headroom-int64(unseen), float64(en.ownRate/en.fleetRate))
+			allowance = int64(float64(headroom-int64(unseen))*float64(en.ownRate/en.fleetRate) + 0.5)
 		}
-		if since < allowance && (shared || (since+1)*2 >= allowance) {
+		// A key near its limit pushes every admit at once: one lost with
+		// the instance (kill -9) would be admitted again by the others.
+		nearFull := used*5 >= events*4
+		if since < allowance && (shared || nearFull || (since+1)*2 >= allowance) {
 			e.enqueue(z, h, en)
 		}
 	}
 	return since < allowance
+}
+
+// firstAllowance is what an instance admits of a key before it has read the
+// fleet's count: its part of what the floor shares leave of the limit, or of
+// the room a hot key's announcer saw. A part is rounded down, so the parts of
+// every live instance never add up to more than that room; where it comes
+// to 0 (a limit below the fleet's size, a hot key with little room) the
+// key's first request on this instance is denied and its read queued. The
+// caller holds the key's shard lock, s.
+func firstAllowance(z *Zone, s *shard, h keyhash.Hash, limit, now int64) int64 {
+	live := z.fleet.others.Load() + 1
+	if m, hot := s.hotAt(h, now); hot {
+		return (max(m.room, 0) + live - 1) / live
+	}
+	claims := z.fleet.widest()
+	if claims == 0 {
+		// The fleet is not known yet (no heartbeat answered): a tenth.
+		return (limit + 9) / 10
+	}
+	return (limit - claims*share(limit, claims)) / live
 }
 
 // ceilFraction is ceil(n × f): a share of at least one request whenever n > 0

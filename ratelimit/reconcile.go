@@ -61,11 +61,16 @@ func (e *Engine) Close(timeout time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	_ = e.Reconcile(ctx)
+	e.leave(ctx, time.Now().UnixNano())
+}
+
+// leave pushes what is pending and tells the fleet this instance is gone.
+func (e *Engine) leave(ctx context.Context, now int64) {
+	_ = e.pass(ctx, now, false)
 	if !e.solo && e.members.Load() > 0 {
-		// Leave the fleet now rather than when the heartbeat lapses: the
-		// others' floor shares grow at their next heartbeat.
-		_, _ = e.store.Heartbeat(ctx, e.membersKey, e.member, time.Now().UnixMilli(), 0)
+		// Leave the fleet now rather than when the heartbeat lapses. Its
+		// record stays for as long as its floor admits count in a window.
+		_, _ = e.store.Heartbeat(ctx, e.membersKey, e.hotKey, Heartbeat{Member: e.member, Now: now / int64(time.Millisecond), Joined: e.joined.Load(), Seen: e.lastHeartbeat.Load(), Keep: e.keep()})
 	}
 }
 
@@ -144,16 +149,22 @@ func (e *Engine) heartbeatEvery() int64 {
 	return e.staleAfter() / 4 / int64(time.Millisecond)
 }
 
-// heartbeat tells the store this instance is live and learns the fleet's
-// size, which sets every key's floor share. A solo engine has no fleet. A
-// failed heartbeat keeps the size last learned and marks the store down, as
-// a failed pass does.
+// heartbeat tells the store this instance is live and which keys it syncs
+// because they are busy here, and learns the fleet: its members, which set
+// every zone's floor shares (see see), and its hot keys (see learnHot). A
+// solo engine has no fleet. A failed heartbeat keeps what was learned last
+// and marks the store down, as a failed pass does.
 func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 	if e.solo || len(*e.zones.Load()) == 0 {
 		return // no fleet limit here: nothing for the fleet to know
 	}
 	e.lastHeartbeat.Store(nowMs)
-	m, err := e.store.Heartbeat(ctx, e.membersKey, e.member, nowMs, time.Duration(e.staleAfter()))
+	e.joined.CompareAndSwap(0, nowMs)
+	now := nowMs * int64(time.Millisecond)
+	f, err := e.store.Heartbeat(ctx, e.membersKey, e.hotKey, Heartbeat{
+		Member: e.member, Now: nowMs, TTL: time.Duration(e.staleAfter()),
+		Joined: e.joined.Load(), Seen: nowMs, Keep: e.keep(), Hot: e.announce(now),
+	})
 	if err != nil {
 		// With every key on its floor share, the heartbeat is the only call:
 		// it tells whether the store is reachable.
@@ -161,21 +172,169 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 		return
 	}
 	e.storeOK()
-	if m.Live > 0 {
-		n := m.Live
-		if m.Fresh {
-			// The membership was empty (a store that restarted empty): the
-			// live instances come back one by one within a heartbeat, and a
-			// floor share taken from the smaller count meanwhile would be
-			// too large. Keep the size last known until they have.
-			n = max(n, e.lastSeenMembers.Load())
+	e.see(f, now)
+	e.learnHot(f.Hot, now)
+}
+
+// keep is how long this instance's record must outlive it: the longest
+// window of its zones, in which its floor admits still count.
+func (e *Engine) keep() time.Duration {
+	var w int64
+	for _, z := range *e.zones.Load() {
+		w = max(w, z.slots.N*z.slots.Len)
+	}
+	return time.Duration(w + e.staleAfter())
+}
+
+// see sets every zone's view of the fleet from the membership's records.
+//
+// A floor share is a promise the fleet keeps across restarts: every
+// instance's floor admits in any window, added up, stay within
+// floorFraction × events. So an instance that left or died keeps its claim
+// while its floor admits still count (one window), and a new instance takes
+// no floor share until the larger shares the others held before it joined
+// have left the window: one window after it joined, plus a heartbeat's
+// lifetime for the others to hear of it. Until then it syncs the keys it
+// sees. Instances that joined within half a heartbeat lifetime of the
+// membership's founding (a fleet started together, or a store that
+// restarted empty) take their shares together, a heartbeat lifetime after
+// it.
+func (e *Engine) see(f Fleet, now int64) {
+	staleMs := e.staleAfter() / int64(time.Millisecond)
+	nowMs := now / int64(time.Millisecond)
+	var live int64
+	for _, r := range f.Members {
+		if r.Until > nowMs {
+			live++
 		}
-		e.lastSeenMembers.Store(m.Live)
-		if e.members.Swap(n) == 0 {
-			// Just joined: for as long as a read is trusted, a key busy here
-			// syncs early (see floorAdmits), as it is likely busy elsewhere
-			// too.
-			e.warmUntil.Store(nowMs*int64(time.Millisecond) + e.staleAfter())
+	}
+	if e.members.Swap(live) == 0 {
+		// Just joined: for as long as a read is trusted, a key busy here
+		// syncs early (see floorAdmits), as it is likely busy elsewhere too.
+		e.warmUntil.Store(now + e.staleAfter())
+	}
+	refounded := e.founded.Swap(f.Founded) != f.Founded
+	for _, z := range *e.zones.Load() {
+		windowMs := z.slots.N * z.slots.Len / int64(time.Millisecond)
+		var claims, known, others, holders, dead int64
+		for _, r := range f.Members {
+			eligibleAt := r.Joined + windowMs + staleMs
+			founder := r.Joined <= f.Founded+staleMs/2
+			if founder {
+				eligibleAt = f.Founded + staleMs
+			}
+			if r.Joined <= nowMs-staleMs || founder && nowMs >= eligibleAt {
+				known++ // its claim may already be gone, but it is no surprise
+			}
+			switch {
+			case r.Member == e.member:
+				claims++
+				if nowMs >= eligibleAt {
+					z.fleet.eligible.Store(true)
+				}
+			case r.Until > nowMs:
+				claims++
+				others++
+				if nowMs+staleMs >= eligibleAt {
+					holders++
+				}
+			case r.Seen >= eligibleAt && nowMs < r.Until+windowMs:
+				// Gone, having known itself eligible: what it admitted
+				// on its floor share counts until a window after its end.
+				claims++
+				dead++
+			}
+		}
+		prev := z.fleet.claims.Load()
+		if refounded && prev > claims {
+			// A store that restarted empty forgot the records of those
+			// gone: keep their claims for a window.
+			claims = prev
+		}
+		if prev > 0 && claims > prev && nowMs >= f.Founded+staleMs {
+			// A join, once shares are held: the others may go on with
+			// their larger shares until they hear of it, and so may this
+			// one (see claimsAt); the one who joined takes none for far
+			// longer.
+			z.fleet.graceClaims.Store(prev)
+			z.fleet.graceUntil.Store(now + e.staleAfter()/2)
+		}
+		z.fleet.known.Store(known)
+		z.fleet.claims.Store(claims)
+		z.fleet.others.Store(others)
+		z.fleet.holders.Store(holders)
+		z.fleet.dead.Store(dead)
+	}
+}
+
+// announce lists the keys this instance syncs because they are busy here:
+// its demand for them is at least half a floor share a window. While they
+// are hot, no instance admits them on a floor share, so the instances that
+// sync them need to leave nothing aside for floor admits they cannot see.
+func (e *Engine) announce(now int64) []HotKey {
+	var hot []HotKey
+	until := (now + int64(e.memberTTL())) / int64(time.Millisecond)
+	interval := float64(e.interval.Load())
+	for _, z := range *e.zones.Load() {
+		events := z.events.Load()
+		sh := share(events, z.fleet.widest())
+		if sh == 0 {
+			continue
+		}
+		perWindow := float64(z.slots.N*z.slots.Len) / interval
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for h, idx := range s.active {
+				en, ring := z.arena.at(idx)
+				if en.flags&(flagSynced|flagLeaving) != flagSynced || float64(en.ownRate)*perWindow*2 < float64(sh) {
+					continue
+				}
+				en.advance(ring, z.slots.Of(now))
+				used, _ := en.scan(ring)
+				// The room left but for the floor admits of those gone (the
+				// live ones stop using theirs as they hear of it), as it will
+				// be when the others read it: up to two heartbeats on, with
+				// what leaves the window meanwhile, less what the fleet asks.
+				ahead := 2 * float64(e.heartbeatEvery()*int64(time.Millisecond)) / interval
+				room := events - used - z.fleet.dead.Load()*sh + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
+				hot = append(hot, HotKey{Key: z.storeKey(h), Until: until, Room: room})
+			}
+			s.mu.Unlock()
+		}
+	}
+	return hot
+}
+
+// learnHot takes the fleet's hot keys as the shards' hot marks. A key this
+// instance holds on its floor share is queued to start syncing: the next
+// early pass pushes what it admitted on the floor share and registers it.
+func (e *Engine) learnHot(hot []HotKey, now int64) {
+	for _, z := range *e.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			clear(s.hot)
+			s.mu.Unlock()
+		}
+	}
+	for _, k := range hot {
+		for _, z := range *e.zones.Load() {
+			h, ok := z.keyOf(k.Key)
+			if !ok {
+				continue
+			}
+			s := z.shardOf(h)
+			s.mu.Lock()
+			if s.hot == nil {
+				s.hot = make(map[keyhash.Hash]hotMark)
+			}
+			s.hot[h] = hotMark{at: k.At * int64(time.Millisecond), until: k.Until * int64(time.Millisecond), room: k.Room}
+			if en, _ := z.lookup(s, h); en != nil && en.flags&flagFloor != 0 {
+				e.enqueue(z, h, en)
+			}
+			s.mu.Unlock()
+			break
 		}
 	}
 }
@@ -287,7 +446,7 @@ func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []pl
 			// count still leaves room for every floor share; if the key got
 			// busy meanwhile, it stays synced (its next step registers it).
 			en.advance(ring, z.slots.Of(now))
-			if used, _ := en.scan(ring); en.fresh(now, staleAfter) && used+e.members.Load()*e.floor(z.events.Load()) <= z.events.Load() {
+			if used, _ := en.scan(ring); en.fresh(now, staleAfter) && e.mayGoOnFloor(z, s, h, used, now) {
 				z.toFloor(s, h, en, ring)
 				continue
 			}
@@ -299,6 +458,19 @@ func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []pl
 		}
 	}
 	return plans, steps
+}
+
+// mayGoOnFloor reports whether a key whose fleet count is used may go on this
+// instance's floor share at now: it has one, the key is not hot, and the
+// count leaves room for every floor share. The caller holds the key's shard
+// lock, s.
+func (e *Engine) mayGoOnFloor(z *Zone, s *shard, h keyhash.Hash, used, now int64) bool {
+	events := z.events.Load()
+	floor := e.floorOf(z, events, now)
+	if _, hot := s.hotAt(h, now); hot || floor == 0 {
+		return false
+	}
+	return used+z.fleet.claimsAt(now)*floor <= events
 }
 
 // busy reports whether the fleet's count of a key, as last read, is a
@@ -350,6 +522,7 @@ func (e *Engine) claimQueuedKey(k queued, now int64) (plan, Step, bool) {
 // shard lock.
 func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now int64) (plan, Step) {
 	p := plan{zone: z, hash: h, demand: en.demand, readAt: en.readAt}
+	floor := e.floorOf(z, z.events.Load(), now)
 	st := Step{
 		Key:    z.storeKey(h),
 		Adds:   [2]SlotCount{{Slot: en.head, Count: int64(en.pendCur)}, {Slot: en.head - 1, Count: int64(en.pendPrev)}},
@@ -364,7 +537,7 @@ func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now in
 		en.advance(ring, z.slots.Of(now))
 		st.Window = en.window(ring)
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
-	case en.flags&flagSynced == 0 && en.readAt > 0 && e.floor(z.events.Load()) > 0 && busy(en, ring, z, now, e.floor(z.events.Load())):
+	case en.flags&flagSynced == 0 && en.readAt > 0 && floor > 0 && busy(en, ring, z, now, floor):
 		// Tracked before it could go on a floor share (the fleet's size
 		// not known yet), and found busy by a read: sync it. One found
 		// idle goes on its floor share when this step's reply is merged.
@@ -377,7 +550,7 @@ func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now in
 	case en.flags&flagSynced != 0:
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 		en.advance(ring, z.slots.Of(now))
-		if used, _ := en.scan(ring); used*4 < e.floor(z.events.Load()) && en.fresh(now, e.staleAfter()) {
+		if used, _ := en.scan(ring); used*4 < floor && en.fresh(now, e.staleAfter()) {
 			p.leave, st.MemberTTL = true, 0
 		}
 	}
@@ -453,8 +626,7 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 		// Read before it could go on a floor share: it goes there now if
 		// the fleet's count is small, as for a leave (it never registered,
 		// so the others already hold its share back for it).
-		events, floor := z.events.Load(), e.floor(z.events.Load())
-		if used, _ := en.scan(ring); floor > 0 && used*4 < floor && used+e.members.Load()*floor <= events {
+		if used, _ := en.scan(ring); used*4 < e.floorOf(z, z.events.Load(), now) && e.mayGoOnFloor(z, s, p.hash, used, now) {
 			z.toFloor(s, p.hash, en, ring)
 		}
 	}

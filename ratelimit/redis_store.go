@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -79,15 +78,65 @@ func (r *RedisStore) Sync(ctx context.Context, steps []Step, replies []Reply) er
 }
 
 // Heartbeat implements SlotStore.
-func (r *RedisStore) Heartbeat(ctx context.Context, key string, member, now int64, ttl time.Duration) (Membership, error) {
-	vals, err := heartbeatScript.Run(ctx, r.client, []string{key}, member, now, ttl.Milliseconds()).Int64Slice()
+func (r *RedisStore) Heartbeat(ctx context.Context, key, hotKey string, hb Heartbeat) (Fleet, error) {
+	args := make([]any, 0, 6+3*len(hb.Hot))
+	args = append(args, hb.Member, hb.Now, hb.TTL.Milliseconds(), hb.Joined, hb.Keep.Milliseconds(), hb.Seen)
+	for _, h := range hb.Hot {
+		args = append(args, h.Key, h.Until, h.Room)
+	}
+	res, err := heartbeatScript.Run(ctx, r.client, []string{key, hotKey}, args...).Slice()
 	if err != nil {
-		return Membership{}, fmt.Errorf("fleet heartbeat: %w", err)
+		return Fleet{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
-	if len(vals) != 2 {
-		return Membership{}, fmt.Errorf("fleet heartbeat: unexpected reply %v", vals)
+	f, err := parseFleet(res)
+	if err != nil {
+		return Fleet{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
-	return Membership{Live: vals[0], Fresh: vals[1] == 0}, nil
+	return f, nil
+}
+
+// parseFleet reads heartbeat.lua's reply.
+func parseFleet(res []any) (Fleet, error) {
+	ints := func(vals []any) ([]int64, error) {
+		out := make([]int64, len(vals))
+		for i, v := range vals {
+			n, err := toInt(v)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = n
+		}
+		return out, nil
+	}
+	if len(res) < 3 {
+		return Fleet{}, fmt.Errorf("unexpected reply %v", res)
+	}
+	head, err := ints(res[:3])
+	if err != nil {
+		return Fleet{}, err
+	}
+	f := Fleet{Fresh: head[0] == 1, Founded: head[1]}
+	n := int(head[2])
+	rest := res[3:]
+	if n < 0 || len(rest) < 4*n || (len(rest)-4*n)%4 != 0 {
+		return Fleet{}, fmt.Errorf("unexpected reply %v", res)
+	}
+	recs, err := ints(rest[:4*n])
+	if err != nil {
+		return Fleet{}, err
+	}
+	for i := 0; i < len(recs); i += 4 {
+		f.Members = append(f.Members, MemberRecord{Member: recs[i], Until: recs[i+1], Joined: recs[i+2], Seen: recs[i+3]})
+	}
+	for hot := rest[4*n:]; len(hot) > 0; hot = hot[4:] {
+		key, ok := hot[0].(string)
+		nums, err := ints(hot[1:4])
+		if !ok || err != nil {
+			return Fleet{}, fmt.Errorf("unexpected hot key %v", hot[:4])
+		}
+		f.Hot = append(f.Hot, HotKey{Key: key, Until: nums[0], Room: nums[1], At: nums[2]})
+	}
+	return f, nil
 }
 
 // Ping checks that the store answers.

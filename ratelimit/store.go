@@ -48,35 +48,88 @@ type Reply struct {
 	Err error
 }
 
-// Membership is what a heartbeat learns of the fleet.
-type Membership struct {
-	// Live is how many members are live, the caller included: the fleet's
-	// size.
-	Live int64
-	// Fresh is true when the membership was empty before this heartbeat (a
-	// new fleet, or a store that restarted empty): the other live members
-	// may not have heartbeated yet.
-	Fresh bool
+// Heartbeat is one instance's heartbeat: it tells the fleet the instance is
+// live and which keys it syncs because they are busy here, and asks what the
+// fleet looks like.
+type Heartbeat struct {
+	// Member is the instance's number, Now the time (Unix ms).
+	Member, Now int64
+	// TTL is how long the instance counts as live without another
+	// heartbeat; 0 says it leaves now.
+	TTL time.Duration
+	// Joined is when this instance first heartbeated (Unix ms): the start of
+	// its life, whatever became of the store since.
+	Joined int64
+	// Seen is when this instance last learned the fleet (Unix ms): Now for a
+	// heartbeat, its last heartbeat for a leave. What it did on a floor
+	// share, it did knowing the fleet as of then.
+	Seen int64
+	// Keep is how long a record outlives its instance: the longest window
+	// of its zones, during which what it admitted still counts. The store
+	// keeps every record for the longest Keep any member asked for.
+	Keep time.Duration
+	// Hot are the keys this instance syncs because they are busy here.
+	Hot []HotKey
 }
 
-// SlotStore holds the fleet's slot counts, one entry per zone and key.
+// HotKey is a key that an instance syncs because it is busy there: while it
+// is hot, no instance admits it on a floor share.
+type HotKey struct {
+	Key   string
+	Until int64 // hot until (Unix ms), unless announced again
+	Room  int64 // what the announcing instance saw left in the window
+	At    int64 // when it became hot (Unix ms); set by the store
+}
+
+// MemberRecord is one instance's record in the membership.
+type MemberRecord struct {
+	Member int64
+	Joined int64 // when its life started (Unix ms)
+	Until  int64 // live until (Unix ms): its last heartbeat's end, or when it left
+	Seen   int64 // when it last learned the fleet (Unix ms)
+}
+
+// Fleet is what a heartbeat learns.
+type Fleet struct {
+	// Founded is when the membership was created (Unix ms): the instances
+	// that joined around it started together.
+	Founded int64
+	// Fresh is true when the membership was empty before this heartbeat (a
+	// new fleet, or a store that restarted empty).
+	Fresh bool
+	// Members are the records of the live instances and of those that left
+	// or died within the longest Keep, the caller's included.
+	Members []MemberRecord
+	// Hot are the keys hot now.
+	Hot []HotKey
+}
+
+// SlotStore holds the fleet's slot counts, one entry per zone and key, and
+// its membership.
 type SlotStore interface {
 	// Sync runs every step and fills replies (one per step). Steps are
 	// independent: one that fails does not stop the others. It returns the
 	// first step's error, if any. A store never re-sends a step by itself.
 	Sync(ctx context.Context, steps []Step, replies []Reply) error
-	// Heartbeat registers member as live in the membership key until
-	// now+ttl (Unix ms) and returns the fleet as it stands.
-	Heartbeat(ctx context.Context, key string, member, now int64, ttl time.Duration) (Membership, error)
+	// Heartbeat records hb in the fleet's membership (key) and hot keys
+	// (hotKey), and returns the fleet as it stands.
+	Heartbeat(ctx context.Context, key, hotKey string, hb Heartbeat) (Fleet, error)
 }
 
 // MemoryStore is the embedded SlotStore of a single instance (and, shared by
 // several engines, a fleet in tests).
 type MemoryStore struct {
-	mu      sync.Mutex
-	keys    map[string]*memoryKey
-	members map[string]map[int64]int64 // membership key -> member -> live until (Unix ms)
-	now     func() time.Time
+	mu     sync.Mutex
+	keys   map[string]*memoryKey
+	fleets map[string]*memoryFleet      // membership key -> membership
+	hot    map[string]map[string]HotKey // hot key set -> key -> mark
+	now    func() time.Time
+}
+
+type memoryFleet struct {
+	founded int64
+	keep    int64 // ms
+	members map[int64]MemberRecord
 }
 
 type memoryKey struct {
@@ -90,21 +143,49 @@ var _ SlotStore = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty in-process slot store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{keys: make(map[string]*memoryKey), members: make(map[string]map[int64]int64), now: time.Now}
+	return &MemoryStore{keys: make(map[string]*memoryKey), fleets: make(map[string]*memoryFleet), hot: make(map[string]map[string]HotKey), now: time.Now}
 }
 
 // Heartbeat implements SlotStore.
-func (m *MemoryStore) Heartbeat(_ context.Context, key string, member, now int64, ttl time.Duration) (Membership, error) {
+func (m *MemoryStore) Heartbeat(_ context.Context, key, hotKey string, hb Heartbeat) (Fleet, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	set := m.members[key]
-	fresh := len(set) == 0
-	if set == nil {
-		set = make(map[int64]int64)
-		m.members[key] = set
+	f := m.fleets[key]
+	out := Fleet{Fresh: f == nil}
+	if f == nil {
+		f = &memoryFleet{founded: hb.Now, members: make(map[int64]MemberRecord)}
+		m.fleets[key] = f
 	}
-	set[member] = now + ttl.Milliseconds()
-	return Membership{Live: liveMembers(set, now, 0), Fresh: fresh}, nil
+	f.keep = max(f.keep, hb.Keep.Milliseconds())
+	f.members[hb.Member] = MemberRecord{Member: hb.Member, Joined: hb.Joined, Until: hb.Now + hb.TTL.Milliseconds(), Seen: hb.Seen}
+	out.Founded = f.founded
+	for id, r := range f.members {
+		if r.Until+f.keep <= hb.Now {
+			delete(f.members, id)
+			continue
+		}
+		out.Members = append(out.Members, r)
+	}
+	hot := m.hot[hotKey]
+	if hot == nil {
+		hot = make(map[string]HotKey)
+		m.hot[hotKey] = hot
+	}
+	for _, h := range hb.Hot {
+		h.At = hb.Now
+		if cur, ok := hot[h.Key]; ok && cur.Until > hb.Now {
+			h.At = cur.At
+		}
+		hot[h.Key] = h
+	}
+	for k, h := range hot {
+		if h.Until <= hb.Now {
+			delete(hot, k)
+			continue
+		}
+		out.Hot = append(out.Hot, h)
+	}
+	return out, nil
 }
 
 // liveMembers counts the members of set live at now (Unix ms), but except,

@@ -219,3 +219,66 @@ func expiresIn(t testing.TB, s SlotStore, key string) time.Duration {
 	t.Fatalf("expiresIn: a store of type %T", s)
 	return 0
 }
+
+// TestHeartbeatConformance: every store keeps the fleet's membership and hot
+// keys alike. A record outlives its instance by the longest Keep asked for,
+// with when it joined and when it last learned the fleet; the founding time
+// stays; a hot key keeps when it became hot while it is announced again, and
+// is gone once its announcements stop.
+func TestHeartbeatConformance(t *testing.T) {
+	for _, sc := range storeCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			s := sc.setup(t)(t)
+			ctx := context.Background()
+			const members, hot = "hb:members:{fleet}", "hb:hot:{fleet}"
+			beat := func(hb Heartbeat) Fleet {
+				t.Helper()
+				f, err := s.Heartbeat(ctx, members, hot, hb)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return f
+			}
+			const t0 = int64(1_800_000_000_000) // Unix ms
+			keep := 10 * time.Second
+			f := beat(Heartbeat{Member: 1 << 52, Now: t0, TTL: 2 * time.Second, Joined: t0, Seen: t0, Keep: keep,
+				Hot: []HotKey{{Key: "p:rl:{z:a}:500x20", Until: t0 + 2000, Room: 7}}})
+			if !f.Fresh || f.Founded != t0 || len(f.Members) != 1 || f.Members[0] != (MemberRecord{Member: 1 << 52, Joined: t0, Until: t0 + 2000, Seen: t0}) {
+				t.Fatalf("first heartbeat: %+v", f)
+			}
+			if len(f.Hot) != 1 || f.Hot[0] != (HotKey{Key: "p:rl:{z:a}:500x20", Until: t0 + 2000, Room: 7, At: t0}) {
+				t.Fatalf("hot keys: %+v", f.Hot)
+			}
+			// A second instance; the first leaves (TTL 0) having last seen
+			// the fleet at t0.
+			f = beat(Heartbeat{Member: 2, Now: t0 + 500, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 500, Keep: time.Second,
+				Hot: []HotKey{{Key: "p:rl:{z:a}:500x20", Until: t0 + 2500, Room: -3}}})
+			if f.Fresh || f.Founded != t0 || len(f.Members) != 2 {
+				t.Fatalf("second instance: %+v", f)
+			}
+			if len(f.Hot) != 1 || f.Hot[0].At != t0 || f.Hot[0].Room != -3 || f.Hot[0].Until != t0+2500 {
+				t.Fatalf("announced again: %+v, want it hot since t0", f.Hot)
+			}
+			beat(Heartbeat{Member: 1 << 52, Now: t0 + 600, Joined: t0, Seen: t0, Keep: keep})
+			// Past the hot key's last announcement, and within the longest
+			// keep of the first instance's end.
+			f = beat(Heartbeat{Member: 2, Now: t0 + 9000, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 9000, Keep: time.Second})
+			if len(f.Hot) != 0 {
+				t.Fatalf("hot keys after their last announcement lapsed: %+v", f.Hot)
+			}
+			var gone *MemberRecord
+			for i := range f.Members {
+				if f.Members[i].Member == 1<<52 {
+					gone = &f.Members[i]
+				}
+			}
+			if len(f.Members) != 2 || gone == nil || gone.Until != t0+600 || gone.Seen != t0 {
+				t.Fatalf("the record of an instance that left: %+v", f.Members)
+			}
+			f = beat(Heartbeat{Member: 2, Now: t0 + 10_700, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 10_700, Keep: time.Second})
+			if len(f.Members) != 1 || f.Members[0].Member != 2 {
+				t.Fatalf("past the longest keep: %+v, want only the live instance", f.Members)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -23,13 +24,64 @@ type Zone struct {
 	name    string
 	id      int // creation order; requests lock zones in this order
 	slots   window.Slots
-	storeID string // <prefix>:rl:{<name>:  — the key's hash and the window follow
+	storeID string // <prefix>:rl:{<name>:  — the key's hash and storeSuffix follow
+	// storeSuffix is }:<slot length ms>x<slots>.
+	storeSuffix string
 
 	maxKeys atomic.Int64
 	keys    atomic.Int64 // tracked keys
 	events  atomic.Int64 // the zone's limit, for the reconciler's floor shares
+	fleet   fleetView
 	shards  [shardCount]shard
 	arena   arena
+}
+
+// fleetView is the fleet as this instance's last heartbeat saw it, for one
+// zone's window (see Engine.see).
+type fleetView struct {
+	// claims counts the instances that hold or may come to hold a floor
+	// share of the zone's keys: the live ones, and those that died or left
+	// while their floor admits still count in the window. A floor share is
+	// floorFraction × events / claims.
+	claims atomic.Int64
+	// others counts the live instances other than this one, and holders
+	// those of them that hold a floor share or will by the next heartbeat;
+	// dead counts the gone ones whose floor admits may still be in the
+	// window.
+	others, holders, dead atomic.Int64
+	// eligible: this instance may admit on a floor share. A new instance
+	// becomes eligible once the larger shares the others held before it
+	// joined have left the window (see Engine.see); an instance stays
+	// eligible for its life.
+	eligible atomic.Bool
+	// Until graceUntil (Unix ns), this instance's own share is cut as if
+	// there were graceClaims claims: the larger share before a join, which
+	// it may go on spending until the one who joined takes a share.
+	graceClaims, graceUntil atomic.Int64
+	// known counts the claims every instance has surely heard of: those of
+	// instances that joined a heartbeat lifetime ago or more. No instance
+	// holds a share larger than one cut by known.
+	known atomic.Int64
+}
+
+// widest is the claims the largest floor share any instance may hold is cut
+// by: what it leaves aside for others' floor admits is cut by it.
+func (v *fleetView) widest() int64 {
+	c := v.claims.Load()
+	if k := v.known.Load(); k > 0 {
+		c = min(c, k)
+	}
+	return c
+}
+
+// claimsAt is the claims a floor share is cut by at now: during the grace
+// after a join, the fewer claims before it.
+func (v *fleetView) claimsAt(now int64) int64 {
+	c := v.claims.Load()
+	if now < v.graceUntil.Load() {
+		c = min(c, v.graceClaims.Load())
+	}
+	return c
 }
 
 type shard struct {
@@ -42,10 +94,31 @@ type shard struct {
 	// untracked holds the local caps of the shard's keys that arrived while
 	// the zone was full; nil until the first such key.
 	untracked *untrackedTable
+	// hot are the shard's keys some instance syncs because they are busy
+	// there, as of the last heartbeat: none of them is admitted on a floor
+	// share here. Nil while there are none.
+	hot map[keyhash.Hash]hotMark
+}
+
+// hotMark is what the fleet said of a hot key.
+type hotMark struct {
+	at, until int64 // when it became hot, and hot until (Unix ns)
+	room      int64 // what its announcer saw left in the window
+}
+
+// hotMark returns the mark of h if it is hot at now. The caller holds the
+// shard's lock.
+func (s *shard) hotAt(h keyhash.Hash, now int64) (hotMark, bool) {
+	if len(s.hot) == 0 {
+		return hotMark{}, false
+	}
+	m, ok := s.hot[h]
+	return m, ok && m.until > now
 }
 
 func newZone(prefix, name string, id int, slots window.Slots) *Zone {
-	z := &Zone{name: name, id: id, slots: slots, storeID: prefix + ":rl:{" + name + ":"}
+	z := &Zone{name: name, id: id, slots: slots, storeID: prefix + ":rl:{" + name + ":",
+		storeSuffix: "}:" + strconv.FormatInt(slots.Len/1e6, 10) + "x" + strconv.FormatInt(slots.N, 10)}
 	z.maxKeys.Store(DefaultMaxKeys)
 	z.arena.ringLen = int(slots.N) + 1
 	for i := range z.shards {
@@ -83,20 +156,28 @@ func (z *Zone) Keys() int64 { return z.keys.Load() }
 // command of a key touches one slot; the suffix keeps counts of another
 // window length apart.
 func (z *Zone) storeKey(h keyhash.Hash) string {
-	b := make([]byte, 0, len(z.storeID)+64)
-	b = append(b, z.storeID...)
-	b = append(b, h.String()...)
-	b = append(b, "}:"...)
-	b = strconv.AppendInt(b, z.slots.Len/1e6, 10)
-	b = append(b, 'x')
-	b = strconv.AppendInt(b, z.slots.N, 10)
-	return string(b)
+	return z.storeID + h.String() + z.storeSuffix
+}
+
+// keyOf is the key hash in a store key of the zone's (see storeKey), if it is
+// one.
+func (z *Zone) keyOf(storeKey string) (keyhash.Hash, bool) {
+	rest, ok := strings.CutPrefix(storeKey, z.storeID)
+	if !ok {
+		return keyhash.Hash{}, false
+	}
+	hex, ok := strings.CutSuffix(rest, z.storeSuffix)
+	if !ok {
+		return keyhash.Hash{}, false
+	}
+	return keyhash.Parse(hex)
 }
 
 func (z *Zone) shardOf(h keyhash.Hash) *shard { return &z.shards[h.Lo&(shardCount-1)] }
 
 // lock locks the shard of h and returns it with h's state: its entry, made
-// now if the zone has room (on its floor share when onFloor), or else its
+// now if the zone has room (on its floor share when onFloor and the key is
+// not hot), or else its
 // untracked local cap. The caller unlocks the shard.
 func (z *Zone) lock(h keyhash.Hash, now int64, onFloor bool) (*shard, *entry, []uint32, *untrackedState) {
 	s := z.shardOf(h)
@@ -107,7 +188,7 @@ func (z *Zone) lock(h keyhash.Hash, now int64, onFloor bool) (*shard, *entry, []
 	}
 	if z.reserveKey() {
 		var flags uint8
-		if onFloor {
+		if _, hot := s.hotAt(h, now); onFloor && !hot {
 			flags = flagFloor
 		}
 		e, ring := z.insert(s, h, now, flags)

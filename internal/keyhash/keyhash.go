@@ -38,3 +38,20 @@ func (h Hash) String() string {
 	}
 	return hex.EncodeToString(b[:])
 }
+
+// Parse reads a digest rendered by String.
+func Parse(s string) (Hash, bool) {
+	var b [16]byte
+	if len(s) != 32 {
+		return Hash{}, false
+	}
+	if _, err := hex.Decode(b[:], []byte(s)); err != nil {
+		return Hash{}, false
+	}
+	var h Hash
+	for i := 0; i < 8; i++ {
+		h.Hi = h.Hi<<8 | uint64(b[i])
+		h.Lo = h.Lo<<8 | uint64(b[8+i])
+	}
+	return h, true
+}

@@ -52,3 +52,17 @@ func BenchmarkOf(b *testing.B) {
 		_ = Of(s)
 	}
 }
+
+func TestParseReadsString(t *testing.T) {
+	for _, s := range []string{"", "a", "sk-123456"} {
+		h := Of(s)
+		if got, ok := Parse(h.String()); !ok || got != h {
+			t.Fatalf("Parse(%q) = %v %v, want %v", h.String(), got, ok, h)
+		}
+	}
+	for _, bad := range []string{"", "00", "zz" + Of("x").String()[2:]} {
+		if _, ok := Parse(bad); ok {
+			t.Fatalf("Parse(%q) accepted", bad)
+		}
+	}
+}

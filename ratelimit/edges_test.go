@@ -1,0 +1,183 @@
+package ratelimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/window"
+)
+
+// edgeCase is a fleet at one of its edges, on a simulated clock: instances
+// that restart, join, or take most of a key's traffic, and limits smaller
+// than the fleet. Every instance runs its heartbeats, passes and early
+// passes as the reconciler does (heartbeats every heartbeatEvery, a full
+// pass every interval at its own phase, an early pass whenever keys are
+// queued), and the test judges each key by the worst sliding window of its
+// admits' exact timestamps.
+type edgeCase struct {
+	name      string
+	instances int
+	events    int64
+	rates     []float64 // each key's offered requests per second
+	seconds   int
+	// pick chooses the instance of a request among the live ones.
+	pick func(rng *rand.Rand, live []*edgeInstance) *edgeInstance
+	// churn restarts the instances from churnFrom on every churnEvery,
+	// gracefully (Close) or not (kill -9).
+	churnFrom  int
+	churnEvery time.Duration
+	kill       bool
+	// joinAt adds joinN instances at that time.
+	joinAt time.Duration
+	joinN  int
+}
+
+type edgeInstance struct {
+	e     *Engine
+	z     *Zone
+	phase int64 // the offset of its full passes in the interval
+	hbAt  int64
+}
+
+type edgeResult struct {
+	worst  []int // per key
+	denied []int
+	asked  []int
+}
+
+const edgeInterval = 100 * time.Millisecond
+
+func (c edgeCase) run(t *testing.T, store SlotStore, seed uint64) edgeResult {
+	t.Helper()
+	l := mustLimit(t, c.events, 10*time.Second, 0)
+	rng := rand.New(rand.NewPCG(seed, 11))
+	ctx := context.Background()
+	start := time.Now().UnixNano()
+	newInstance := func(now int64) *edgeInstance {
+		e := newEngine(t, Options{Store: store, Prefix: t.Name(), SyncInterval: edgeInterval})
+		in := &edgeInstance{e: e, z: e.Zone("z", l), phase: rng.Int64N(int64(edgeInterval))}
+		// Caddy starts the engine (its first heartbeat) before it serves.
+		in.e.heartbeat(ctx, now/int64(time.Millisecond))
+		in.hbAt = now
+		return in
+	}
+	var live []*edgeInstance
+	for range c.instances {
+		live = append(live, newInstance(start))
+	}
+	const step = 5 * time.Millisecond
+	res := edgeResult{worst: make([]int, len(c.rates)), denied: make([]int, len(c.rates)), asked: make([]int, len(c.rates))}
+	admits := make([][]int64, len(c.rates))
+	steps := int64(c.seconds) * int64(time.Second/step)
+	for i := range steps {
+		now := start + i*int64(step)
+		if c.churnEvery > 0 && i > 0 && (i*int64(step))%int64(c.churnEvery) == 0 {
+			for j := c.churnFrom; j < len(live); j++ {
+				if !c.kill {
+					live[j].e.leave(ctx, now)
+				}
+				live[j] = newInstance(now)
+			}
+		}
+		if c.joinN > 0 && i*int64(step) == int64(c.joinAt) {
+			for range c.joinN {
+				live = append(live, newInstance(now))
+			}
+		}
+		for k, rate := range c.rates {
+			// Evenly spaced arrivals: a key at 90% of its limit has 90% of
+			// it in every window, so any denial of it is false.
+			if int64(float64(i+1)*step.Seconds()*rate) == int64(float64(i)*step.Seconds()*rate) {
+				continue
+			}
+			in := c.pick(rng, live)
+			res.asked[k]++
+			if allow(in.e, in.z, l, "k"+strconv.Itoa(k), now).Allowed {
+				admits[k] = append(admits[k], now)
+			} else {
+				res.denied[k]++
+			}
+		}
+		for _, in := range live {
+			if now-in.hbAt >= in.e.heartbeatEvery()*int64(time.Millisecond) {
+				in.e.heartbeat(ctx, now/int64(time.Millisecond))
+				in.hbAt = now
+			}
+			if (now-start+in.phase)%int64(edgeInterval) < int64(step) {
+				_ = in.e.pass(ctx, now, false)
+			} else {
+				_ = in.e.pass(ctx, now, true)
+			}
+		}
+	}
+	for k, ts := range admits {
+		slices.Sort(ts)
+		res.worst[k] = window.MostInAny(ts, 10*time.Second)
+	}
+	return res
+}
+
+func pickAny(rng *rand.Rand, live []*edgeInstance) *edgeInstance {
+	return live[rng.IntN(len(live))]
+}
+
+// pickSkewed sends 90% of the traffic to the first instance.
+func pickSkewed(rng *rand.Rand, live []*edgeInstance) *edgeInstance {
+	if rng.Float64() < 0.9 {
+		return live[0]
+	}
+	return live[1+rng.IntN(len(live)-1)]
+}
+
+// TestTheFleetHoldsAtItsEdges: through restarts (graceful and kill -9) every
+// 1.5 s, joins, limits smaller than the fleet and 90% of a key's traffic on
+// one instance of 8, no key's worst window passes its limit by more than 2%
+// (limits under the fleet's size: not at all), and no key offered under 95%
+// of its limit is denied.
+func TestTheFleetHoldsAtItsEdges(t *testing.T) {
+	// Keys 0 and 1 at 4x and 1.5x the limit, 2 and 3 at 90% and 50%.
+	rates := []float64{40, 15, 9, 5}
+	cases := []edgeCase{
+		{name: "churn graceful", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond},
+		{name: "churn kill", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true},
+		{name: "join 2 to 4", instances: 2, events: 100, rates: rates, seconds: 40, pick: pickAny, joinAt: 15 * time.Second, joinN: 2},
+		{name: "skew 8 instances", instances: 8, events: 100, rates: rates, seconds: 40, pick: pickSkewed},
+	}
+	srv := redistest.Start(t)
+	for _, c := range cases {
+		for seed := range uint64(4) {
+			// Seeds 0-2 on the embedded store, seed 3 on Redis.
+			store, on := SlotStore(NewMemoryStore()), "memory"
+			if seed == 3 {
+				store, on = NewRedisStore(srv.Client(t)), "redis"
+			}
+			t.Run(c.name+"/"+on+"/seed"+strconv.FormatUint(seed, 10), func(t *testing.T) {
+				c.check(t, c.run(t, store, seed))
+			})
+		}
+	}
+}
+
+// check judges one run of c.
+func (c edgeCase) check(t *testing.T, res edgeResult) {
+	t.Helper()
+	limit := float64(c.events) / 10 // per second
+	for k, rate := range c.rates {
+		t.Logf("key %d at %.0f%% of the limit: worst window %d of %d, denied %d of %d", k, 100*rate/limit, res.worst[k], c.events, res.denied[k], res.asked[k])
+		most := c.events + c.events/50
+		if c.events < int64(c.instances) {
+			most = c.events
+		}
+		if int64(res.worst[k]) > most {
+			t.Errorf("key %d: worst window %d, limit %d", k, res.worst[k], c.events)
+		}
+		if rate < 0.95*limit && res.denied[k] > 0 {
+			t.Errorf("key %d at %.0f%% of its limit: %d of %d denied", k, 100*rate/limit, res.denied[k], res.asked[k])
+		}
+	}
+}
