@@ -181,3 +181,30 @@ func (c edgeCase) check(t *testing.T, res edgeResult) {
 		}
 	}
 }
+
+// TestLimitsSmallerThanTheFleetHoldExactly: a limit too small to share out
+// as floor shares (3 or 1 per window on 4 and 8 instances) is admitted on
+// reservations, so no window ever holds more than the limit. What it costs
+// is logged: a request on an instance that holds no reservation is denied
+// while that instance asks for one.
+func TestLimitsSmallerThanTheFleetHoldExactly(t *testing.T) {
+	cases := []edgeCase{
+		{name: "limit 3 on 4", instances: 4, events: 3, rates: []float64{4, 0.27}, seconds: 60, pick: pickAny},
+		{name: "limit 3 on 8", instances: 8, events: 3, rates: []float64{4, 0.27}, seconds: 60, pick: pickAny},
+		{name: "limit 1 on 4", instances: 4, events: 1, rates: []float64{4, 0.09}, seconds: 60, pick: pickAny},
+		{name: "limit 1 on 8 with churn", instances: 8, events: 1, rates: []float64{4, 0.09}, seconds: 60, pick: pickAny, churnFrom: 6, churnEvery: 1500 * time.Millisecond, kill: true},
+	}
+	for _, c := range cases {
+		for seed := range uint64(3) {
+			t.Run(c.name+"/seed"+strconv.FormatUint(seed, 10), func(t *testing.T) {
+				res := c.run(t, NewMemoryStore(), seed)
+				for k, rate := range c.rates {
+					t.Logf("key %d at %.0f%% of the limit: worst window %d of %d, denied %d of %d", k, 100*rate/(float64(c.events)/10), res.worst[k], c.events, res.denied[k], res.asked[k])
+					if int64(res.worst[k]) > c.events {
+						t.Errorf("key %d: worst window %d, limit %d", k, res.worst[k], c.events)
+					}
+				}
+			})
+		}
+	}
+}

@@ -298,7 +298,7 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 		s, en, ring, untracked := c.Zone.lock(c.Key, now, floor > 0)
 		tat, oldest := e.judge(c, s, en, ring, untracked, now, staleAfter, floor, near, v)
 		if v.Allowed {
-			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
+			record(s, c.Key, en, ring, untracked, c.Limit, tat, oldest, now, v)
 		}
 		s.mu.Unlock()
 		if v.Allowed {
@@ -332,7 +332,7 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	}
 	if denied < 0 {
 		for i := range checks {
-			record(entries[i], rings[i], untracked[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
+			record(shards[i], checks[i].Key, entries[i], rings[i], untracked[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
 		}
 	}
 	for i := len(checks) - 1; i >= 0; i-- {
@@ -352,6 +352,11 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 		return judgeUntracked(l, untracked, now, v), 0
 	}
 	en.advance(ring, l.slots.Of(now))
+	if near && en.flags&flagFloor == 0 && reserves(c.Zone, l.Events) {
+		en.flags |= flagReserved
+		return e.judgeReserved(c, s, en, ring, now, v)
+	}
+	en.flags &^= flagReserved
 	events := l.Events
 	if near {
 		if en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
@@ -452,16 +457,30 @@ func judgeUntracked(l *Limit, st *untrackedState, now int64, v *Verdict) (tat in
 	return g.newTAT
 }
 
-// record counts an admitted request in the key's ring, or for an untracked
-// key in its local cap alone. The caller holds the key's shard lock.
-func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
+// record counts an admitted request of h in the key's ring (or takes one of
+// its reservations, which the ring counts already), or for an untracked key
+// in its local cap alone. The caller holds the key's shard lock, s.
+func record(s *shard, h keyhash.Hash, en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
 	if en == nil {
 		untracked.tat = tat
 		return
 	}
-	ring[slotIndex(en.head, int64(len(ring)))]++
-	en.pendCur++
-	en.sinceRead++
+	n := int64(len(ring))
+	if en.flags&flagReserved != 0 {
+		// The ring counts the reservation in its slot already; the admit
+		// moves to head, in the store at the next step.
+		if slot := s.takeReserved(h, en.head); slot != en.head {
+			if slot > en.head-n {
+				ring[slotIndex(slot, n)]--
+			}
+			ring[slotIndex(en.head, n)]++
+			en.pendCur++
+		}
+	} else {
+		ring[slotIndex(en.head, n)]++
+		en.pendCur++
+		en.sinceRead++
+	}
 	en.tat = tat
 	// The oldest counted request (this one, if it is the only one) leaves the
 	// window when its slot does.

@@ -55,6 +55,9 @@ const (
 	// flagLeaving: a synced key that deregistered at leftAt; it stays
 	// synced until the others have read so.
 	flagLeaving
+	// flagReserved: the key is admitted on reservations (see reserve.go);
+	// its admits are in the store before they are made.
+	flagReserved
 )
 
 // demandHorizon is the time constant of the demand rates, in sync intervals:

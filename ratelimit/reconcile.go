@@ -22,6 +22,9 @@ type plan struct {
 	hash   keyhash.Hash
 	demand uint32 // this instance's demand pushed by the step
 	readAt int64  // the entry's previous read (see entry.readAt)
+	// reserveSlot is the slot the step asked to reserve admits in, if it
+	// asked (see reserve.go).
+	reserveSlot int64
 	// join: the step pushes a floor-share key's admits and registers it as
 	// synced; leave: it deregisters a synced key that went back under its
 	// floor share.
@@ -453,7 +456,7 @@ func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []pl
 			en.flags &^= flagLeaving
 		}
 		if en.pending() || en.demand > 0 || now-en.lastSeen < staleAfter {
-			p, st := e.claim(z, h, en, ring, now)
+			p, st := e.claim(z, s, h, en, ring, now)
 			plans, steps = append(plans, p), append(steps, st)
 		}
 	}
@@ -509,7 +512,7 @@ func (e *Engine) claimQueuedKey(k queued, now int64) (plan, Step, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if en, ring := k.zone.lookup(s, k.hash); en != nil && en.flags&flagQueued != 0 {
-		p, st := e.claim(k.zone, k.hash, en, ring, now)
+		p, st := e.claim(k.zone, s, k.hash, en, ring, now)
 		return p, st, true
 	}
 	return plan{}, Step{}, false
@@ -520,7 +523,7 @@ func (e *Engine) claimQueuedKey(k queued, now int64) (plan, Step, bool) {
 // synced key renews its registration, or gives it up when the fleet's count
 // has fallen under a quarter of its floor share. The caller holds the key's
 // shard lock.
-func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now int64) (plan, Step) {
+func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32, now int64) (plan, Step) {
 	p := plan{zone: z, hash: h, demand: en.demand, readAt: en.readAt}
 	floor := e.floorOf(z, z.events.Load(), now)
 	st := Step{
@@ -554,6 +557,14 @@ func (e *Engine) claim(z *Zone, h keyhash.Hash, en *entry, ring []uint32, now in
 			p.leave, st.MemberTTL = true, 0
 		}
 	}
+	if mv, ok := s.claimMoved(h); ok {
+		st.Window = append(st.Window, mv)
+	}
+	if en.flags&flagReserved != 0 && en.demand > 0 && s.reservedOf(h, e.lapseSlot(z, now)) == 0 {
+		// Asked for here and none held: reserve some.
+		st.Reserve, st.Limit = reserveWant(en, z.events.Load()), z.events.Load()
+		p.reserveSlot = en.head
+	}
 	en.pendCur, en.pendPrev, en.demand = 0, 0, 0
 	en.flags &^= flagQueued
 	return p, st
@@ -582,6 +593,9 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 		z.toSynced(s, p.hash, en)
 	}
 	en.syncing = uint16(min(r.Syncing, math.MaxUint16))
+	if r.Reserved > 0 {
+		s.addReserved(p.hash, r.Reserved, p.reserveSlot)
+	}
 	n := int64(len(ring))
 	for _, sc := range r.Slots {
 		if sc.Slot > en.head || sc.Slot <= en.head-n {

@@ -163,11 +163,11 @@ func (r *RedisStore) run(ctx context.Context, steps []Step, replies []Reply, tod
 	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
 			st := &steps[i]
-			args := make([]any, 0, 10+2*len(st.Window))
-			args = append(args, st.Oldest, st.TTL.Milliseconds(), st.Demand, st.Member, st.Now, st.MemberTTL.Milliseconds())
+			args := make([]any, 0, 13+2*len(st.Window))
+			args = append(args, st.Oldest, st.TTL.Milliseconds(), st.Demand, st.Member, st.Now, st.MemberTTL.Milliseconds(), st.Reserve, st.Limit, st.Adds[0].Slot)
 			for _, adds := range [2][]SlotCount{st.Adds[:], st.Window} {
 				for _, a := range adds {
-					if a.Count > 0 {
+					if a.Count != 0 {
 						args = append(args, a.Slot, a.Count)
 					}
 				}
@@ -192,7 +192,7 @@ func (r *RedisStore) run(ctx context.Context, steps []Step, replies []Reply, tod
 
 func parseReply(key string, res any) Reply {
 	vals, ok := res.([]any)
-	if !ok || len(vals) < 2 || len(vals)%2 != 0 {
+	if !ok || len(vals) < 3 || len(vals)%2 != 1 {
 		return Reply{Err: fmt.Errorf("syncing %s: unexpected reply %v", key, res)}
 	}
 	ints := make([]int64, len(vals))
@@ -203,8 +203,8 @@ func parseReply(key string, res any) Reply {
 		}
 		ints[i] = n
 	}
-	r := Reply{Demand: ints[0], Syncing: ints[1], Slots: make([]SlotCount, 0, len(ints)/2)}
-	for i := 2; i < len(ints); i += 2 {
+	r := Reply{Demand: ints[0], Syncing: ints[1], Reserved: ints[2], Slots: make([]SlotCount, 0, len(ints)/2)}
+	for i := 3; i < len(ints); i += 2 {
 		r.Slots = append(r.Slots, SlotCount{Slot: ints[i], Count: max(ints[i+1], 0)})
 	}
 	return r

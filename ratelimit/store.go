@@ -22,8 +22,10 @@ type Step struct {
 	Demand int64
 	Oldest int64
 	TTL    time.Duration
-	// Window holds more admits to add, one per slot: those an instance made
-	// under its floor share, pushed when it starts syncing the key.
+	// Window holds more counts to add, one per slot: the admits an instance
+	// made under its floor share, pushed when it starts syncing the key, or
+	// (negative) reserved admits moved out of their slot to when they were
+	// made.
 	Window []SlotCount
 	// Member, when not 0, is the instance taking part: it is registered as
 	// syncing the key until Now+MemberTTL (Unix ms), or deregistered when
@@ -31,6 +33,11 @@ type Step struct {
 	Member    int64
 	Now       int64
 	MemberTTL time.Duration
+	// Reserve, when above 0, asks the store to count up to Reserve admits in
+	// slot Adds[0].Slot ahead of time, as far as the window's count stays
+	// within Limit: the instance may then make them without telling anyone
+	// (see Reply.Reserved).
+	Reserve, Limit int64
 }
 
 // Reply is what a Step left in the store.
@@ -44,6 +51,9 @@ type Reply struct {
 	// (their admits are in Slots); every other live instance may hold up to
 	// its floor share unreported.
 	Syncing int64
+	// Reserved is how many admits the step reserved (see Step.Reserve); they
+	// are in Slots.
+	Reserved int64
 	// Err is set when the step failed; it may or may not have applied.
 	Err error
 }
@@ -220,12 +230,12 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 		delete(m.keys, st.Key)
 		k = nil
 	}
-	writes := st.Demand > 0 || (st.Member != 0 && st.MemberTTL > 0)
+	writes := st.Demand > 0 || (st.Member != 0 && st.MemberTTL > 0) || st.Reserve > 0
 	for _, a := range st.Adds {
 		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
 	}
 	for _, a := range st.Window {
-		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
+		writes = writes || (a.Count != 0 && a.Slot >= st.Oldest)
 	}
 	if k == nil && !writes {
 		return Reply{}
@@ -236,7 +246,7 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 	}
 	for _, adds := range [][]SlotCount{st.Adds[:], st.Window} {
 		for _, a := range adds {
-			if a.Count > 0 && a.Slot >= st.Oldest {
+			if a.Count != 0 && a.Slot >= st.Oldest {
 				k.slots[a.Slot] += a.Count
 			}
 		}
@@ -249,11 +259,20 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 		delete(k.syncing, st.Member)
 	}
 	r := Reply{Demand: k.demand, Syncing: liveMembers(k.syncing, st.Now, st.Member), Slots: make([]SlotCount, 0, len(k.slots))}
+	var used int64
 	for s, c := range k.slots {
 		if s < st.Oldest {
 			delete(k.slots, s)
 			continue
 		}
+		used += c
+	}
+	if r.Reserved = min(st.Reserve, st.Limit-used); r.Reserved > 0 {
+		k.slots[st.Adds[0].Slot] += r.Reserved
+	} else {
+		r.Reserved = 0
+	}
+	for s, c := range k.slots {
 		r.Slots = append(r.Slots, SlotCount{Slot: s, Count: c})
 	}
 	k.expires = now.Add(st.TTL)

@@ -154,6 +154,30 @@ func TestSlotStoreConformance(t *testing.T) {
 				}
 			}
 		}},
+		{"reservations stay within the limit", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
+			a, b := newStore(t), newStore(t)
+			mk := func(reserve, add int64) []Step {
+				var steps []Step
+				for k := 0; k < keys; k++ {
+					steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 0, TTL: time.Minute,
+						Adds: [2]SlotCount{{Slot: 9, Count: add}}, Reserve: reserve, Limit: 3})
+				}
+				return steps
+			}
+			// One admit, then 1 of 1 and 1 of 5 asked: the third is all
+			// the limit of 3 leaves; then nothing is left.
+			for i, want := range []struct{ reserve, add, got, slot int64 }{{1, 1, 1, 2}, {5, 0, 1, 3}, {1, 0, 0, 3}} {
+				s := a
+				if i%2 == 1 {
+					s = b
+				}
+				for k, r := range syncSteps(t, s, mk(want.reserve, want.add)) {
+					if r.Reserved != want.got || slotMap(r)[9] != want.slot {
+						t.Fatalf("step %d, key %d: reserved %d slots %v, want %d reserved and slot 9 at %d", i, k, r.Reserved, slotMap(r), want.got, want.slot)
+					}
+				}
+			}
+		}},
 	}
 	for _, sc := range storeCases() {
 		t.Run(sc.name, func(t *testing.T) {

@@ -9,12 +9,15 @@
 -- ARGV[4]  the instance's number, or 0
 -- ARGV[5]  now, Unix ms
 -- ARGV[6]  the instance's registration lasts this long, in ms (0: deregister)
--- ARGV[7…] pairs of slot and count to add
--- Returns { demand, syncing, slot, count, slot, count, … } for the slots that
--- count, where syncing is how many other instances are registered.
+-- ARGV[7]  admits to reserve ahead of time (0: none), in slot ARGV[9], as far
+--          as the window's count stays within ARGV[8]
+-- ARGV[10…] pairs of slot and count to add
+-- Returns { demand, syncing, reserved, slot, count, slot, count, … } for the
+-- slots that count, where syncing is how many other instances are
+-- registered and reserved how many admits were reserved.
 local key = KEYS[1]
 local oldest = tonumber(ARGV[1])
-for i = 7, #ARGV, 2 do
+for i = 10, #ARGV, 2 do
 	if tonumber(ARGV[i]) >= oldest then
 		redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
 	end
@@ -26,7 +29,8 @@ local self = '-' .. ARGV[4]
 local now = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local fields = redis.call('HGETALL', key)
-local out = { 0, 0 }
+local out = { 0, 0, 0 }
+local used = 0
 local old = {}
 local mine = nil -- this instance's registration (until when), if any
 for i = 1, #fields, 2 do
@@ -46,6 +50,19 @@ for i = 1, #fields, 2 do
 	else
 		out[#out + 1] = tonumber(f)
 		out[#out + 1] = tonumber(fields[i + 1])
+		used = used + tonumber(fields[i + 1])
+	end
+end
+local reserve = math.min(tonumber(ARGV[7]), tonumber(ARGV[8]) - used)
+if reserve > 0 then
+	redis.call('HINCRBY', key, ARGV[9], reserve)
+	out[3] = reserve
+	out[#out + 1] = tonumber(ARGV[9])
+	out[#out + 1] = reserve -- the slot's count is the largest one returned
+	for i = 4, #out - 2, 2 do
+		if out[i] == out[#out - 1] then
+			out[#out] = out[#out] + out[i + 1]
+		end
 	end
 end
 if ARGV[4] ~= '0' then
@@ -60,7 +77,7 @@ end
 if #old > 0 then
 	redis.call('HDEL', key, unpack(old))
 end
-if #fields > 0 or (ARGV[4] ~= '0' and ttl > 0) then
+if #fields > 0 or reserve > 0 or (ARGV[4] ~= '0' and ttl > 0) then
 	redis.call('PEXPIRE', key, ARGV[2])
 end
 return out

@@ -98,6 +98,10 @@ type shard struct {
 	// there, as of the last heartbeat: none of them is admitted on a floor
 	// share here. Nil while there are none.
 	hot map[keyhash.Hash]hotMark
+	// reservations are what this instance holds of the reserved admits of
+	// the shard's keys admitted on reservations (see reserve.go). Nil while
+	// there are none.
+	reservations map[keyhash.Hash]reservation
 }
 
 // hotMark is what the fleet said of a hot key.
