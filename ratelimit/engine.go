@@ -366,7 +366,7 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 			en.flags &^= flagSynced | flagLeaving
 		}
 		if en.flags&flagFloor == 0 {
-			events -= e.setAside(c.Zone, s, c.Key, en, l.Events, now, staleAfter)
+			events -= e.setAside(c.Zone, s, c.Key, en, l.Events, now)
 		}
 	}
 	en.lastSeen = now
@@ -382,7 +382,13 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 		e.enqueue(c.Zone, c.Key, en)
 		onFloor = false
 	}
+	// A reservation held here is an admit the store counts already.
+	reserved := near && !onFloor && s.reservedOf(c.Key, e.lapseSlot(c.Zone, now)) > 0
 	switch {
+	case reserved && g.allowed:
+		en.flags |= flagReserved
+		v.Allowed = true
+		v.Remaining = max(min(g.remaining, events-used), 0)
 	case used >= events:
 		v.Fleet = true
 		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-events+1))
@@ -413,21 +419,28 @@ func (e *Engine) floorIf(near bool, c *Check, now int64) int64 {
 // setAside is what a key this instance does not admit on its floor share
 // leaves for the floor admits of others that it cannot see: a floor share for
 // every instance gone while its admits still count, and, until every live
-// instance has heard that the key is hot (within a heartbeat's lifetime of
-// its becoming hot), one for every live instance holding a floor share that
-// does not sync it. An instance that has heard admits the key on no floor
+// instance has heard that the key is hot (see heardAfter), one for every
+// live instance holding a floor share that does not sync it. An instance that has heard admits the key on no floor
 // share: it pushed what it had admitted on one and syncs from then on. The
 // caller holds the key's shard lock, s.
-func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, now, staleAfter int64) int64 {
+func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, now int64) int64 {
 	sh := share(events, z.fleet.widest())
 	if sh == 0 {
 		return 0
 	}
 	n := z.fleet.dead.Load()
-	if m, hot := s.hotAt(h, now); !hot || now-m.at < staleAfter {
+	if m, hot := s.hotAt(h, now); !hot || now-m.at < e.heardAfter() {
 		n += max(z.fleet.holders.Load()-int64(en.syncing), 0)
 	}
 	return n * sh
+}
+
+// heardAfter is how long after a key became hot every live instance has
+// heard so and pushed what it admitted of it on a floor share: its next
+// heartbeat (due every heartbeatEvery, run by a pass, every interval or a
+// little later), and an early pass.
+func (e *Engine) heardAfter() int64 {
+	return e.heartbeatEvery()*int64(time.Millisecond) + 2*e.interval.Load()
 }
 
 // floorAdmits admits a key on its floor share while this instance's own
@@ -504,23 +517,39 @@ func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit
 		// window since.
 		headroom := events - used + since
 		allowance = headroom
-		// If the fleet could spend the headroom within two intervals (until
-		// the next read, plus what the others admitted since their last push),
-		// take only this instance's share of it, and keep the reads coming:
-		// every admit asks for an early sync (coalesced: one pass per
-		// earlySpacing at most).
-		shared := en.flags&flagRated != 0 && 2*float64(en.fleetRate) >= float64(headroom) && en.fleetRate > 0
+		if en.flags&flagRated == 0 {
+			// No demand measured yet (one read): an even part.
+			allowance = headroom / (z.fleet.others.Load() + 1)
+		}
+		// If the fleet could spend the headroom before the next read (the
+		// read's age and two intervals more: a busy machine's reconciler
+		// runs late), take only this instance's share of it, and keep the
+		// reads coming: every admit asks for an early sync (coalesced: one
+		// pass per earlySpacing at most).
+		intervals := float64(now-en.readAt)/float64(e.interval.Load()) + 2
+		shared := en.flags&flagRated != 0 && intervals*float64(en.fleetRate) >= float64(headroom) && en.fleetRate > 0
 		if shared {
 			// The others sync every earlySpacing too; what they admit in
 			// between is not in the read yet.
 			unseen := float64(en.fleetRate-en.ownRate) / earlySyncsPerInterval
-			allowance = int64(float64(headroom-int64(unseen))*float64(en.ownRate/en.fleetRate) + 0.5)
+			// Rounded down (less a hair, for the float's error), so that the
+			// parts of many instances never add up to more than the
+			// headroom.
+			allowance = int64(float64(headroom-int64(unseen))*float64(en.ownRate/en.fleetRate) + 1e-3)
 		}
 		// A key near its limit pushes every admit at once: one lost with
 		// the instance (kill -9) would be admitted again by the others.
 		nearFull := used*5 >= events*4
 		if since < allowance && (shared || nearFull || (since+1)*2 >= allowance) {
 			e.enqueue(z, h, en)
+		}
+		if since >= allowance && headroom > since && en.flags&flagRated != 0 && 8*en.ownRate >= en.fleetRate {
+			// This instance's part is spent, the fleet's is not: what
+			// rounding down left goes by reservations, which the store
+			// hands out exactly (see reserve.go). An instance with less
+			// than an eighth of the demand asks for none: it would hold one
+			// that busier ones could use.
+			e.askReservation(z, h, en)
 		}
 	}
 	return since < allowance

@@ -217,6 +217,10 @@ func (e *Engine) see(f Fleet, now int64) {
 		e.warmUntil.Store(now + e.staleAfter())
 	}
 	refounded := e.founded.Swap(f.Founded) != f.Founded
+	if refounded {
+		// The store restarted empty: the reservations it held are gone.
+		e.dropReservations()
+	}
 	for _, z := range *e.zones.Load() {
 		windowMs := z.slots.N * z.slots.Len / int64(time.Millisecond)
 		var claims, known, others, holders, dead int64
@@ -226,18 +230,22 @@ func (e *Engine) see(f Fleet, now int64) {
 			if founder {
 				eligibleAt = f.Founded + staleMs
 			}
-			if r.Joined <= nowMs-staleMs || founder && nowMs >= eligibleAt {
-				known++ // its claim may already be gone, but it is no surprise
-			}
+			knownToAll := r.Joined <= nowMs-staleMs || founder && nowMs >= eligibleAt
 			switch {
 			case r.Member == e.member:
 				claims++
+				if knownToAll {
+					known++
+				}
 				if nowMs >= eligibleAt {
 					z.fleet.eligible.Store(true)
 				}
 			case r.Until > nowMs:
 				claims++
 				others++
+				if knownToAll {
+					known++
+				}
 				if nowMs+staleMs >= eligibleAt {
 					holders++
 				}
@@ -246,6 +254,7 @@ func (e *Engine) see(f Fleet, now int64) {
 				// on its floor share counts until a window after its end.
 				claims++
 				dead++
+				known++
 			}
 		}
 		prev := z.fleet.claims.Load()
@@ -407,9 +416,11 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 		e.onPass(time.Since(start), err)
 	}
 	interval := e.interval.Load()
+	joined := false
 	for i := range plans {
 		if replies[i].Err == nil {
 			e.merge(&plans[i], &replies[i], now, interval)
+			joined = joined || plans[i].join
 		}
 	}
 	if err != nil {
@@ -417,6 +428,12 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 		return err
 	}
 	e.storeOK()
+	if joined {
+		// Keys started syncing here: say they are hot now rather than at
+		// the next heartbeat, so that the others stop admitting them on
+		// floor shares, and this instance stops leaving those aside, sooner.
+		e.heartbeat(ctx, now/int64(time.Millisecond))
+	}
 	return nil
 }
 
@@ -561,8 +578,10 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 		st.Window = append(st.Window, mv)
 	}
 	if en.flags&flagReserved != 0 && en.demand > 0 && s.reservedOf(h, e.lapseSlot(z, now)) == 0 {
-		// Asked for here and none held: reserve some.
-		st.Reserve, st.Limit = reserveWant(en, z.events.Load()), z.events.Load()
+		// Asked for here and none held: reserve some, within what the key
+		// leaves aside for the floor admits of others.
+		events := z.events.Load()
+		st.Reserve, st.Limit = reserveWant(en, events), events-e.setAside(z, s, h, en, events, now)
 		p.reserveSlot = en.head
 	}
 	en.pendCur, en.pendPrev, en.demand = 0, 0, 0
@@ -595,6 +614,8 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	en.syncing = uint16(min(r.Syncing, math.MaxUint16))
 	if r.Reserved > 0 {
 		s.addReserved(p.hash, r.Reserved, p.reserveSlot)
+	} else {
+		s.checkReserved(p.hash, r.Slots)
 	}
 	n := int64(len(ring))
 	for _, sc := range r.Slots {
@@ -613,16 +634,15 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	}
 	en.sinceRead = en.pendCur + en.pendPrev
 
-	// The demand since the previous read (or the first request): what this
-	// instance pushed, and what the store's counter grew by for the fleet.
-	fleet := uint32(r.Demand)
-	if p.readAt > 0 {
-		fleet -= en.fleetDemand
-	}
+	// The demand since the previous read: what this instance pushed, and
+	// what the store's counter grew by for the fleet. The first read has
+	// nothing to take the counter's growth from: the rates start at the
+	// second.
+	fleet := uint32(r.Demand) - en.fleetDemand
 	if fleet < p.demand || fleet > math.MaxInt32 {
 		fleet = p.demand // the counter restarted (expired, or a store restart)
 	}
-	if dt := now - abs(p.readAt); dt > 0 {
+	if dt := now - p.readAt; p.readAt > 0 && dt > 0 {
 		perInterval := float64(interval) / float64(dt)
 		own, all := float64(p.demand)*perInterval, float64(fleet)*perInterval
 		if en.flags&flagRated == 0 {
@@ -644,13 +664,6 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 			z.toFloor(s, p.hash, en, ring)
 		}
 	}
-}
-
-func abs(v int64) int64 {
-	if v < 0 {
-		return -v
-	}
-	return v
 }
 
 func (e *Engine) storeFailed(err error) {

@@ -8,7 +8,8 @@ import (
 
 // A key whose limit is smaller than the fleet can share out (no floor share:
 // floorFraction × events / claims is under minFloor) is admitted on
-// reservations: a step asks the store to count some admits ahead of time, as
+// reservations, and so are the last admits of any synced key's window that
+// the instances' shares, rounded down, leave: a step asks the store to count some admits ahead of time, as
 // far as the window leaves room, and the instance makes them without telling
 // anyone. Every admit is counted in the store before it is made, so the
 // window holds exactly, whatever the fleet's size; the price is that a
@@ -53,6 +54,14 @@ func (s *shard) reservedOf(h keyhash.Hash, lapse int64) int64 {
 // step to move it.
 func (e *Engine) lapseSlot(z *Zone, now int64) int64 {
 	return z.slots.Oldest(now) + (2*e.interval.Load()+z.slots.Len-1)/z.slots.Len
+}
+
+// askReservation asks the store for a reservation of a key whose share
+// here is spent while the fleet's headroom is not. The caller holds the
+// key's shard lock.
+func (e *Engine) askReservation(z *Zone, h keyhash.Hash, en *entry) {
+	en.flags |= flagReserved
+	e.enqueue(z, h, en)
 }
 
 // judgeReserved decides a request for a key admitted on reservations. A
@@ -128,7 +137,39 @@ func (s *shard) addReserved(h keyhash.Hash, n, slot int64) {
 }
 
 // reserveWant is how many admits a step asks to reserve for a key: its
-// demand here over two intervals, at least one, at most the limit.
+// demand here over two intervals, at least one, at most two (reservations
+// are the last admits of a window; one held unused is one another instance
+// could have used), at most the limit.
 func reserveWant(en *entry, events int64) int64 {
-	return min(max(int64(2*en.ownRate+0.5), 1), events)
+	return min(max(int64(2*en.ownRate+0.5), 1), 2, events)
+}
+
+// dropReservations forgets every reservation held here, when the store has
+// lost them.
+func (e *Engine) dropReservations() {
+	for _, z := range *e.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			clear(s.reservations)
+			s.mu.Unlock()
+		}
+	}
+}
+
+// checkReserved forgets h's reservation if the store no longer counts it:
+// its slot holds fewer admits than are reserved there (a store that
+// restarted empty). The caller holds s's lock.
+func (s *shard) checkReserved(h keyhash.Hash, slots []SlotCount) {
+	r, ok := s.reservations[h]
+	if !ok || r.n == 0 {
+		return
+	}
+	for _, sc := range slots {
+		if sc.Slot == r.slot && sc.Count >= r.n {
+			return
+		}
+	}
+	r.n = 0
+	s.reservations[h] = r
 }

@@ -14,6 +14,9 @@ type flow struct {
 	On          []int   // instances it is sent to (nil: every instance); only live ones receive
 	From, To    time.Duration
 	Random      bool // a random balancer instead of round robin
+	// Heavy, when set, is the part of the flow sent to its first live
+	// instance; the rest goes round robin to the others.
+	Heavy float64
 }
 
 // life is when an instance runs: from Up until Down (0: to the end).
@@ -71,9 +74,15 @@ func schedule(sc scenario) []req {
 				continue
 			}
 			var n int
-			if f.Random {
+			switch {
+			case f.Heavy > 0 && len(live) > 1:
+				n = live[0]
+				if float64(i%100) >= 100*f.Heavy {
+					n = live[1+i%(len(live)-1)]
+				}
+			case f.Random:
 				n = live[rng.IntN(len(live))]
-			} else {
+			default:
 				n = live[spread(i, f.Keys, len(live))]
 			}
 			out = append(out, req{At: at, Inst: n, Key: f.First + i%f.Keys})

@@ -11,6 +11,7 @@
 //
 //	go run ./bench/fleet -suite                     # every case of BENCHMARKS.md
 //	go run ./bench/fleet -suite -group load         # the store-load cases alone
+//	go run ./bench/fleet -suite -group edges        # restarts, tiny limits, skew, joins
 //	go run ./bench/fleet -instances 4 -rate 2000 -duration 5s -mode both
 //
 // It writes a CSV of the admitted requests of key 0 per sliding window over
@@ -53,6 +54,12 @@ type scenario struct {
 	Flows     []flow // when set, the load, instead of Rate, Pattern and Keys
 	Fleet     []life // when each instance runs (nil, or past its end: the whole run)
 	Fixed     bool   // near-limit mechanisms off
+	// Restart lists the instances that restart every RestartEvery, as a
+	// Caddy stopped and started again (Kill: killed, so that it pushes
+	// nothing and leaves no word).
+	Restart      []int
+	RestartEvery time.Duration
+	Kill         bool
 }
 
 func (s scenario) mode() string {
@@ -137,7 +144,8 @@ func main() {
 	mode := flag.String("mode", "both", "near | fixed | both")
 	cluster := flag.Bool("cluster", false, "run against a 3-node Redis Cluster")
 	suite := flag.Bool("suite", false, "run the suite of BENCHMARKS.md instead of one scenario")
-	group := flag.String("group", "", "with -suite, only this group of cases: accuracy | load")
+	group := flag.String("group", "", "with -suite, only this group of cases: accuracy | load | edges")
+	only := flag.String("case", "", "with -suite, only the cases whose name contains this")
 	csvPath := flag.String("csv", "fleet.csv", "CSV output: admits of key 0 per sliding window over time")
 	pngPath := flag.String("png", "fleet.png", "PNG output")
 	runsPath := flag.String("runs", "fleet-runs.csv", "CSV output: the figures of every run")
@@ -146,7 +154,7 @@ func main() {
 	var runs []scenario
 	if *suite {
 		for _, sc := range suiteScenarios() {
-			if *group == "" || sc.Group == *group {
+			if (*group == "" || sc.Group == *group) && strings.Contains(sc.Name, *only) {
 				runs = append(runs, sc)
 			}
 		}
@@ -228,6 +236,17 @@ func (f *fleet) up(n int) error {
 	return nil
 }
 
+// restart replaces instance n by a new one, as a Caddy stopped and started
+// again; with kill, the old one is killed: it can push nothing more and says
+// nothing (its client is closed before its engine), as after kill -9.
+func (f *fleet) restart(n int, kill bool) error {
+	if kill {
+		_ = f.clients[n].Close()
+	}
+	f.down(n)
+	return f.up(n)
+}
+
 // down stops instance n as Caddy's shutdown would (a last push of its
 // deltas), without holding up the load.
 func (f *fleet) down(n int) {
@@ -250,11 +269,12 @@ func (f *fleet) close() {
 	}
 }
 
-// change is an instance joining or leaving mid-run.
+// change is an instance joining, leaving or restarting mid-run.
 type change struct {
-	At   time.Duration
-	Inst int
-	Up   bool
+	At      time.Duration
+	Inst    int
+	Up      bool
+	Restart bool
 }
 
 func run(b *backend, sc scenario, prefix string) (result, error) {
@@ -280,6 +300,12 @@ func run(b *backend, sc scenario, prefix string) (result, error) {
 			changes = append(changes, change{At: l.Down, Inst: n})
 		}
 	}
+	for at := sc.RestartEvery; sc.RestartEvery > 0 && at < sc.Duration; at += sc.RestartEvery {
+		for _, n := range sc.Restart {
+			changes = append(changes, change{At: at, Inst: n, Restart: true})
+		}
+	}
+	sort.SliceStable(changes, func(i, j int) bool { return changes[i].At < changes[j].At })
 	keys := make([]keyhash.Hash, sc.keys())
 	for i := range keys {
 		keys[i] = keyhash.Of("bench-key-" + strconv.Itoa(i))
@@ -301,7 +327,11 @@ func run(b *backend, sc scenario, prefix string) (result, error) {
 			time.Sleep(wait - 100*time.Microsecond)
 		}
 		for len(changes) > 0 && changes[0].At <= q.At {
-			if c := changes[0]; c.Up {
+			if c := changes[0]; c.Restart {
+				if err := f.restart(c.Inst, sc.Kill); err != nil {
+					return result{}, err
+				}
+			} else if c.Up {
 				if err := f.up(c.Inst); err != nil {
 					return result{}, err
 				}

@@ -1,6 +1,9 @@
 package main
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // suiteScenarios are the cases the fleet limit is judged by, limit 1000 per
 // 10 s and 100 ms sync for all:
@@ -8,7 +11,8 @@ import "time"
 //   - accuracy: one key near or over its limit, each with the near-limit
 //     mechanisms and without;
 //   - load: what the store costs with many keys, most far below their limit,
-//     and as the fleet changes, with the default (near-limit) reconciler.
+//     and as the fleet changes, with the default (near-limit) reconciler;
+//   - edges: the fleet at its edges (see edgeScenarios).
 func suiteScenarios() []scenario {
 	base := scenario{Events: 1000, Window: 10 * time.Second, Sync: 100 * time.Millisecond, Pattern: "uniform", Keys: 1, Instances: 4}
 	with := func(name string, inst int, rate float64, d time.Duration, pattern string) scenario {
@@ -65,5 +69,34 @@ func suiteScenarios() []scenario {
 			flow{Keys: 1, Rate: 400, On: []int{0, 1, 2}, From: d / 2}),
 		join, leave, random,
 	)
-	return out
+	return append(out, edgeScenarios()...)
+}
+
+// edgeScenarios are the fleet at its edges, limit 100 per 10 s (or smaller
+// than the fleet), near-limit mechanisms on: instances that restart, a limit
+// smaller than the fleet can share out, most of a key on one instance of 8,
+// a fleet that grows. Each has keys under their limit, which must never be
+// denied, beside one over it, which must never pass it.
+func edgeScenarios() []scenario {
+	const d = 40 * time.Second
+	edge := func(name string, inst int, events int64, flows ...flow) scenario {
+		return scenario{Group: "edges", Name: name, Instances: inst, Events: events, Window: 10 * time.Second,
+			Sync: 100 * time.Millisecond, Duration: d, Flows: flows}
+	}
+	// 4x, 90% and 50% of a limit of 100 per 10 s.
+	three := []flow{{First: 0, Keys: 1, Rate: 40}, {First: 1, Keys: 1, Rate: 9}, {First: 2, Keys: 1, Rate: 5}}
+	graceful := edge("instances 3 and 4 of 4 restart every 1.5 s: keys at 4x, 90%, 50%", 4, 100, three...)
+	graceful.Restart, graceful.RestartEvery = []int{2, 3}, 1500*time.Millisecond
+	killed := graceful
+	killed.Name, killed.Kill = "instances 3 and 4 of 4 killed and restarted every 1.5 s: keys at 4x, 90%, 50%", true
+	join := edge("2 -> 4 instances at 20 s: keys at 4x, 90%, 50%", 4, 100, three...)
+	join.Fleet = []life{{}, {}, {Up: d / 2}, {Up: d / 2}}
+	skew := edge("8 instances, 90% of each key on one: keys at 4x, 90%, 50%", 8, 100,
+		flow{First: 0, Keys: 1, Rate: 40, Heavy: 0.9}, flow{First: 1, Keys: 1, Rate: 9, Heavy: 0.9}, flow{First: 2, Keys: 1, Rate: 5, Heavy: 0.9})
+	tiny := func(events int64, inst int) scenario {
+		// 13x the limit, and 90% of it, at random instances.
+		return edge(fmt.Sprintf("limit %d on %d instances: keys at 13x and 90%%", events, inst), inst, events,
+			flow{First: 0, Keys: 1, Rate: 1.3 * float64(events), Random: true}, flow{First: 1, Keys: 1, Rate: 0.09 * float64(events), Random: true})
+	}
+	return []scenario{graceful, killed, join, skew, tiny(3, 4), tiny(3, 8), tiny(1, 4), tiny(1, 8)}
 }
