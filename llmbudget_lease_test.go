@@ -541,7 +541,7 @@ func TestALeasedRequestAnsweredInJSONHoldsItsCap(t *testing.T) {
 func TestOutputHistoryLearns(t *testing.T) {
 	var o outputHistory
 	for i := int64(1); i <= 10; i++ {
-		o.learn(i*100, i*100, i*50)
+		o.learn(i*100, i*100, 0, i*50)
 		if i < historyTrusted && o.lease.Load() != 0 {
 			t.Fatalf("after %d answers the history is used: lease %d", i, o.lease.Load())
 		}
@@ -552,7 +552,7 @@ func TestOutputHistoryLearns(t *testing.T) {
 	if o.hidden.Load() {
 		t.Fatal("answers within their text's bound do not make a model hidden")
 	}
-	if o.learn(20, 20, 4096); !o.hidden.Load() {
+	if o.learn(20, 20, 0, 4096); !o.hidden.Load() {
 		t.Fatal("a model that billed 4096 for 20 bytes of text is not marked hidden")
 	}
 	var hs histories

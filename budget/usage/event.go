@@ -151,6 +151,13 @@ func (t *tally) set(u budget.Usage, ok bool) {
 // when not nil, becomes the payload's template if it is valid (see
 // eventTemplate).
 func readEvent(data []byte, ev *event, f Format, memo *prefixMemo, tmpl *eventTemplate) bool {
+	return readCounted(data, ev, f, memo, tmpl, nil)
+}
+
+// readCounted is readEvent that counts the tokens of the output values
+// read with tc, when not nil (a payload that fails counts them too: the
+// caller takes them back).
+func readCounted(data []byte, ev *event, f Format, memo *prefixMemo, tmpl *eventTemplate, tc *textCount) bool {
 	if tmpl != nil {
 		tmpl.begin()
 	}
@@ -160,7 +167,7 @@ func readEvent(data []byte, ev *event, f Format, memo *prefixMemo, tmpl *eventTe
 			return false
 		}
 	}
-	s := scanner{b: data, i: 1, tmpl: tmpl}
+	s := scanner{b: data, i: 1, tmpl: tmpl, tc: tc}
 	k := 0
 	if memo != nil {
 		k = memo.resume(&s, ev)
@@ -299,6 +306,9 @@ func (s *scanner) optText(d int) (int64, bool) {
 		n := textLen(s.b[start:end], plain)
 		if s.tmpl != nil {
 			s.tmpl.textRead(at, s.i, n)
+		}
+		if s.tc != nil {
+			s.tc.text(s.b[start:end], plain, n)
 		}
 		return n, true
 	case 'n':
@@ -481,6 +491,9 @@ func (s *scanner) jsonBytes(d int) int64 {
 	}
 	if null || s.failed {
 		return 0
+	}
+	if s.tc != nil {
+		s.tc.json(int64(s.i - start))
 	}
 	return int64(s.i - start)
 }
