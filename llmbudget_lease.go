@@ -46,9 +46,12 @@ type lease struct {
 	// tokens is the tokenizer's count of the text: of each value the meter
 	// counted (tokensText bytes and tokensSeen tokens at its last reading),
 	// and a token a byte of an event's text it did not count whole. It is
-	// the count while the model is tokenized.
+	// the count while the model is tokenized, with a margin: the largest
+	// event's text, in bytes, so that the event an upstream generates and
+	// the lease withholds, which it bills, is held too.
 	tokenized                      bool
 	tokens, tokensText, tokensSeen int64
+	margin                         int64
 	// inputExcess is the input the upstream reported beyond the estimate
 	// (below it: negative), which the lease holds too.
 	inputExcess int64
@@ -78,11 +81,13 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 	// An event's text is its tokens only when the meter's counter read all
 	// of it (the values it counted hold as many bytes as the meter's
 	// text grew by); else a token a byte.
-	if text, counted := r.OutputTextBytes-l.text, r.OutputTokensText-l.tokensText; counted == text {
+	text, counted := r.OutputTextBytes-l.text, r.OutputTokensText-l.tokensText
+	if counted == text {
 		l.tokens += r.OutputTokens - l.tokensSeen
 	} else {
 		l.tokens += max(text, 0)
 	}
+	l.margin = max(l.margin, text)
 	l.tokensText, l.tokensSeen = r.OutputTokensText, r.OutputTokens
 	if r.OutputTextBytes > l.text {
 		l.text = r.OutputTextBytes
@@ -96,12 +101,12 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 	return output
 }
 
-// bound is the count of the text seen: the tokenizer's while the model is
-// counted by it (an answer of it that bills more ends that for every
-// stream of it, this one included), else the strict bound.
+// bound is the count of the text seen: the tokenizer's, and its margin,
+// while the model is counted by it (an answer of it that bills more ends
+// that for every stream of it, this one included), else the strict bound.
 func (l *lease) bound() int64 {
 	if l.tokenized && !l.c.history.tokensRevoked.Load() {
-		return l.tokens + usage.OutputOverheadTokens
+		return l.tokens + usage.OutputOverheadTokens + l.margin
 	}
 	return usage.OutputTokenBound(l.text)
 }
