@@ -155,7 +155,7 @@ type LLMBudget struct {
 	// gpt-35-turbo* and text-embedding-3*. A vocabulary is loaded on the
 	// first request that names one of its models (o200k_base: about 7 MB
 	// more heap), which is counted a token a byte meanwhile.
-	Tokenizers map[string][]string `json:"tokenizers,omitempty"`
+	Tokenizers map[string][]string `json:"tokenizers,omitzero"`
 	// HiddenInput is what happens to a request that makes the upstream bill
 	// input its body does not show: a Responses request with
 	// previous_response_id, conversation or a stored prompt; a file,
