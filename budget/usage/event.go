@@ -323,6 +323,24 @@ func (s *scanner) optText(d int) (int64, bool) {
 	return 0, ok
 }
 
+// optOpaque reads a string or null that counts as output but holds no text
+// the model wrote (opaqueField): its decoded length. A token counter counts
+// it a token a byte, and a template compares it rather than taking it for
+// its text hole.
+func (s *scanner) optOpaque(d int) (int64, bool) {
+	tc, tmpl := s.tc, s.tmpl
+	s.tc, s.tmpl = nil, nil
+	n, ok := s.optText(d)
+	s.tc, s.tmpl = tc, tmpl
+	if tmpl != nil {
+		tmpl.textRead(-1, -1, 0)
+	}
+	if tc != nil && ok {
+		tc.strict(n)
+	}
+	return n, ok
+}
+
 func (s *scanner) optBool(d int) bool {
 	switch s.peek() {
 	case 't':
@@ -493,7 +511,7 @@ func (s *scanner) jsonBytes(d int) int64 {
 		return 0
 	}
 	if s.tc != nil {
-		s.tc.json(int64(s.i - start))
+		s.tc.strict(int64(s.i - start))
 	}
 	return int64(s.i - start)
 }

@@ -39,8 +39,9 @@ func (c *textCount) text(raw []byte, plain bool, n int64) {
 	}
 }
 
-// json counts a value counted as written, n bytes, a token a byte.
-func (c *textCount) json(n int64) {
+// strict counts a value of n bytes a token a byte: one counted as written
+// (JSON arguments), or one that holds no text the model wrote.
+func (c *textCount) strict(n int64) {
 	c.bytes += n
 	c.tokens += n
 }

@@ -39,6 +39,17 @@ func TestTheMeterCountsEachOutputValueByTheTokenizer(t *testing.T) {
 		t.Error("the stream was not read by its template")
 	}
 
+	// A signature (of thinking billed) is no text the model wrote: a token
+	// a byte, the thinking itself by the tokenizer.
+	const sig = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxHvqs0yP8mS1cNIjAi"
+	a := NewMeter(Anthropic, SSE)
+	a.CountTokens(c)
+	_, _ = a.Write([]byte(`data: {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let me think."}}` + "\n\n"))
+	_, _ = a.Write([]byte(`data: {"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"` + sig + `"}}` + "\n\n"))
+	if r, want := a.Reading(), c.Count([]byte("Let me think."))+int64(len(sig)); r.OutputTokens != want || r.OutputTokensText != r.OutputTextBytes {
+		t.Errorf("Anthropic thinking and signature: %d tokens of %d bytes (meter %d), want %d", r.OutputTokens, r.OutputTokensText, r.OutputTextBytes, want)
+	}
+
 	// Gemini's arguments are counted as written, a token a byte.
 	g := NewMeter(Gemini, SSE)
 	g.CountTokens(c)
