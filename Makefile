@@ -41,6 +41,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMeterMatchesReference$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
 	$(GO) test -run '^$$' -fuzz '^FuzzFromJSONMatchesReference$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRequestReadsExactCase$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
+	$(GO) test -run '^$$' -fuzz '^FuzzCountsAsTiktoken$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/bpe
 	$(GO) test -run '^$$' -fuzz '^FuzzLLMBudgetBodies$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
 	$(GO) test -run '^$$' -fuzz '^FuzzLeasedStream$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
 

@@ -289,6 +289,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		output_leases      on|off
 //		output_lease_min   <n>
 //		reasoning_models   <pattern>...
+//		tokenizer          <vocabulary> <pattern>... | off
 //		hidden_input       hold|refuse
 //		context_window     <n>
 //		settle_wait        <duration>
@@ -307,7 +308,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := make(map[string]bool)
 	for d.NextBlock(0) {
 		field := d.Val()
-		if field != "budget" && field != "price" {
+		if field != "budget" && field != "price" && field != "tokenizer" {
 			if seen[field] {
 				return d.Errf("llmbudget: %s is set twice", field)
 			}
@@ -414,6 +415,20 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(h.ReasoningModels) == 0 {
 				return d.Errf("llmbudget: reasoning_models takes one or more model patterns (* matches any characters)")
 			}
+		case "tokenizer":
+			// The first line replaces the default table; "off" empties it.
+			args := d.RemainingArgs()
+			if h.Tokenizers == nil {
+				h.Tokenizers = map[string][]string{}
+			}
+			switch {
+			case len(args) == 1 && args[0] == "off":
+				clear(h.Tokenizers)
+			case len(args) < 2:
+				return d.Errf("llmbudget: tokenizer takes a vocabulary (o200k_base or cl100k_base) and one or more model patterns, or off")
+			default:
+				h.Tokenizers[args[0]] = append(h.Tokenizers[args[0]], args[1:]...)
+			}
 		case "hidden_input":
 			if !d.AllArgs(&h.HiddenInput) || h.HiddenInput != hiddenInputHold && h.HiddenInput != hiddenInputRefuse {
 				return d.Errf("llmbudget: hidden_input takes hold or refuse")
@@ -460,7 +475,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only

@@ -3,6 +3,8 @@ package fleetguard
 import (
 	"strings"
 	"testing"
+
+	"github.com/fleetguard/fleetguard/budget/bpe"
 )
 
 // A `fleetguard` block inside a site says it is a global option, with its
@@ -175,6 +177,7 @@ func TestLLMBudgetLeaseCaddyfile(t *testing.T) {
 		{"output_lease_min negative", "output_lease_min -1", "output_lease_min: must be between 1 and 1000000"},
 		{"output_lease_min not a number", "output_lease_min lots", `output_lease_min: "lots" is not an integer`},
 		{"reasoning_models empty", "reasoning_models", "reasoning_models takes one or more model patterns"},
+		{"tokenizer without patterns", "tokenizer o200k_base", "tokenizer takes a vocabulary"},
 	}
 	for _, tt := range refusals {
 		t.Run(tt.name, func(t *testing.T) {
@@ -183,6 +186,48 @@ func TestLLMBudgetLeaseCaddyfile(t *testing.T) {
 				t.Fatalf("error %v, want one containing %q", err, tt.want)
 			}
 		})
+	}
+	for lines, want := range map[string]string{
+		"tokenizer o200k_base my-gpt* house-*\ntokenizer cl100k_base legacy-*": `"tokenizers":{"cl100k_base":["legacy-*"],"o200k_base":["my-gpt*","house-*"]}`,
+		"tokenizer off": `"tokenizers":{}`,
+	} {
+		cfg, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + lines + "\n}\n}")
+		if err != nil || !strings.Contains(string(cfg), want) {
+			t.Errorf("%q: %v, adapted JSON lacks %s: %s", lines, err, want, cfg)
+		}
+	}
+}
+
+// Which vocabulary counts which model: OpenAI's by default, through a
+// router's prefix too, none for others; a tokenizers table replaces the
+// default, an empty one turns counting off, an unknown vocabulary is
+// refused.
+func TestModelsAreCountedByTheirOwnTokenizer(t *testing.T) {
+	h := &LLMBudget{}
+	if err := h.compileTokenizers(); err != nil {
+		t.Fatal(err)
+	}
+	for model, want := range map[string]bpe.Vocabulary{
+		"gpt-4o": bpe.O200k, "gpt-4o-mini-2024-07-18": bpe.O200k, "openai/gpt-4.1-nano": bpe.O200k, "GPT-5": bpe.O200k,
+		"o3-mini": bpe.O200k, "chatgpt-4o-latest": bpe.O200k, "ft:gpt-4o-mini:acme::x1": bpe.O200k,
+		"gpt-4": bpe.Cl100k, "gpt-4-turbo": bpe.Cl100k, "gpt-3.5-turbo-0125": bpe.Cl100k,
+		"claude-sonnet-4-5": 0, "gemini-2.5-pro": 0, "llama3": 0,
+	} {
+		if got := h.tokenizerOf(model); got != want {
+			t.Errorf("%s: %v, want %v", model, got, want)
+		}
+	}
+	h.Tokenizers = map[string][]string{"cl100k_base": {"house-*"}}
+	if err := h.compileTokenizers(); err != nil || h.tokenizerOf("house-7b") != bpe.Cl100k || h.tokenizerOf("gpt-4o") != 0 {
+		t.Errorf("a table of its own: %v, house-7b %v, gpt-4o %v", err, h.tokenizerOf("house-7b"), h.tokenizerOf("gpt-4o"))
+	}
+	h.Tokenizers = map[string][]string{}
+	if err := h.compileTokenizers(); err != nil || h.tokenizerOf("gpt-4o") != 0 {
+		t.Errorf("an empty table: %v, gpt-4o %v", err, h.tokenizerOf("gpt-4o"))
+	}
+	h.Tokenizers = map[string][]string{"p50k_base": {"x"}}
+	if err := h.compileTokenizers(); err == nil || !strings.Contains(err.Error(), `unknown vocabulary "p50k_base"`) {
+		t.Errorf("an unknown vocabulary: %v", err)
 	}
 }
 

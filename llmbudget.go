@@ -143,6 +143,20 @@ type LLMBudget struct {
 	// o1*, o3*, o4*, gpt-5*, codex-*, gemini-2.5-*, gemini-3*, grok-3-mini*,
 	// grok-4*, *thinking*.
 	ReasoningModels []string `json:"reasoning_models,omitempty"`
+	// Tokenizers are the models whose streams are counted by their own
+	// public tokenizer, by vocabulary ("o200k_base", "cl100k_base"): model
+	// patterns as in ReasoningModels. A leased stream of such a model
+	// counts each output value's tokens, where a model of another counts a
+	// token a byte, once an answer of the model has billed no more than
+	// that count, and until one bills more. Setting it replaces the
+	// default, and an empty object turns it off: o200k_base for gpt-4o*,
+	// chatgpt-4o*, gpt-4.1*, gpt-4.5*, gpt-5*, o1*, o3*, o4* and their
+	// ft: fine-tunes; cl100k_base for gpt-4, gpt-4-*, gpt-3.5-turbo*,
+	// gpt-35-turbo* and text-embedding-3*. A vocabulary is loaded in the
+	// background on the first request that names one of its models
+	// (o200k_base: about 0.1 s of a core and 11 MB of heap), which is
+	// counted a token a byte meanwhile.
+	Tokenizers map[string][]string `json:"tokenizers,omitzero"`
 	// HiddenInput is what happens to a request that makes the upstream bill
 	// input its body does not show: a Responses request with
 	// previous_response_id, conversation or a stored prompt; a file,
@@ -185,6 +199,7 @@ type LLMBudget struct {
 	outputLeases     bool
 	outputLeaseMin   int64
 	reasoningModels  []string
+	tokenizers       []tokenizerPatterns
 	contextWindow    int64
 	settleWait       time.Duration
 	store            *store

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 )
 
@@ -171,18 +172,23 @@ func (s *ceilingSetup) settled(model string) (counter, billed int64) {
 
 // TestTheCeilingHoldsForAnyTextInEveryAPI: eight concurrent streams of 1,500
 // bytes (up to 1,000 tokens each) under a 3,000-token budget, for every API,
-// every density of text, a model with no history and one proven by an
-// English answer: the counter never passes the limit, and the upstream never
-// bills more than the counter.
+// every density of text, a model with no history, one proven by an English
+// answer, and an OpenAI model (gpt-4o-…) proven by one, which is counted by
+// its tokenizer (o200k_base): the counter never passes the limit, and the
+// upstream never bills more than the counter.
 func TestTheCeilingHoldsForAnyTextInEveryAPI(t *testing.T) {
+	bpe.Load(bpe.O200k) // (loaded in the background otherwise)
 	s := newCeilingSetup(t, int64(2**ceilingTextBytes), "settle_wait 0")
 	texts := ceilingTexts(*ceilingTextBytes)
 	for api, a := range ceilingAPIs {
 		for text := range texts {
-			for _, history := range []string{"none", "english"} {
+			for _, history := range []string{"none", "english", "tokenized"} {
 				model := fmt.Sprintf("m-%s-%s-%s", a.name, text, history)
+				if history == "tokenized" {
+					model = fmt.Sprintf("gpt-4o-%s-%s", a.name, text)
+				}
 				t.Run(model, func(t *testing.T) {
-					if history == "english" {
+					if history != "none" {
 						if got := s.stream(api, model, "english"); got != http.StatusOK {
 							t.Fatalf("the English answer: %d", got)
 						}
@@ -196,6 +202,9 @@ func TestTheCeilingHoldsForAnyTextInEveryAPI(t *testing.T) {
 					counter, billed := s.settled(model)
 					if counter > s.limit || billed > counter {
 						t.Fatalf("counter %d of %d, the upstream billed %d (statuses %v)", counter, s.limit, billed, statuses)
+					}
+					if history == "tokenized" && !historyOf(model).countsTokens() {
+						t.Fatal("the model is not counted by its tokenizer")
 					}
 					t.Logf("counter %d of %d, billed %d, statuses %v", counter, s.limit, billed, statuses)
 				})
@@ -228,6 +237,49 @@ func (s *ceilingSetup) within(model string) (counter, billed int64) {
 		s.t.Fatalf("counter %d of %d, the upstream billed %d", counter, s.limit, billed)
 	}
 	return counter, billed
+}
+
+// historyOf is the output history of model in the store of the tests'
+// Caddy.
+func historyOf(model string) *outputHistory {
+	var o *outputHistory
+	stores.Range(func(_, v any) bool {
+		if h, ok := v.(*store).histories.models.Load(model); ok {
+			o = h.(*outputHistory)
+		}
+		return true
+	})
+	if o == nil {
+		return new(outputHistory)
+	}
+	return o
+}
+
+// A model counted by its tokenizer whose upstream then bills more than the
+// tokenizer counts (30 tokens of output it does not show) loses that trust
+// at its first such answer, for good, and is counted a token a byte again:
+// dense answers of it then end within the limit and its bill within the
+// counter, as a model's with no tokenizer.
+func TestATokenizerThatUndercountsLosesTrust(t *testing.T) {
+	bpe.Load(bpe.O200k)
+	s := newCeilingSetup(t, 3000, "settle_wait 0")
+	const model = "gpt-4o-drifting"
+	if got := s.stream(0, model, "english"); got != http.StatusOK || !historyOf(model).countsTokens() {
+		t.Fatalf("the English answer: %d, counted by the tokenizer: %v", got, historyOf(model).countsTokens())
+	}
+	api := ceilingAPIs[0]
+	if statuses, _ := s.concurrently(1, api.path(model), api.body(model), "X-Fake-Text: english", "X-Fake-Hidden-Output: 30"); statuses[0] != http.StatusOK {
+		t.Fatalf("the answer billing 30 more: %d", statuses[0])
+	}
+	s.within(model)
+	if o := historyOf(model); o.countsTokens() || !o.tokensRevoked.Load() || !o.leases() {
+		t.Fatalf("after an answer billed 30 tokens more than the tokenizer counts: counted by it %v, leases %v", o.countsTokens(), o.leases())
+	}
+	for _, text := range []string{"csv", "base64"} {
+		s.concurrently(8, api.path(model), api.body(model), "X-Fake-Text: "+text, "X-Fake-Hidden-Output: 30")
+	}
+	counter, billed := s.within(model)
+	t.Logf("counter %d of %d, billed %d", counter, s.limit, billed)
 }
 
 // A model on no reasoning list whose upstream bills 4,000 tokens of output

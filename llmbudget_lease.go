@@ -27,9 +27,12 @@ import (
 //
 // Its running count never falls below what the upstream can bill for what
 // it has streamed: the API's own running usage (Gemini) and the strict bound
-// of the text (a byte a token, usage.OutputTokenBound). No history scales it down: a count below the
-// strict bound bets that the next answer is like the last ones, and a bet
-// lost in a budget's last room cannot be given back (README, "The ceiling").
+// of the text (a byte a token, usage.OutputTokenBound), or, for a model
+// counted by its own public tokenizer (tokenized), that tokenizer's count of
+// each output value the meter read alone, and a token a byte of any text it
+// did not read. No history scales it down: a count below those bets that
+// the next answer is like the last ones, and a bet lost in a budget's last
+// room cannot be given back (README, "The ceiling").
 type lease struct {
 	h   *LLMBudget
 	res *budget.Reservation
@@ -40,6 +43,15 @@ type lease struct {
 	// The running count: the output text seen, and the count it makes with
 	// the API's own running usage.
 	text, count int64
+	// tokens is the tokenizer's count of the text: of each value the meter
+	// counted (tokensText bytes and tokensSeen tokens at its last reading),
+	// and a token a byte of an event's text it did not count whole. It is
+	// the count while the model is tokenized, with a margin: the largest
+	// event's text, in bytes, so that the event an upstream generates and
+	// the lease withholds, which it bills, is held too.
+	tokenized                      bool
+	tokens, tokensText, tokensSeen int64
+	margin                         int64
 	// inputExcess is the input the upstream reported beyond the estimate
 	// (below it: negative), which the lease holds too.
 	inputExcess int64
@@ -58,13 +70,25 @@ type extension struct {
 }
 
 func newLease(h *LLMBudget, res *budget.Reservation, c *call) *lease {
-	return &lease{h: h, res: res, c: c, held: c.lease, limit: c.outputCap, count: usage.OutputTokenBound(0)}
+	return &lease{h: h, res: res, c: c, held: c.lease, limit: c.outputCap, count: usage.OutputTokenBound(0),
+		tokenized: c.tokens != nil && c.history.countsTokens()}
 }
 
 // observe folds one event into the running count. It reports whether the
 // event carried output: only such an event waits for the lease (a usage
 // report delivers nothing).
 func (l *lease) observe(r usage.Reading) (output bool) {
+	// An event's text is its tokens only when the meter's counter read all
+	// of it (the values it counted hold as many bytes as the meter's
+	// text grew by); else a token a byte.
+	text, counted := r.OutputTextBytes-l.text, r.OutputTokensText-l.tokensText
+	if counted == text {
+		l.tokens += r.OutputTokens - l.tokensSeen
+	} else {
+		l.tokens += max(text, 0)
+	}
+	l.margin = max(l.margin, text)
+	l.tokensText, l.tokensSeen = r.OutputTokensText, r.OutputTokens
 	if r.OutputTextBytes > l.text {
 		l.text = r.OutputTextBytes
 		output = true
@@ -73,8 +97,18 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 		l.inputExcess = r.Usage.InputTokens - l.c.req.PromptTokens
 	}
 	// (The bound is at least a token an event with text: each has a byte.)
-	l.count = max(r.Usage.OutputTokens, usage.OutputTokenBound(l.text), l.count)
+	l.count = max(r.Usage.OutputTokens, l.bound(), l.count)
 	return output
+}
+
+// bound is the count of the text seen: the tokenizer's, and its margin,
+// while the model is counted by it (an answer of it that bills more ends
+// that for every stream of it, this one included), else the strict bound.
+func (l *lease) bound() int64 {
+	if l.tokenized && !l.c.history.tokensRevoked.Load() {
+		return l.tokens + usage.OutputOverheadTokens + l.margin
+	}
+	return usage.OutputTokenBound(l.text)
 }
 
 // need is what the lease must hold for the stream so far: its output count

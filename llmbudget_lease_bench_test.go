@@ -10,15 +10,18 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
 // BenchmarkStreamThroughLLMBudget is one streamed chat answer of 300 chunks
 // (a token each, with the usage chunk the client did not ask for) through
 // the handler on the memory store: admitted, metered, settled. "lease"
-// holds an output lease and extends it as the stream runs; "cap" holds
+// holds an output lease and extends it as the stream runs, its model
+// (gpt-4o) counted by its tokenizer from the second answer on; "cap" holds
 // the whole cap (output_leases off).
 func BenchmarkStreamThroughLLMBudget(b *testing.B) {
+	bpe.Load(bpe.O200k)
 	_, events := streamOf(usage.OpenAIChat, 300, " word")
 	events = append(events[:len(events)-1], `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":300,"total_tokens":305}}`+"\n\n", events[len(events)-1])
 	chunks := make([][]byte, len(events))

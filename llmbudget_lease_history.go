@@ -22,25 +22,44 @@ const (
 // text's strict bound: until then a stream of it holds its whole cap, since
 // a model on no reasoning list may still bill output it does not stream. A
 // model seen to bill more than its text holds is hidden, and holds its
-// whole cap from then on. It lives on the store, so it survives reloads.
+// whole cap from then on. A model whose tokenizer is public is counted by
+// it once an answer has billed no more than the tokenizer's count of its
+// text, and by the strict bound again, for good, the moment one bills more.
+// It lives on the store, so it survives reloads.
 type outputHistory struct {
 	mu     sync.Mutex
 	counts [historySize]int64
 	n      int
-	// lease, proven and hidden are read on the request path without the
-	// lock.
-	lease          atomic.Int64
-	proven, hidden atomic.Bool
+	// lease, proven, hidden, tokensProven and tokensRevoked are read on the
+	// request path without the lock.
+	lease                       atomic.Int64
+	proven, hidden              atomic.Bool
+	tokensProven, tokensRevoked atomic.Bool
 }
 
 // leases reports whether a stream of the model may hold a lease.
 func (o *outputHistory) leases() bool { return o.proven.Load() && !o.hidden.Load() }
 
+// countsTokens reports whether a stream of the model is counted by its
+// tokenizer.
+func (o *outputHistory) countsTokens() bool {
+	return o.tokensProven.Load() && !o.tokensRevoked.Load()
+}
+
 // learn records an answer that reported output tokens whose strict bound
-// was bound and whose running count ended at count.
-func (o *outputHistory) learn(count, bound, reported int64) {
+// was bound, whose tokenizer count (with the strict bound of what the
+// tokenizer did not count) was tokens (0: not counted), and whose running
+// count ended at count.
+func (o *outputHistory) learn(count, bound, tokens, reported int64) {
 	if bound <= 0 || reported <= 0 {
 		return
+	}
+	switch {
+	case tokens <= 0:
+	case reported > tokens:
+		o.tokensRevoked.Store(true)
+	default:
+		o.tokensProven.Store(true)
 	}
 	if reported > bound {
 		o.hidden.Store(true)

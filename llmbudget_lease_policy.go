@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
+	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
@@ -20,6 +22,66 @@ const DefaultOutputLeaseMin = 256
 // any "thinking" model. A * matches any run of characters; a pattern matches
 // the model as named or after its last "/" (openai/o3 via a router).
 var DefaultReasoningModels = []string{"o1*", "o3*", "o4*", "gpt-5*", "codex-*", "gemini-2.5-*", "gemini-3*", "grok-3-mini*", "grok-4*", "*thinking*"}
+
+// DefaultTokenizers are the models counted by their own public tokenizer
+// by default, by vocabulary: OpenAI's, whose tokenizers are published
+// (tiktoken). Anthropic's and Google's are not: their models count a token
+// a byte.
+var DefaultTokenizers = map[string][]string{
+	"o200k_base": {"gpt-4o*", "chatgpt-4o*", "gpt-4.1*", "gpt-4.5*", "gpt-5*", "o1*", "o3*", "o4*",
+		"ft:gpt-4o*", "ft:gpt-4.1*"},
+	"cl100k_base": {"gpt-4", "gpt-4-*", "gpt-3.5-turbo*", "gpt-35-turbo*", "text-embedding-3*",
+		"ft:gpt-4-*", "ft:gpt-3.5-turbo*"},
+}
+
+// tokenizerPatterns are the model patterns of one vocabulary.
+type tokenizerPatterns struct {
+	vocab    bpe.Vocabulary
+	patterns []string
+}
+
+// compileTokenizers checks the tokenizers option.
+func (h *LLMBudget) compileTokenizers() error {
+	m := h.Tokenizers
+	if m == nil {
+		m = DefaultTokenizers
+	}
+	h.tokenizers = nil
+	for name, patterns := range m {
+		v, ok := bpe.ParseVocabulary(name)
+		if !ok {
+			return fmt.Errorf("llmbudget: tokenizers: unknown vocabulary %q (want o200k_base or cl100k_base)", name)
+		}
+		tp := tokenizerPatterns{vocab: v}
+		for _, p := range patterns {
+			if strings.TrimSpace(p) == "" {
+				return fmt.Errorf("llmbudget: tokenizers: %s: a pattern is empty", name)
+			}
+			tp.patterns = append(tp.patterns, strings.ToLower(p))
+		}
+		h.tokenizers = append(h.tokenizers, tp)
+	}
+	// o200k_base first, whatever the map's order.
+	slices.SortFunc(h.tokenizers, func(a, b tokenizerPatterns) int { return cmp.Compare(a.vocab, b.vocab) })
+	return nil
+}
+
+// tokenizerOf is the vocabulary model is counted by, or 0.
+func (h *LLMBudget) tokenizerOf(model string) bpe.Vocabulary {
+	if len(h.tokenizers) == 0 {
+		return 0
+	}
+	model = strings.ToLower(model)
+	base := model[strings.LastIndexByte(model, '/')+1:]
+	for _, tp := range h.tokenizers {
+		for _, p := range tp.patterns {
+			if globMatch(p, model) || globMatch(p, base) {
+				return tp.vocab
+			}
+		}
+	}
+	return 0
+}
 
 // compileLeases checks the lease options.
 func (h *LLMBudget) compileLeases() error {
@@ -38,7 +100,7 @@ func (h *LLMBudget) compileLeases() error {
 			h.reasoningModels[i] = strings.ToLower(p)
 		}
 	}
-	return nil
+	return h.compileTokenizers()
 }
 
 // leasable reports whether the output of c can be leased: a single streamed

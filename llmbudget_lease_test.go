@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
@@ -541,7 +542,7 @@ func TestALeasedRequestAnsweredInJSONHoldsItsCap(t *testing.T) {
 func TestOutputHistoryLearns(t *testing.T) {
 	var o outputHistory
 	for i := int64(1); i <= 10; i++ {
-		o.learn(i*100, i*100, i*50)
+		o.learn(i*100, i*100, 0, i*50)
 		if i < historyTrusted && o.lease.Load() != 0 {
 			t.Fatalf("after %d answers the history is used: lease %d", i, o.lease.Load())
 		}
@@ -552,7 +553,7 @@ func TestOutputHistoryLearns(t *testing.T) {
 	if o.hidden.Load() {
 		t.Fatal("answers within their text's bound do not make a model hidden")
 	}
-	if o.learn(20, 20, 4096); !o.hidden.Load() {
+	if o.learn(20, 20, 0, 4096); !o.hidden.Load() {
 		t.Fatal("a model that billed 4096 for 20 bytes of text is not marked hidden")
 	}
 	var hs histories
@@ -761,5 +762,37 @@ func TestALeaseGrowsGeometricallyAtAnyEventRate(t *testing.T) {
 		if n := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted")) - before; n > 20 {
 			t.Fatalf("an event every %v: %v extensions for 300 events, want at most 20", iv, n)
 		}
+	}
+}
+
+// A lease of a model counted by its tokenizer counts each event's text by
+// it (plus the overhead and the margin of its largest event), far below a
+// token a byte; the moment any answer of the model bills more than the
+// tokenizer counts, the streams in flight count a token a byte from their
+// next event.
+func TestATokenizedLeaseCountsByTheTokenizerUntilTheModelIsRevoked(t *testing.T) {
+	o := new(outputHistory)
+	o.tokensProven.Store(true)
+	c := &call{history: o, tokens: bpe.Load(bpe.O200k), outputCap: 4096, lease: 256}
+	l := newLease(nil, nil, c)
+	if !l.tokenized {
+		t.Fatal("a lease of a model proven by its tokenizer is not counted by it")
+	}
+	m := usage.NewMeter(usage.OpenAIChat, usage.SSE)
+	m.CountTokens(c.tokens)
+	event := func(text string) {
+		_, _ = m.Write([]byte(`data: {"choices":[{"index":0,"delta":{"content":"` + text + `"}}]}` + "\n\n"))
+		l.observe(m.Reading())
+	}
+	for range 50 {
+		event(" the budget") // two tokens, 11 bytes
+	}
+	if want := int64(50*2 + usage.OutputOverheadTokens + len(" the budget")); l.count != want {
+		t.Fatalf("50 events of two tokens: count %d, want %d", l.count, want)
+	}
+	o.tokensRevoked.Store(true)
+	event(" the budget")
+	if want := usage.OutputTokenBound(51 * int64(len(" the budget"))); l.count != want {
+		t.Fatalf("after the model was revoked: count %d, want the strict bound %d", l.count, want)
 	}
 }

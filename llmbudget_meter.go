@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
@@ -54,6 +55,9 @@ type meteringWriter struct {
 	// responses keeps what a leased Responses stream output, for the
 	// response object a truncation ends it with.
 	responses *usage.ResponsesOutput
+	// tokens, when not nil, is the model's tokenizer: the meter counts the
+	// output by it too.
+	tokens *bpe.Counter
 }
 
 var (
@@ -78,6 +82,9 @@ func (w *meteringWriter) WriteHeader(status int) {
 				w.meter = usage.NewMeter(w.format, usage.SSE)
 			case "application/x-ndjson", "application/jsonl", "application/json-seq":
 				w.meter = usage.NewMeter(w.format, usage.NDJSON)
+			}
+			if w.meter != nil && w.tokens != nil {
+				w.meter.CountTokens(w.tokens)
 			}
 		}
 		if w.lease != nil && w.meter == nil && status < 300 && !w.holdAllOrRefuse() {
@@ -405,10 +412,12 @@ func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) out
 	if r.InputKnown {
 		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
 	}
-	// The strict bound of the text: the upstream bills no more for it.
-	u.OutputTokens = max(r.Usage.OutputTokens, usage.OutputTokenBound(r.OutputTextBytes))
+	// The strict bound of the text, or the lease's count (the tokenizer's
+	// for a tokenized model): the upstream bills no more for it.
 	if w.lease != nil {
-		u.OutputTokens = max(u.OutputTokens, w.lease.count)
+		u.OutputTokens = max(r.Usage.OutputTokens, w.lease.count, w.lease.bound())
+	} else {
+		u.OutputTokens = max(r.Usage.OutputTokens, usage.OutputTokenBound(r.OutputTextBytes))
 	}
 	u.OutputTokens = min(u.OutputTokens, outputCap)
 	return outcome{usage: u, source: sourceEstimated}
@@ -430,12 +439,21 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 	if c.history != nil && mw.meter != nil && out.source == sourceReported && !mw.truncated {
 		// What the answer showed against what it billed, leased or not
 		// (a model on probation holds its cap until it is proven).
-		bound := usage.OutputTokenBound(mw.meter.Reading().OutputTextBytes)
-		count := bound
+		read := mw.meter.Reading()
+		bound := usage.OutputTokenBound(read.OutputTextBytes)
+		count, tokens := bound, int64(0)
+		if mw.tokens != nil {
+			// The tokenizer's count, and a token a byte of what it did
+			// not count.
+			tokens = read.OutputTokens + max(read.OutputTextBytes-read.OutputTokensText, 0) + usage.OutputOverheadTokens
+		}
 		if l := mw.lease; l != nil {
 			count = l.count
+			if mw.tokens != nil {
+				tokens = l.tokens + usage.OutputOverheadTokens
+			}
 		}
-		c.history.learn(count, bound, out.usage.OutputTokens)
+		c.history.learn(count, bound, tokens, out.usage.OutputTokens)
 	}
 	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {

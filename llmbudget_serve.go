@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
@@ -49,6 +50,7 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	// The client did not ask for the usage chunk (or said no): it still
 	// settles the budget, but the client does not see it.
 	mw.stripUsage = c.askedUsage
+	mw.tokens = c.tokens
 	defer h.finish(r, res, mw, &c)
 	if c.lease > 0 {
 		// A stream cut at its lease cancels the upstream request, which
@@ -92,10 +94,13 @@ type call struct {
 	// held); history, its model's recent answers.
 	lease   int64
 	history *outputHistory
-	dims    budget.Dims
-	spend   budget.Spend
-	model   string // the price book's name of the model ("" unpriced)
-	price   budget.Price
+	// tokens is the model's public tokenizer, once loaded, while its
+	// answers have not billed more than it counts.
+	tokens *bpe.Counter
+	dims   budget.Dims
+	spend  budget.Spend
+	model  string // the price book's name of the model ("" unpriced)
+	price  budget.Price
 	// holdNote explains a hold larger than the body shows, for a denial.
 	holdNote string
 }
@@ -172,7 +177,11 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 	if h.leasable(r, format, c) {
 		// Only a model proven to bill no output its text does not show
 		// leases (llmbudget_lease_history.go).
-		if c.history = h.store.histories.of(c.req.Model); c.history.leases() {
+		c.history = h.store.histories.of(c.req.Model)
+		if v := h.tokenizerOf(c.req.Model); v != 0 && !c.history.tokensRevoked.Load() {
+			c.tokens = bpe.Loaded(v)
+		}
+		if c.history.leases() {
 			c.lease = min(max(c.history.lease.Load(), h.outputLeaseMin), c.outputCap)
 			output = c.lease
 		}

@@ -2,14 +2,16 @@
 // clients can spend: a real Caddy built from this checkout, one global budget
 // (memory store, or -redis for a throwaway redis-server), in front of
 // internal/fakellm in words mode (one token a chunk, -output tokens -interval
-// apart). -clients streaming clients post chat completions with max_tokens
-// -cap, all at once at first, each looping until its first refusal. It prints
+// apart). -clients streaming clients post chat completions (-format chat) or
+// Anthropic Messages (-format anthropic) of -model with max_tokens -cap, all
+// at once at first, each looping until its first refusal. It prints
 // how many of the first requests were admitted, the share of the limit spent
 // by the requests admitted before the first refusal, the counter at the end
 // against the limit and against the upstream's reported usage, and the
 // tokens the upstream generated that no client received (the residual).
 //
 //	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096] [-warm=false]
+//	    [-format chat|anthropic] [-model gpt-4o|claude-sonnet-4-5|...] [-settle-wait 2s]
 package main
 
 import (
@@ -46,9 +48,12 @@ var (
 	interval = flag.Duration("interval", 5*time.Millisecond, "time between tokens of a stream")
 	capTok   = flag.Int("cap", 4096, "max_tokens of every request")
 	jitter   = flag.Float64("jitter", 0, "vary each answer's length by up to this fraction of -output either way")
-	warm     = flag.Bool("warm", true, "send one answer first, which proves the model (it bills no output its text does not show), so that the clients' streams lease from their first request; its usage counts against the limit")
+	warm     = flag.Bool("warm", true, "send two answers first, one after the other, which prove the model (it bills no output its text does not show) and, where its tokenizer is public, that it bills no more than its tokenizer counts (the first answer loads the tokenizer in the background, the second is counted by it), so that the clients' streams lease, by the tokenizer's count, from their first request; their usage counts against the limit")
 	useRedis = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
 	caddyBin = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
+	format   = flag.String("format", "chat", "the API the clients speak: chat (OpenAI chat completions) or anthropic (Messages)")
+	model    = flag.String("model", "", "the model the clients name (default gpt-4o for chat, claude-sonnet-4-5 for anthropic)")
+	settle   = flag.Duration("settle-wait", -1, "llmbudget's settle_wait (default: llmbudget's own)")
 )
 
 // result is one request as a client saw it.
@@ -128,6 +133,10 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	settleWait := ""
+	if *settle >= 0 {
+		settleWait = fmt.Sprintf("\t\tsettle_wait %s\n", *settle)
+	}
 	caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 %s}
@@ -139,10 +148,10 @@ http://127.0.0.1:%d {
 			limit %d
 			window %s
 		}
-	}
+%s	}
 	reverse_proxy %s
 }
-`, adminPort, global, sitePort, *limit, *window, upLn.Addr())
+`, adminPort, global, sitePort, *limit, *window, settleWait, upLn.Addr())
 	cfgPath := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
 		return err
@@ -162,7 +171,22 @@ http://127.0.0.1:%d {
 		_ = caddy.Wait()
 	}()
 	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	anthropic := *format == "anthropic"
+	if !anthropic && *format != "chat" {
+		return fmt.Errorf("-format %q: want chat or anthropic", *format)
+	}
+	if *model == "" {
+		*model = "gpt-4o"
+		if anthropic {
+			*model = "claude-sonnet-4-5"
+		}
+	}
 	site := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", sitePort)
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"write about budgets"}]}`, *model, *capTok)
+	if anthropic {
+		site = fmt.Sprintf("http://127.0.0.1:%d/v1/messages", sitePort)
+		body = fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"write about budgets"}]}`, *model, *capTok)
+	}
 	before, err := waitCounter(ctx, admin, 30*time.Second)
 	if err != nil {
 		tail, _ := os.ReadFile(logf.Name())
@@ -174,15 +198,16 @@ http://127.0.0.1:%d {
 
 	// The clients: all first requests at once, then each loops until its
 	// first refusal.
-	body := fmt.Sprintf(`{"model":"gpt-4o","stream":true,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"write about budgets"}]}`, *capTok)
 	hc := &http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
 	}}
 	if *warm {
-		if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
-			return fmt.Errorf("the warm-up answer: %d %v", r.status, r.err)
+		for range 2 {
+			if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
+				return fmt.Errorf("a warm-up answer: %d %v", r.status, r.err)
+			}
+			time.Sleep(200 * time.Millisecond) // its settle
 		}
-		time.Sleep(200 * time.Millisecond) // its settle
 	}
 	var (
 		mu      sync.Mutex
@@ -266,7 +291,7 @@ http://127.0.0.1:%d {
 		} else {
 			noUsage++
 		}
-		if r.finish == "length" && r.chunks < *capTok {
+		if (r.finish == "length" || r.finish == "max_tokens") && r.chunks < *capTok {
 			truncated++
 		}
 		if firstRefusal.IsZero() || r.sent.Before(firstRefusal) {
@@ -276,7 +301,7 @@ http://127.0.0.1:%d {
 	}
 	generated := up.Generated()
 	pct := func(a, b int64) float64 { return 100 * float64(a) / float64(b) }
-	fmt.Printf("budget-util: one global budget of %d tokens per %s (%s), %d streaming clients, max_tokens %d;\n", *limit, *window, store, *clients, *capTok)
+	fmt.Printf("budget-util: one global budget of %d tokens per %s (%s), %d streaming clients (%s, model %s), max_tokens %d;\n", *limit, *window, store, *clients, *format, *model, *capTok)
 	fmt.Printf("  upstream fakellm words mode: %d prompt tokens, %d output tokens %s apart (jitter %.0f%%)\n", *input, *output, *interval, *jitter*100)
 	fmt.Printf("concurrency admitted (first %d requests, sent at once): %d of %d\n", *clients, firstAdmitted, *clients)
 	if firstRefusal.IsZero() {
@@ -313,6 +338,8 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer budget-util")
+	req.Header.Set("X-Api-Key", "budget-util")
+	req.Header.Set("Anthropic-Version", "2023-06-01")
 	resp, err := hc.Do(req)
 	r.answered = time.Now()
 	if err != nil {
@@ -337,6 +364,9 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 			r.done = true
 			continue
 		}
+		if anthropicEvent(data, &r) {
+			continue
+		}
 		var c fakellm.ChatChunk
 		if json.Unmarshal([]byte(data), &c) != nil {
 			continue
@@ -357,6 +387,45 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 		r.err = err
 	}
 	return r
+}
+
+// anthropicEvent reads an Anthropic Messages event into r; false when data
+// is none.
+func anthropicEvent(data string, r *result) bool {
+	var ev struct {
+		Type    string `json:"type"`
+		Message struct {
+			Usage struct {
+				Input int `json:"input_tokens"`
+			} `json:"usage"`
+		} `json:"message"`
+		Delta struct {
+			Text       string `json:"text"`
+			StopReason string `json:"stop_reason"`
+		} `json:"delta"`
+		Usage struct {
+			Output int `json:"output_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal([]byte(data), &ev) != nil || ev.Type == "" {
+		return false
+	}
+	switch ev.Type {
+	case "message_start":
+		r.prompt = ev.Message.Usage.Input
+	case "content_block_delta":
+		if ev.Delta.Text != "" {
+			r.chunks++
+		}
+	case "message_delta":
+		r.usage, r.complete = true, ev.Usage.Output
+		if ev.Delta.StopReason != "" {
+			r.finish = ev.Delta.StopReason
+		}
+	case "message_stop":
+		r.done = true
+	}
+	return true
 }
 
 // counter is the global budget as the admin API shows it.

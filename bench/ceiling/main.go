@@ -1,7 +1,10 @@
 // Command ceiling prints, for text of every density, how the prompt estimate
 // and the strict output bound of llmbudget compare with what o200k (OpenAI's
 // tokenizer, which fakellm.Billed bills) counts: each is an upper bound
-// (ratio at least 1), and the ratio is what a hold costs over the bill. The
+// (ratio at least 1), and the ratio is what a hold costs over the bill. So
+// does the count of an OpenAI model's stream: budget/bpe's o200k count of
+// each event's text alone, for events of 24 and of 8 bytes, against o200k's
+// count of the whole text. The
 // ceiling itself, through a real Caddy for every API, density and history,
 // is the test suite's TestTheCeilingHoldsForAnyTextInEveryAPI; run it with
 // longer texts and its per-case figures:
@@ -19,6 +22,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 )
@@ -54,7 +58,20 @@ func main() {
 		{"random base64", base64.StdEncoding.EncodeToString(raw)},
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "text\tbytes\to200k\tprompt estimate / o200k\toutput bound / o200k")
+	fmt.Fprintln(w, "text\tbytes\to200k\tprompt estimate / o200k\toutput bound / o200k\tper-event count / o200k, 24 B events\t8 B events")
+	counter := bpe.Load(bpe.O200k)
+	perEvent := func(text string, size int) int64 {
+		var n int64
+		for len(text) > 0 {
+			k := min(size, len(text))
+			for k < len(text) && text[k]&0xC0 == 0x80 {
+				k++ // whole characters, as an upstream sends them
+			}
+			n += counter.Count([]byte(text[:k]))
+			text = text[k:]
+		}
+		return n
+	}
 	for _, t := range texts {
 		content, _ := json.Marshal(t.text)
 		body := `{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":` + string(content) + `}]}`
@@ -64,8 +81,12 @@ func main() {
 			os.Exit(1)
 		}
 		tok := fakellm.Tokens(t.text)
-		fmt.Fprintf(w, "%s\t%d\t%d\t%.2f\t%.2f\n", t.name, len(t.text), tok,
-			float64(req.PromptTokens)/float64(tok), float64(usage.OutputTokenBound(int64(len(t.text))))/float64(tok))
+		if whole := counter.Count([]byte(t.text)); whole != tok {
+			fmt.Fprintf(os.Stderr, "%s: budget/bpe counts %d, tiktoken-go %d\n", t.name, whole, tok)
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\n", t.name, len(t.text), tok,
+			float64(req.PromptTokens)/float64(tok), float64(usage.OutputTokenBound(int64(len(t.text))))/float64(tok),
+			float64(perEvent(t.text, 24))/float64(tok), float64(perEvent(t.text, 8))/float64(tok))
 	}
 	w.Flush()
 }

@@ -151,6 +151,13 @@ func (t *tally) set(u budget.Usage, ok bool) {
 // when not nil, becomes the payload's template if it is valid (see
 // eventTemplate).
 func readEvent(data []byte, ev *event, f Format, memo *prefixMemo, tmpl *eventTemplate) bool {
+	return readCounted(data, ev, f, memo, tmpl, nil)
+}
+
+// readCounted is readEvent that counts the tokens of the output values
+// read with tc, when not nil (a payload that fails counts them too: the
+// caller takes them back).
+func readCounted(data []byte, ev *event, f Format, memo *prefixMemo, tmpl *eventTemplate, tc *textCount) bool {
 	if tmpl != nil {
 		tmpl.begin()
 	}
@@ -160,7 +167,7 @@ func readEvent(data []byte, ev *event, f Format, memo *prefixMemo, tmpl *eventTe
 			return false
 		}
 	}
-	s := scanner{b: data, i: 1, tmpl: tmpl}
+	s := scanner{b: data, i: 1, tmpl: tmpl, tc: tc}
 	k := 0
 	if memo != nil {
 		k = memo.resume(&s, ev)
@@ -300,6 +307,9 @@ func (s *scanner) optText(d int) (int64, bool) {
 		if s.tmpl != nil {
 			s.tmpl.textRead(at, s.i, n)
 		}
+		if s.tc != nil {
+			s.tc.text(s.b[start:end], plain, n)
+		}
 		return n, true
 	case 'n':
 		s.literal("null")
@@ -311,6 +321,24 @@ func (s *scanner) optText(d int) (int64, bool) {
 		s.tmpl.textRead(-1, -1, 0)
 	}
 	return 0, ok
+}
+
+// optOpaque reads a string or null that counts as output but holds no text
+// the model wrote (opaqueField): its decoded length. A token counter counts
+// it a token a byte, and a template compares it rather than taking it for
+// its text hole.
+func (s *scanner) optOpaque(d int) (int64, bool) {
+	tc, tmpl := s.tc, s.tmpl
+	s.tc, s.tmpl = nil, nil
+	n, ok := s.optText(d)
+	s.tc, s.tmpl = tc, tmpl
+	if tmpl != nil {
+		tmpl.textRead(-1, -1, 0)
+	}
+	if tc != nil && ok {
+		tc.strict(n)
+	}
+	return n, ok
 }
 
 func (s *scanner) optBool(d int) bool {
@@ -481,6 +509,9 @@ func (s *scanner) jsonBytes(d int) int64 {
 	}
 	if null || s.failed {
 		return 0
+	}
+	if s.tc != nil {
+		s.tc.strict(int64(s.i - start))
 	}
 	return int64(s.i - start)
 }

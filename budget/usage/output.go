@@ -49,7 +49,7 @@ var outputTables = [...][]outputLine{
 		{"delta", textField},
 		// Reasoning the model does not show, encrypted (output_item.done,
 		// when the request includes it): the only trace of billed tokens.
-		{"item.encrypted_content", textField},
+		{"item.encrypted_content", opaqueField},
 	},
 	Anthropic: {
 		// content_block_delta: text_delta, input_json_delta, thinking_delta,
@@ -58,12 +58,12 @@ var outputTables = [...][]outputLine{
 		{"delta.text", textField},
 		{"delta.partial_json", textField},
 		{"delta.thinking", textField},
-		{"delta.signature", textField},
+		{"delta.signature", opaqueField},
 		// content_block_start: mostly empty, but a block may start with its
 		// content; redacted_thinking comes whole, in data.
 		{"content_block.text", textField},
 		{"content_block.thinking", textField},
-		{"content_block.data", textField},
+		{"content_block.data", opaqueField},
 		{"content_block.name", textField},
 		{"content_block.input", jsonField},
 	},
@@ -71,7 +71,7 @@ var outputTables = [...][]outputLine{
 		// Thought summaries are text parts too (thought: true).
 		{"candidates[].content.parts[].text", textField},
 		// The thoughts, encrypted: a trace of the thinking billed.
-		{"candidates[].content.parts[].thoughtSignature", textField},
+		{"candidates[].content.parts[].thoughtSignature", opaqueField},
 		{"candidates[].content.parts[].functionCall.name", textField},
 		{"candidates[].content.parts[].functionCall.args", jsonField},
 		{"candidates[].content.parts[].executableCode.code", textField},
@@ -114,6 +114,10 @@ const (
 	// objects, holding more of the table.
 	objectField
 	arrayField
+	// opaqueField is a string that counts as output as a textField does,
+	// but holds no text the model wrote (encrypted reasoning, a signature
+	// of it): a token counter counts it a token a byte.
+	opaqueField
 )
 
 // The tables compiled (outputNodes) are what the readers are generated

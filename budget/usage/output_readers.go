@@ -137,7 +137,7 @@ func (s *scanner) outputOpenAIResponsesItem(d int) (text int64, end bool) {
 		}
 		switch string(key) {
 		case "encrypted_content":
-			mEncryptedContent, _ = s.optText(d + 1)
+			mEncryptedContent, _ = s.optOpaque(d + 1)
 		default:
 			s.skip(d + 1)
 		}
@@ -166,7 +166,7 @@ func (s *scanner) outputAnthropicDelta(d int) (text int64, end bool) {
 		case "thinking":
 			mThinking, _ = s.optText(d + 1)
 		case "signature":
-			mSignature, _ = s.optText(d + 1)
+			mSignature, _ = s.optOpaque(d + 1)
 		default:
 			s.skip(d + 1)
 		}
@@ -193,7 +193,7 @@ func (s *scanner) outputAnthropicContentBlock(d int) (text int64, end bool) {
 		case "thinking":
 			mThinking, _ = s.optText(d + 1)
 		case "data":
-			mData, _ = s.optText(d + 1)
+			mData, _ = s.optOpaque(d + 1)
 		case "name":
 			mName, _ = s.optText(d + 1)
 		case "input":
@@ -510,7 +510,7 @@ func (s *scanner) outputGeminiCandidatesContentParts(d int) (text int64, end boo
 			case "text":
 				mText, _ = s.optText(d + 2)
 			case "thoughtSignature":
-				mThoughtSignature, _ = s.optText(d + 2)
+				mThoughtSignature, _ = s.optOpaque(d + 2)
 			case "functionCall":
 				mFunctionCall, _ = s.outputGeminiCandidatesContentPartsFunctionCall(d + 2)
 			case "executableCode":

@@ -178,6 +178,8 @@ func (g *outputGenerator) read(f *outputField, text, end, d, fn string) {
 	switch f.kind {
 	case textField:
 		g.line("%s, _ = s.optText(%s)", text, d)
+	case opaqueField:
+		g.line("%s, _ = s.optOpaque(%s)", text, d)
 	case jsonField:
 		g.line("%s = s.jsonBytes(%s)", text, d)
 	case endField:

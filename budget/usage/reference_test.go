@@ -149,7 +149,7 @@ func refOutput(n *outputNode, raw []byte) (text int64, ended bool) {
 			continue
 		}
 		switch f := &n.fields[j]; f.kind {
-		case textField:
+		case textField, opaqueField:
 			var s string
 			if json.Unmarshal(v, &s) == nil {
 				held[j] = int64(len(s))

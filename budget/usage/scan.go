@@ -27,6 +27,8 @@ type scanner struct {
 	// tmpl, when not nil, records the values that may differ in the next
 	// event (see eventTemplate).
 	tmpl *eventTemplate
+	// tc, when not nil, counts the tokens of the output values read.
+	tc *textCount
 	// key holds a key decoded from escapes, for comparison.
 	key [32]byte
 }

@@ -37,7 +37,10 @@ type Meter struct {
 	// template, when not nil, is the last event read in full, against
 	// which the next is compared first (see eventTemplate); noTemplate:
 	// the stream's misses spent its credit, it keeps none.
-	template  *eventTemplate
+	template *eventTemplate
+	// tokens, when not nil, counts the tokens of the output values read
+	// (CountTokens).
+	tokens    *textCount
 	memo      prefixMemo
 	dataStart int
 
@@ -59,7 +62,7 @@ type Meter struct {
 // object with pointers above that takes a malloc header and a larger size
 // class, which costs the streams that cut no line more than a larger room
 // saves the others (BenchmarkMeter).
-const sseRoom = 224
+const sseRoom = 216
 
 // sseMeter is a Meter with the first room for its lines in the same
 // allocation: most SSE streams cut a line between two Writes.
@@ -254,6 +257,14 @@ type Reading struct {
 	// OutputTextBytes is the generated output seen (every field of the
 	// format's output table), for an output estimate.
 	OutputTextBytes int64
+	// OutputTokens is, with CountTokens, the tokens of the output values
+	// read, and OutputTokensText the decoded bytes of those values. Where
+	// OutputTextBytes grew by more or less than OutputTokensText (an event
+	// too long to read, a template with text outside its hole, a name given
+	// twice), the meter counted text the counter did not: such text is
+	// counted by its bytes.
+	OutputTokens     int64 `json:",omitempty"`
+	OutputTokensText int64 `json:",omitempty"`
 	// Bytes is the length of the stream so far.
 	Bytes int64
 }
@@ -261,15 +272,29 @@ type Reading struct {
 // Framing is how the metered stream separates its events.
 func (m *Meter) Framing() Framing { return m.framing }
 
+// CountTokens makes the meter count the tokens of each output value it
+// reads from now on with c (Reading.OutputTokens): each value alone, an
+// event's text delta, a tool call's name or arguments, as c counts it. A
+// value counted as written (JSON arguments), and one with escapes whose
+// decoded text is longer than 2 KiB, count a token a byte. It costs one
+// allocation.
+func (m *Meter) CountTokens(c TokenCounter) {
+	m.tokens = &textCount{counter: c}
+}
+
 // Reading returns what the stream has reported so far.
 func (m *Meter) Reading() Reading {
-	return Reading{
+	r := Reading{
 		Usage:           m.tally.usage,
 		Complete:        m.tally.complete,
 		InputKnown:      m.tally.inputKnown,
 		OutputTextBytes: m.tally.outputTextBytes,
 		Bytes:           m.bytes,
 	}
+	if m.tokens != nil {
+		r.OutputTokens, r.OutputTokensText = m.tokens.tokens, m.tokens.bytes
+	}
+	return r
 }
 
 func (m *Meter) appendLine(p []byte) {
@@ -328,7 +353,7 @@ func (m *Meter) read(payload []byte) {
 			m.template = t
 		}
 	} else if t != nil && t.n > 0 {
-		if text, ok := t.match(payload); ok {
+		if text, ok := t.match(payload, m.tokens); ok {
 			m.tally.outputTextBytes += text
 			t.credit = min(t.credit+hitCredit, maxCredit)
 			t.hits++
@@ -339,8 +364,15 @@ func (m *Meter) read(payload []byte) {
 		}
 	}
 	var ev event
-	if readEvent(payload, &ev, m.format, &m.memo, t) {
+	var before textCount
+	if m.tokens != nil {
+		before.tokens, before.bytes = m.tokens.tokens, m.tokens.bytes
+	}
+	if readCounted(payload, &ev, m.format, &m.memo, t, m.tokens) {
 		m.tally.add(m.format, &ev)
+	} else if m.tokens != nil {
+		// A payload that does not parse counts no text.
+		m.tokens.tokens, m.tokens.bytes = before.tokens, before.bytes
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/bpe"
 )
 
 // streamCases lists testdata/streams/<name>.<format>.sse|ndjson.
@@ -76,6 +77,24 @@ func meter(f Format, framing Framing, chunks ...[]byte) Reading {
 	}
 	if readings[0] != readings[1] {
 		panic(fmt.Sprintf("with a template from the first event %+v, else %+v", readings[1], readings[0]))
+	}
+	// Counting tokens, with and without a template, changes nothing else,
+	// and counts no more tokens than bytes (none is less than a byte).
+	for _, reads := range []uint8{0, templateAfter} {
+		m := NewMeter(f, framing)
+		m.reads = reads
+		m.CountTokens(bpe.Load(bpe.O200k))
+		for _, c := range chunks {
+			m.Write(c)
+		}
+		m.Close()
+		r := m.Reading()
+		if r.OutputTokens > r.OutputTokensText || r.OutputTokens < 0 {
+			panic(fmt.Sprintf("%d tokens of %d bytes", r.OutputTokens, r.OutputTokensText))
+		}
+		if r.OutputTokens, r.OutputTokensText = 0, 0; r != readings[0] {
+			panic(fmt.Sprintf("counting tokens: %+v, else %+v", r, readings[0]))
+		}
 	}
 	return readings[0]
 }

@@ -113,8 +113,11 @@ func (t *eventTemplate) keep(event []byte, text int64) {
 }
 
 // match reports whether event reads like the template but for its holes,
-// and then the text it carries.
-func (t *eventTemplate) match(event []byte) (text int64, ok bool) {
+// and then the text it carries; tc, when not nil, counts the tokens of its
+// text hole (a template with text outside a hole counts none: the meter's
+// text and the count then differ, and the caller counts that event by its
+// bytes).
+func (t *eventTemplate) match(event []byte, tc *textCount) (text int64, ok bool) {
 	tmpl := t.buf[:t.n]
 	// The end first: where an event differs in more than its holes, its
 	// end mostly does too (its fields change from there on).
@@ -127,6 +130,8 @@ func (t *eventTemplate) match(event []byte) (text int64, ok bool) {
 	}
 	s := scanner{b: event}
 	at := 0 // the position in tmpl; s.i is that in event
+	var textRaw []byte
+	var textPlain bool
 	for h, hl := range t.holes[:t.nHoles] {
 		same := tmpl[at:hl.start]
 		if len(event)-s.i <= len(same) || string(event[s.i:s.i+len(same)]) != string(same) {
@@ -142,6 +147,7 @@ func (t *eventTemplate) match(event []byte) (text int64, ok bool) {
 			start, end, plain := s.str()
 			if h == int(t.textHole) && !s.failed {
 				text = textLen(event[start:end], plain)
+				textRaw, textPlain = event[start:end], plain
 			}
 		}
 		if s.failed {
@@ -151,6 +157,9 @@ func (t *eventTemplate) match(event []byte) (text int64, ok bool) {
 	}
 	if len(event)-s.i != len(tail) { // (what is left is the tail, checked)
 		return 0, false
+	}
+	if tc != nil && textRaw != nil {
+		tc.text(textRaw, textPlain, text)
 	}
 	return t.base + text, true
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +32,8 @@ type Billed struct {
 	// whatever the prompt (input the body does not show).
 	Input int64
 	// HiddenOutput is billed as output on top of the text, which the stream
-	// does not show (reasoning).
+	// does not show (reasoning); X-Fake-Hidden-Output sets it for one
+	// request.
 	HiddenOutput int64
 
 	billed   atomic.Int64 // input and output billed, every answer
@@ -112,7 +114,11 @@ func (b *Billed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if t, ok := b.Texts[r.Header.Get("X-Fake-Text")]; ok {
 		text = t
 	}
-	a := billedAnswer{b: b, w: w, r: r, input: input, limit: limit, model: req.Model, text: text}
+	hidden := b.HiddenOutput
+	if n, err := strconv.ParseInt(r.Header.Get("X-Fake-Hidden-Output"), 10, 64); err == nil {
+		hidden = n
+	}
+	a := billedAnswer{b: b, w: w, r: r, input: input, limit: limit, model: req.Model, text: text, hidden: hidden}
 	a.stream(pathAPI(r.URL.Path))
 }
 
@@ -124,6 +130,7 @@ type billedAnswer struct {
 	input, limit int64
 	model        string
 	output       int64 // tokens of the text sent
+	hidden       int64 // output billed on top of the text
 	seq          int
 	text         string
 }
@@ -197,7 +204,7 @@ func (a *billedAnswer) stream(api string) {
 		}
 		chunk := text[:n]
 		t := Tokens(chunk)
-		if a.output+b.HiddenOutput+t > a.limit {
+		if a.output+a.hidden+t > a.limit {
 			finish = "length"
 			break
 		}
@@ -220,7 +227,7 @@ func (a *billedAnswer) stream(api string) {
 
 // usageTotal is the output billed: the text sent and the hidden output, at
 // most the cap.
-func (a *billedAnswer) usageTotal() int64 { return min(a.output+a.b.HiddenOutput, a.limit) }
+func (a *billedAnswer) usageTotal() int64 { return min(a.output+a.hidden, a.limit) }
 
 func (a *billedAnswer) start(api string) bool {
 	switch api {

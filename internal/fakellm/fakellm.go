@@ -25,7 +25,10 @@
 // reports Input and the tokens generated. A words stream stops generating
 // when a write fails or the request's context is done (the client went
 // away); Generated counts every token generated, the one whose write failed
-// included, so tokens generated after a client left can be measured. Jitter
+// included, so tokens generated after a client left can be measured. In
+// Words mode an Anthropic Messages stream is a text_delta a word, with the
+// output in its message_delta (stop_reason max_tokens when the cap cut it).
+// Jitter
 // varies each answer's length by up to that fraction of Output, either way.
 //
 // Request headers change one answer: X-Fake-Status (answer with that status),
@@ -148,6 +151,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	stream := req.Stream != nil && *req.Stream
 	switch {
+	case strings.HasSuffix(r.URL.Path, "/messages") && stream && s.Words:
+		a.anthropicWordStream(r, capCut)
 	case strings.HasSuffix(r.URL.Path, "/messages") && stream:
 		a.anthropicStream()
 	case strings.HasSuffix(r.URL.Path, "/messages"):
@@ -356,6 +361,31 @@ func (a *answer) wordStream(r *http.Request, includeUsage, capCut bool) {
 		write(fmt.Sprintf(head+`],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`+"\n\n", a.model, a.s.Input, generated, a.s.Input+generated))
 	}
 	write("data: [DONE]\n\n")
+}
+
+// anthropicWordStream streams a Messages answer of generated words as
+// Anthropic does: message_start with the input, a text block with a
+// text_delta a word, message_delta with the output (stop_reason
+// max_tokens when the cap cut it), message_stop.
+func (a *answer) anthropicWordStream(r *http.Request, capCut bool) {
+	write := a.sse()
+	if !write(fmt.Sprintf("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_fake\",\"type\":\"message\",\"role\":\"assistant\",\"model\":%q,\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":%d,\"output_tokens\":1}}}\n\n", a.model, a.s.Input)) ||
+		!write("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n") {
+		return
+	}
+	generated, ended := a.generate(r, func(_ int, word string) bool {
+		return write(fmt.Sprintf("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":%q}}\n\n", word))
+	})
+	if !ended {
+		return
+	}
+	stop := "end_turn"
+	if capCut {
+		stop = "max_tokens"
+	}
+	_ = write("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n") &&
+		write(fmt.Sprintf("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":%q,\"stop_sequence\":null},\"usage\":{\"output_tokens\":%d}}\n\n", stop, generated)) &&
+		write("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
 }
 
 // responsesStream streams a Responses answer of generated words as OpenAI
