@@ -264,7 +264,7 @@ func (m *Meter) Framing() Framing { return m.framing }
 // Reading returns what the stream has reported so far.
 func (m *Meter) Reading() Reading {
 	return Reading{
-		Usage:           m.tally.usage,
+		Usage:           m.tally.billed(),
 		Complete:        m.tally.complete,
 		InputKnown:      m.tally.inputKnown,
 		OutputTextBytes: m.tally.outputTextBytes,
