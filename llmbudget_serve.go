@@ -96,6 +96,10 @@ type call struct {
 	spend   budget.Spend
 	model   string // the price book's name of the model ("" unpriced)
 	price   budget.Price
+	// rates are the price's rates for the estimate: the long-context tier's
+	// when the prompt estimate is above its threshold, the service tier's
+	// the body asks for. A lease's extensions are charged at them.
+	rates budget.Rates
 	// holdNote explains a hold larger than the body shows, for a denial.
 	holdNote string
 }
@@ -152,6 +156,9 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 		}
 		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, message: err.Error(), body: body}
 	}
+	if model, ok := h.deployments[c.req.Model]; ok && c.req.Deployment {
+		c.req.Model = model
+	}
 	if ref := h.boundOutput(format, c); ref != nil {
 		return ref
 	}
@@ -177,7 +184,9 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 			output = c.lease
 		}
 	}
-	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output}
+	// The worst the request can reach: the tier it asks for, and the
+	// long-context tier when its prompt estimate is above the threshold.
+	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output, ServiceTier: c.req.ServiceTier}
 	c.spend = budget.Spend{Tokens: estimate.Tokens()}
 	var priced bool
 	c.model, c.price, priced = h.prices.Find(c.req.Model)
@@ -187,6 +196,7 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 				noRetry: true, body: body, // waiting never prices it
 				message: fmt.Sprintf("model %q has no price in the price book, so a dollar budget cannot admit it", c.req.Model)}
 		}
+		c.rates = c.price.RatesFor(estimate)
 		c.spend.CostMicros = c.price.CostMicros(estimate)
 	}
 	return nil

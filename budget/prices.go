@@ -148,6 +148,13 @@ type Usage struct {
 // Tokens is input plus output.
 func (u Usage) Tokens() int64 { return u.InputTokens + u.OutputTokens }
 
+// WithInputOf is u with the input counts of in: its total and every kind.
+func (u Usage) WithInputOf(in Usage) Usage {
+	u.InputTokens, u.CachedInputTokens, u.AudioInputTokens = in.InputTokens, in.CachedInputTokens, in.AudioInputTokens
+	u.CacheWriteTokens, u.CacheWrite1hTokens = in.CacheWriteTokens, in.CacheWrite1hTokens
+	return u
+}
+
 // Ranges of what a settle accepts from an upstream: no request reads or
 // writes 2^40 (about 10^12) tokens, and no request costs 2^53 micro-dollars
 // (about 9 billion dollars). Counters stay far from int64's end, so no sum

@@ -98,13 +98,6 @@ func (t *tally) billed() budget.Usage {
 	return u
 }
 
-// withInputOf is u with the input counts of in: its total and every kind.
-func withInputOf(u, in budget.Usage) budget.Usage {
-	u.InputTokens, u.CachedInputTokens, u.AudioInputTokens = in.InputTokens, in.CachedInputTokens, in.AudioInputTokens
-	u.CacheWriteTokens, u.CacheWrite1hTokens = in.CacheWriteTokens, in.CacheWrite1hTokens
-	return u
-}
-
 // add folds one event into the tally.
 func (t *tally) add(f Format, ev *event) {
 	t.outputTextBytes += ev.textBytes()
@@ -115,7 +108,7 @@ func (t *tally) add(f Format, ev *event) {
 	switch {
 	case ev.kind == kindMessageStart && ev.message && ev.messageUsage.present:
 		if u, ok := ev.messageUsage.usage(Anthropic); ok {
-			t.usage = withInputOf(t.usage, u)
+			t.usage = t.usage.WithInputOf(u)
 			t.usage.OutputTokens = max(t.usage.OutputTokens, u.OutputTokens)
 			t.usage.WebSearchCalls = max(t.usage.WebSearchCalls, u.WebSearchCalls)
 			t.inputKnown = true
@@ -132,7 +125,7 @@ func (t *tally) add(f Format, ev *event) {
 		}
 		if fields.has(inputTokens) || fields.has(cacheRead) || fields.has(cacheCreation) {
 			if u, ok := fields.usage(Anthropic); ok && u.InputTokens > 0 {
-				t.usage = withInputOf(t.usage, u)
+				t.usage = t.usage.WithInputOf(u)
 				t.inputKnown = true
 			}
 		}

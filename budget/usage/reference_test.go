@@ -92,7 +92,7 @@ func (t *refTally) add(f Format, ev *refEvent) {
 	switch {
 	case ev.Type == "message_start" && ev.Message != nil && ev.Message.Usage != nil:
 		if u, ok := ev.Message.Usage.Usage(Anthropic); ok {
-			t.usage = withInputOf(t.usage, u)
+			t.usage = t.usage.WithInputOf(u)
 			t.usage.OutputTokens = max(t.usage.OutputTokens, u.OutputTokens)
 			t.usage.WebSearchCalls = max(t.usage.WebSearchCalls, u.WebSearchCalls)
 			t.inputKnown = true
@@ -109,7 +109,7 @@ func (t *refTally) add(f Format, ev *refEvent) {
 		}
 		if fields.InputTokens != nil || fields.CacheReadInputTokens != nil || fields.CacheCreationInputTokens != nil {
 			if u, ok := fields.Usage(Anthropic); ok && u.InputTokens > 0 {
-				t.usage = withInputOf(t.usage, u)
+				t.usage = t.usage.WithInputOf(u)
 				t.inputKnown = true
 			}
 		}
