@@ -157,3 +157,65 @@ func TestPricesFileReload(t *testing.T) {
 		t.Fatalf("after the reload: %d %s; want the new price's 429 request_exceeds_budget", resp.StatusCode, body)
 	}
 }
+
+// TestReserveForTheWorstTier: a request is reserved at the tier it asks
+// for and, when its prompt estimate is above the long-context threshold,
+// at the long-context tier: what fits at the standard price may not fit
+// there.
+func TestReserveForTheWorstTier(t *testing.T) {
+	prices, err := filepath.Abs("budget/testdata/litellm-prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+	fleetguard {
+		prefix wt%d
+	}
+}
+:%d {
+	llmbudget {
+		team {http.request.header.X-Team}
+		budget team_usd {
+			scope team
+			unit usd
+			limit 1
+			window 1h
+		}
+		prices_file %s
+		settle_wait 0
+	}
+	reverse_proxy %s
+}`, port, port, prices, strings.TrimPrefix(up.URL, "http://")))
+	// gpt-4o: 60,000 output tokens hold $0.60 at $10 per 1M, $1.02 at
+	// priority's $17: over the $1 limit.
+	// claude-sonnet-4-5: a prompt of 180,000 bytes holds 180,000 tokens at
+	// $3 ($0.54); one of 210,000 bytes is above 200,000 and holds the whole
+	// request at $6 ($1.26).
+	claude := func(n int) string {
+		return `{"model":"claude-sonnet-4-5-20250929","max_tokens":10,"messages":[{"role":"user","content":"` + strings.Repeat("a", n) + `"}]}`
+	}
+	for _, tt := range []struct {
+		name, path, body string
+		status           int
+	}{
+		{"standard fits", "/v1/chat/completions", `{"model":"gpt-4o","max_tokens":60000,"messages":[]}`, http.StatusOK},
+		{"priority does not", "/v1/chat/completions", `{"model":"gpt-4o","service_tier":"priority","max_tokens":60000,"messages":[]}`, http.StatusTooManyRequests},
+		{"a prompt under 200k fits", "/v1/messages", claude(180_000), http.StatusOK},
+		{"a prompt over 200k does not", "/v1/messages", claude(210_000), http.StatusTooManyRequests},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			waitSettles()
+			resp, body := do(t, http.MethodPost, url+tt.path, tt.body, "Content-Type: application/json", "X-Team: "+tt.name)
+			if resp.StatusCode != tt.status {
+				t.Fatalf("%d %.300s, want %d", resp.StatusCode, body, tt.status)
+			}
+			if tt.status != http.StatusOK && !strings.Contains(body, "request_exceeds_budget") {
+				t.Fatalf("%s: want request_exceeds_budget", body)
+			}
+		})
+	}
+}
