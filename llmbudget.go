@@ -239,6 +239,7 @@ type BudgetConfig struct {
 // PriceConfig is a model's price in USD per one million tokens (per call
 // for WebSearch). A zero price other than Input and Output takes its default.
 type PriceConfig struct {
+	// Input and Output are the standard prices. Required (0 is free).
 	Input  float64 `json:"input"`
 	Output float64 `json:"output"`
 	// CachedInput prices input read from a prompt cache. Default Input.
@@ -269,7 +270,9 @@ type PriceConfig struct {
 
 // TierPriceConfig is the price of a tier in USD per one million tokens.
 type TierPriceConfig struct {
-	Input  float64 `json:"input"`
+	// Input is the tier's input price. Default (0): the standard one.
+	Input float64 `json:"input"`
+	// Output is the tier's output price. Default (0): the standard one.
 	Output float64 `json:"output"`
 }
 
