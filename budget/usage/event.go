@@ -68,6 +68,9 @@ type tierField struct {
 type geminiUsage struct {
 	present                                              bool
 	prompt, candidates, thoughts, cachedContent, toolUse int64
+	// audio is the AUDIO modality's part of the prompt
+	// (promptTokensDetails), summed as budget.AddCounts does.
+	audio int64
 }
 
 // textBytes is the output the event carried.
@@ -144,6 +147,7 @@ func (t *tally) add(f Format, ev *event) {
 			// billed as input, apart from promptTokenCount.
 			InputTokens:       budget.AddCounts(m.prompt, m.toolUse),
 			CachedInputTokens: m.cachedContent,
+			AudioInputTokens:  m.audio,
 			OutputTokens:      budget.AddCounts(m.candidates, m.thoughts),
 			ReasoningTokens:   m.thoughts,
 		}
@@ -157,6 +161,7 @@ func (t *tally) add(f Format, ev *event) {
 		t.usage = budget.Usage{
 			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
 			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+			AudioInputTokens:  max(t.usage.AudioInputTokens, u.AudioInputTokens),
 			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
 			ReasoningTokens:   max(t.usage.ReasoningTokens, u.ReasoningTokens),
 		}
@@ -523,6 +528,73 @@ func (s *scanner) response(usage *usageFields, tier *tierField, isText bool) (te
 	return 0
 }
 
+// audioTokens reads Gemini's promptTokensDetails, an array (or null) of
+// {"modality", "tokenCount"}: the sum of the AUDIO modality's counts (-1
+// past int64 or for a negative count, as budget.AddCounts). ok is false when
+// a value has the wrong type.
+func (s *scanner) audioTokens(d int) (audio int64, ok bool) {
+	isArray, ok := s.array(d)
+	if !isArray {
+		return 0, ok
+	}
+	for k := 0; s.element(k); k++ {
+		isObject, good := s.object(d + 1)
+		ok = ok && good
+		if !isObject {
+			continue
+		}
+		var isAudio bool
+		var count int64
+		for m := 0; ; m++ {
+			key, more := s.member(m)
+			if !more {
+				break
+			}
+			switch string(key) {
+			case "modality":
+				isAudio, good = s.modalityAudio(d + 2)
+				ok = ok && good
+			case "tokenCount":
+				n, good := s.optInt(d + 2)
+				count, ok = n.v, ok && good
+			default:
+				s.skip(d + 2)
+			}
+		}
+		if isAudio {
+			audio = budget.AddCounts(audio, count)
+		}
+	}
+	return audio, ok
+}
+
+// modalityAudio reads a modality (a string or null): whether it is AUDIO.
+func (s *scanner) modalityAudio(d int) (isAudio, ok bool) {
+	switch s.peek() {
+	case 'n':
+		s.literal("null")
+		return false, true
+	case '"':
+	default:
+		s.skip(d)
+		return false, false
+	}
+	start, end, plain := s.str()
+	if s.failed {
+		return false, false
+	}
+	name := s.b[start:end]
+	if !plain {
+		var buf [8]byte
+		n, decoded := decodeASCII(buf[:], name)
+		if !decoded {
+			return false, true
+		}
+		name = buf[:n]
+	}
+	return string(name) == "AUDIO", true
+}
+
 // serviceTier reads a service_tier: a string names a tier (budget.ParseServiceTier),
 // any other value is none and not an error.
 func (s *scanner) serviceTier(d int) tierField {
@@ -605,6 +677,11 @@ func (s *scanner) geminiUsage() (g geminiUsage, ok bool) {
 			field = &g.cachedContent
 		case "toolUsePromptTokenCount":
 			field = &g.toolUse
+		case "promptTokensDetails":
+			var good bool
+			g.audio, good = s.audioTokens(2)
+			ok = ok && good
+			continue
 		default:
 			s.skip(2)
 			continue

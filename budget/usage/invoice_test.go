@@ -27,7 +27,7 @@ type invoiceCase struct {
 // references and guides (OpenAI chat, Responses, prompt caching, reasoning,
 // audio, flex and priority processing, Azure OpenAI; Anthropic Messages,
 // prompt caching with 5-minute and 1-hour writes, web search, long
-// context; Gemini usageMetadata with thoughts, cached content, tool use and
+// context; Gemini usageMetadata with thoughts, cached content, tool use, audio and
 // long context). Prices in USD per 1M tokens, from the fixture.
 var invoiceCases = []invoiceCase{
 	// gpt-4o-2024-08-06 2.50/10: 19*2.5 + 10*10 = 47.5 + 100 = 147.5 -> 148
@@ -104,6 +104,9 @@ var invoiceCases = []invoiceCase{
 	// gemini-2.5-flash 0.30/2.50, the tool-use prompt as input: (1500+20000)*0.3 + (300+200)*2.5 = 6450 + 1250 = 7700
 	{"gemini tool-use prompt", Gemini, "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", "", "",
 		`{"promptTokenCount":1500,"toolUsePromptTokenCount":20000,"candidatesTokenCount":300,"thoughtsTokenCount":200,"totalTokenCount":22000}`, 7700},
+	// gemini-2.5-flash 0.30, audio 1.00, 2.50: 15*0.3 + 3000*1 + 120*2.5 = 4.5 + 3000 + 300 = 3304.5 -> 3305
+	{"gemini audio input", Gemini, "/v1beta/models/gemini-2.5-flash:generateContent", "", "",
+		`{"promptTokenCount":3015,"candidatesTokenCount":120,"totalTokenCount":3135,"promptTokensDetails":[{"modality":"TEXT","tokenCount":15},{"modality":"AUDIO","tokenCount":3000}],"candidatesTokensDetails":[{"modality":"TEXT","tokenCount":120}]}`, 3305},
 	// gemini-2.5-pro above 200k, the whole request at 2.50/15: 250000*2.5 + (2000+1500)*15 = 625000 + 52500 = 677500
 	{"gemini prompt above 200k", Gemini, "/v1beta/models/gemini-2.5-pro:generateContent", "", "",
 		`{"promptTokenCount":250000,"candidatesTokenCount":2000,"thoughtsTokenCount":1500,"totalTokenCount":253500}`, 677_500},

@@ -26,7 +26,8 @@ var refNames = strings.Fields(`type usage message response usageMetadata choices
 	input_tokens_details cache_creation_input_tokens cache_read_input_tokens
 	service_tier toolUsePromptTokenCount audio_tokens completion_tokens_details
 	reasoning_tokens output_tokens_details cache_creation ephemeral_5m_input_tokens
-	ephemeral_1h_input_tokens server_tool_use web_search_requests`)
+	ephemeral_1h_input_tokens server_tool_use web_search_requests
+	promptTokensDetails modality tokenCount`)
 
 // ambiguousJSON reports whether the JSON text data (after the reference's
 // TrimSpace) has an object with a key given twice (in any case), or a key
@@ -136,6 +137,14 @@ var payloads = []string{
 	`{"usage":{"input_tokens":9,"output_tokens":70,"cache_read_input_tokens":5,"server_tool_use":{"web_search_requests":3,"web_fetch_requests":1},"service_tier":"standard"}}`,
 	`{"usageMetadata":{"promptTokenCount":12,"toolUsePromptTokenCount":20000,"candidatesTokenCount":1,"thoughtsTokenCount":30}}`,
 	`{"usageMetadata":{"promptTokenCount":12,"toolUsePromptTokenCount":"2"}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":"TEXT","tokenCount":1000},{"modality":"AUDIO","tokenCount":2000},null,{"modality":"AU\u0044IO","tokenCount":5},{"tokenCount":7},{"modality":null,"tokenCount":9}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":"AUDIO","tokenCount":-2000}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":"AUDIO","tokenCount":9223372036854775807},{"modality":"AUDIO","tokenCount":1}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":1,"tokenCount":2}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":"AUDIO","tokenCount":2.5}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[7]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":{"modality":"AUDIO"}}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":null,"cacheTokensDetails":[{"modality":"AUDIO","tokenCount":3}]}}`,
 	`{"choices":{},"usage":{"prompt_tokens":3}}`,
 	`{"choices":[1],"usage":{"prompt_tokens":3}}`,
 	`{"choices":[null,{"delta":null},{"delta":{"content":null,"refusal":"no","reasoning_content":"hm"}}]}`,

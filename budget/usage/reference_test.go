@@ -37,6 +37,10 @@ type refEvent struct {
 		ThoughtsTokenCount      int64 `json:"thoughtsTokenCount"`
 		CachedContentTokenCount int64 `json:"cachedContentTokenCount"`
 		ToolUsePromptTokenCount int64 `json:"toolUsePromptTokenCount"`
+		PromptTokensDetails     []*struct {
+			Modality   string `json:"modality"`
+			TokenCount int64  `json:"tokenCount"`
+		} `json:"promptTokensDetails"`
 	} `json:"usageMetadata"`
 	// Ollama's native API.
 	Done            bool   `json:"done"`
@@ -128,9 +132,16 @@ func (t *refTally) add(f Format, ev *refEvent) {
 		}
 	case ev.UsageMetadata != nil:
 		m := ev.UsageMetadata
+		var audio int64
+		for _, d := range m.PromptTokensDetails {
+			if d != nil && d.Modality == "AUDIO" {
+				audio = budget.AddCounts(audio, d.TokenCount)
+			}
+		}
 		u := budget.Usage{
 			InputTokens:       budget.AddCounts(m.PromptTokenCount, m.ToolUsePromptTokenCount),
 			CachedInputTokens: m.CachedContentTokenCount,
+			AudioInputTokens:  audio,
 			OutputTokens:      budget.AddCounts(m.CandidatesTokenCount, m.ThoughtsTokenCount),
 			ReasoningTokens:   m.ThoughtsTokenCount,
 		}
@@ -143,6 +154,7 @@ func (t *refTally) add(f Format, ev *refEvent) {
 		t.usage = budget.Usage{
 			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
 			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+			AudioInputTokens:  max(t.usage.AudioInputTokens, u.AudioInputTokens),
 			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
 			ReasoningTokens:   max(t.usage.ReasoningTokens, u.ReasoningTokens),
 		}
