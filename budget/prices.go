@@ -63,8 +63,11 @@ type Price struct {
 	// reports (Anthropic's server_tool_use.web_search_requests), in
 	// micro-dollars: $10 per 1,000 is 10_000. Default 0.
 	WebSearchCall int64
-	// MaxInputTokens is the model's context window, when its price says
-	// (prices_file's max_input_tokens); 0 unknown.
+	// MaxInputTokens is the model's context window as its price table says
+	// (prices_file's max_input_tokens); 0 unknown. It does not bound what a
+	// request with hidden input holds: a table's window can be below what
+	// the provider bills (LiteLLM gives claude-sonnet-4-5 200,000, where
+	// Anthropic's 1M-context beta bills up to 1,000,000).
 	MaxInputTokens int64
 }
 
