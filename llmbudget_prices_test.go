@@ -219,3 +219,52 @@ func TestReserveForTheWorstTier(t *testing.T) {
 		})
 	}
 }
+
+// TestAzureDeploymentTakesAzurePrice: a deployment is priced by Azure's
+// own entry (azure/<model>) where the table has one, the same model
+// elsewhere by its own.
+func TestAzureDeploymentTakesAzurePrice(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.json")
+	// gpt-4o at $2.50 per 1M input tokens; Azure's at $100,000, which no
+	// prompt fits in $1.
+	table := `{"gpt-4o": {"mode": "chat", "input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05},
+		"azure/gpt-4o": {"mode": "chat", "input_cost_per_token": 0.1, "output_cost_per_token": 1e-05}}`
+	if err := os.WriteFile(file, []byte(table), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+	fleetguard {
+		prefix az%d
+	}
+}
+:%d {
+	llmbudget {
+		budget all_usd {
+			unit usd
+			limit 1
+			window 1h
+		}
+		prices_file %s
+		settle_wait 0
+	}
+	reverse_proxy %s
+}`, port, port, file, strings.TrimPrefix(up.URL, "http://")))
+	const body = `{"model":"gpt-4o","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tt := range []struct {
+		path   string
+		status int
+	}{
+		{"/v1/chat/completions", http.StatusOK},
+		{"/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", http.StatusTooManyRequests},
+	} {
+		waitSettles()
+		resp, got := do(t, http.MethodPost, url+tt.path, body, "Content-Type: application/json")
+		if resp.StatusCode != tt.status {
+			t.Errorf("%s: %d %.200s, want %d", tt.path, resp.StatusCode, got, tt.status)
+		}
+	}
+}

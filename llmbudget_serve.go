@@ -189,7 +189,13 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output, ServiceTier: c.req.ServiceTier}
 	c.spend = budget.Spend{Tokens: estimate.Tokens()}
 	var priced bool
-	c.model, c.price, priced = h.prices.Find(c.req.Model)
+	priceName := c.req.Model
+	if c.req.Deployment {
+		// Azure's own price first ("azure/gpt-4o" in a prices_file), then
+		// the model's: the name resolves past the provider prefix.
+		priceName = "azure/" + priceName
+	}
+	c.model, c.price, priced = h.prices.Find(priceName)
 	if h.hasUSD {
 		if !priced {
 			return &refusal{kind: refusedUnpriced, status: http.StatusPaymentRequired, errType: "budget_exceeded", code: "model_not_priced",

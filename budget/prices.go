@@ -412,9 +412,10 @@ func decimalTimes(s string, mul int64) (int64, error) {
 // PriceBook maps models to prices. A model name ending in * matches every
 // model it is a prefix of, so "gpt-4o*" prices "gpt-4o-2024-08-06"; an exact
 // name wins over a prefix, and a longer prefix over a shorter one. A name
-// no entry matches as given resolves as ResolveModel says, first in the
-// book's own entries, then in its fallback (a prices_file's book), so every
-// entry of the book wins over the fallback's.
+// no entry matches as given resolves as ResolveModel says (each name tried
+// exact, then by prefix), first in the book's own entries, then in its
+// fallback (a prices_file's book), so every entry of the book wins over the
+// fallback's.
 type PriceBook struct {
 	exact    map[string]Price
 	prefixes []prefixPrice // longest first
@@ -481,6 +482,19 @@ func (pb *PriceBook) Find(model string) (name string, p Price, ok bool) {
 }
 
 func (pb *PriceBook) findOwn(model string) (name string, p Price, ok bool) {
+	if name, p, ok = pb.match(model); ok {
+		return name, p, true
+	}
+	ResolveModel(model, func(n string) bool {
+		name, p, ok = pb.match(n)
+		return ok
+	})
+	return name, p, ok
+}
+
+// match is the book's own entry for model as given: exact, else the
+// longest prefix.
+func (pb *PriceBook) match(model string) (name string, p Price, ok bool) {
 	if p, ok := pb.exact[model]; ok {
 		return model, p, true
 	}
@@ -489,15 +503,7 @@ func (pb *PriceBook) findOwn(model string) (name string, p Price, ok bool) {
 			return pp.name, pp.price, true
 		}
 	}
-	ResolveModel(model, func(n string) bool {
-		p, ok = pb.exact[n]
-		name = n
-		return ok
-	})
-	if !ok {
-		return "", Price{}, false
-	}
-	return name, p, true
+	return "", Price{}, false
 }
 
 // ResolveModel tries the names model may be priced by, in order, until has

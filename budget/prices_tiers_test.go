@@ -114,17 +114,27 @@ func TestResolveModel(t *testing.T) {
 // TestPriceLinesWinOverTheFile: a book's entries that resolve a name win
 // over its fallback's exact entry.
 func TestPriceLinesWinOverTheFile(t *testing.T) {
-	file, _ := NewPriceBook(map[string]Price{"gpt-4o-2024-08-06": {Rates: Rates{Input: 1}}, "gpt-5": {Rates: Rates{Input: 7}}})
-	lines, _ := NewPriceBook(map[string]Price{"gpt-4o": {Rates: Rates{Input: 2}}})
+	file, _ := NewPriceBook(map[string]Price{
+		"gpt-4o-2024-08-06": {Rates: Rates{Input: 1}}, "gpt-5": {Rates: Rates{Input: 7}},
+		"gpt-4o-mini": {Rates: Rates{Input: 8}}, "azure/gpt-4o-mini-2024-07-18": {Rates: Rates{Input: 9}},
+	})
+	lines, _ := NewPriceBook(map[string]Price{"gpt-4o": {Rates: Rates{Input: 2}}, "gpt-4o-mini*": {Rates: Rates{Input: 3}}})
 	pb := lines.Under(file)
-	if name, p, _ := pb.Find("gpt-4o-2024-08-06"); name != "gpt-4o" || p.Input != 2 {
-		t.Errorf("Find = %q %d, want the line gpt-4o", name, p.Input)
+	for _, tt := range []struct {
+		model, entry string
+		input        int64
+	}{
+		{"gpt-4o-2024-08-06", "gpt-4o", 2},                  // a line resolved beats the file's exact entry
+		{"openai/gpt-4o-mini", "gpt-4o-mini*", 3},           // a line's prefix, past a provider prefix
+		{"azure/gpt-4o-mini-2024-07-18", "gpt-4o-mini*", 3}, // likewise
+		{"gpt-5", "gpt-5", 7},                               // the file where no line prices it
+	} {
+		if name, p, _ := pb.Find(tt.model); name != tt.entry || p.Input != tt.input {
+			t.Errorf("Find(%q) = %q %d, want %q %d", tt.model, name, p.Input, tt.entry, tt.input)
+		}
 	}
-	if name, p, _ := pb.Find("gpt-5"); name != "gpt-5" || p.Input != 7 {
-		t.Errorf("Find = %q %d, want the file's gpt-5", name, p.Input)
-	}
-	if pb.Len() != 3 {
-		t.Errorf("Len = %d, want 3", pb.Len())
+	if pb.Len() != 6 {
+		t.Errorf("Len = %d, want 6", pb.Len())
 	}
 }
 
