@@ -328,6 +328,9 @@ func (h *LLMBudget) Provision(ctx caddy.Context) error {
 	if err := h.compile(); err != nil {
 		return err
 	}
+	if h.PricesFile != "" {
+		h.logger.Info("prices_file read", zap.String("path", h.PricesFile), zap.Int("models_priced", h.prices.Len()))
+	}
 	eng, err := storeFrom(ctx)
 	if err != nil {
 		return fmt.Errorf("llmbudget: %w", err)

@@ -384,10 +384,6 @@ func (p Price) validate() error {
 	return nil
 }
 
-// USDRate reads a decimal price in USD per one million tokens ("2.5",
-// "0.075", "1.25e-1") exactly as a rate, rounded up to the micro-dollar.
-func USDRate(s string) (int64, error) { return decimalTimes(s, 1_000_000) }
-
 // decimalTimes is the decimal s times mul, rounded up, exactly: s is read
 // as a rational, never a float.
 func decimalTimes(s string, mul int64) (int64, error) {

@@ -138,8 +138,9 @@ func TestPriceLinesWinOverTheFile(t *testing.T) {
 	}
 }
 
-// TestUSDRateIsExact: decimals are read exactly, never through a float.
-func TestUSDRateIsExact(t *testing.T) {
+// TestDecimalsAreReadExactly: a price in USD per 1M tokens becomes its
+// rate exactly, never through a float, rounded up past the micro-dollar.
+func TestDecimalsAreReadExactly(t *testing.T) {
 	for _, tt := range []struct {
 		in   string
 		want int64
@@ -155,9 +156,9 @@ func TestUSDRateIsExact(t *testing.T) {
 		{"abc", 0, false},
 		{"1e30", 0, false},
 	} {
-		got, err := USDRate(tt.in)
+		got, err := decimalTimes(tt.in, 1_000_000)
 		if got != tt.want || (err == nil) != tt.ok {
-			t.Errorf("USDRate(%q) = %d, %v; want %d ok %v", tt.in, got, err, tt.want, tt.ok)
+			t.Errorf("decimalTimes(%q) = %d, %v; want %d ok %v", tt.in, got, err, tt.want, tt.ok)
 		}
 	}
 }
