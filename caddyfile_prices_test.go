@@ -5,7 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/fleetguard/fleetguard/budget"
@@ -84,6 +86,24 @@ func TestPriceCaddyfileErrorsNameTheField(t *testing.T) {
 				t.Errorf("error %v, want one with %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestDeploymentsJSONRefusesACaseTwin: in JSON, two deployments that
+// differ only in case are one deployment given twice.
+func TestDeploymentsJSONRefusesACaseTwin(t *testing.T) {
+	for _, tt := range []struct {
+		deployments map[string]string
+		want        string
+	}{
+		{map[string]string{"Prod": "gpt-4o", "prod": "gpt-4o-mini"}, "defined twice"},
+		{map[string]string{"a/b": "gpt-4o"}, "no slash"},
+		{map[string]string{"prod": ""}, "a model are required"},
+	} {
+		h := &LLMBudget{Budgets: []BudgetConfig{{Name: "b", Limit: 10, Window: caddy.Duration(time.Hour)}}, Deployments: tt.deployments}
+		if err := h.compile(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: %v, want an error with %q", tt.deployments, err, tt.want)
+		}
 	}
 }
 

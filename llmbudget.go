@@ -457,7 +457,11 @@ func (h *LLMBudget) compile() error {
 		if name == "" || model == "" || strings.ContainsAny(name, "/") {
 			return fmt.Errorf("llmbudget: deployment %q: a deployment name (no slash) and a model are required", name)
 		}
-		h.deployments[strings.ToLower(name)] = model
+		key := strings.ToLower(name)
+		if _, dup := h.deployments[key]; dup {
+			return fmt.Errorf("llmbudget: deployment %q: defined twice (names are matched in lower case)", name)
+		}
+		h.deployments[key] = model
 	}
 	return nil
 }
