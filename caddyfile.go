@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -279,7 +280,11 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			limit  <number>
 //			window <duration>
 //		}
-//		price <model>[*] <input> <output> [<cached_input>]
+//		price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>]
+//			[audio <input> <output>] [long_context <above_tokens> <input> <output>]
+//			[flex|priority|batch <input> <output>] [web_search <usd_per_call>]
+//		prices_file <path>
+//		deployment <name> <model>
 //		default_max_tokens <n>
 //		max_request_body   <size>
 //		format             openai_chat|openai_responses|anthropic|gemini|ollama
@@ -308,7 +313,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := make(map[string]bool)
 	for d.NextBlock(0) {
 		field := d.Val()
-		if field != "budget" && field != "price" && field != "tokenizer" {
+		if field != "budget" && field != "price" && field != "tokenizer" && field != "deployment" {
 			if seen[field] {
 				return d.Errf("llmbudget: %s is set twice", field)
 			}
@@ -334,25 +339,36 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.Budgets = append(h.Budgets, bc)
 		case "price":
-			args := d.RemainingArgs()
-			if len(args) < 3 || len(args) > 4 {
-				return d.Errf("llmbudget: price takes <model> <input> <output> [<cached_input>] (USD per 1M tokens)")
+			model, pc, err := parsePrice(d)
+			if err != nil {
+				return err
 			}
-			var nums [3]float64
-			for i, a := range args[1:] {
-				v, err := strconv.ParseFloat(a, 64)
-				if err != nil || v < 0 {
-					return d.Errf("llmbudget: price %q: %q is not a price >= 0", args[0], a)
-				}
-				nums[i] = v
-			}
-			if _, dup := h.Prices[args[0]]; dup {
-				return d.Errf("llmbudget: price %q is defined twice", args[0])
+			if _, dup := h.Prices[model]; dup {
+				return d.Errf("llmbudget: price %q is defined twice", model)
 			}
 			if h.Prices == nil {
 				h.Prices = make(map[string]PriceConfig)
 			}
-			h.Prices[args[0]] = PriceConfig{Input: nums[0], Output: nums[1], CachedInput: nums[2]}
+			h.Prices[model] = pc
+		case "prices_file":
+			if !d.AllArgs(&h.PricesFile) {
+				return d.Errf("llmbudget: prices_file takes one path")
+			}
+		case "deployment":
+			var name, model string
+			if !d.AllArgs(&name, &model) {
+				return d.Errf("llmbudget: deployment takes <name> <model>")
+			}
+			key := strings.ToLower(name)
+			for n := range h.Deployments {
+				if strings.ToLower(n) == key {
+					return d.Errf("llmbudget: deployment %q is defined twice", name)
+				}
+			}
+			if h.Deployments == nil {
+				h.Deployments = make(map[string]string)
+			}
+			h.Deployments[name] = model
 		case "default_max_tokens":
 			n, err := parseIntArg(d)
 			if err != nil {
@@ -475,7 +491,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only
@@ -573,6 +589,90 @@ func position(d *caddyfile.Dispenser) string {
 // parseIntArg reads the one integer argument of the option at the cursor.
 // Its errors name the option and its position; callers add only their own
 // context, never a second position.
+// parsePrice reads a price line: the model, input and output (and cached
+// input) prices in USD per 1M tokens, then, each at most once, a keyword
+// and its prices.
+func parsePrice(d *caddyfile.Dispenser) (string, PriceConfig, error) {
+	const syntax = "price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>] [audio <input> <output>] [long_context <above_tokens> <input> <output>] [flex|priority|batch <input> <output>] [web_search <usd_per_call>] (USD per 1M tokens)"
+	args := d.RemainingArgs()
+	if len(args) < 3 {
+		return "", PriceConfig{}, d.Errf("llmbudget: price takes %s", syntax)
+	}
+	model := args[0]
+	num := func(what, a string) (float64, error) {
+		v, err := strconv.ParseFloat(a, 64)
+		if err != nil || v < 0 || math.IsInf(v, 0) {
+			return 0, d.Errf("llmbudget: price %q: %s: %q is not a price >= 0", model, what, a)
+		}
+		return v, nil
+	}
+	var pc PriceConfig
+	var err error
+	if pc.Input, err = num("input", args[1]); err != nil {
+		return "", pc, err
+	}
+	if pc.Output, err = num("output", args[2]); err != nil {
+		return "", pc, err
+	}
+	rest := args[3:]
+	if len(rest) > 0 {
+		if _, isNum := strconv.ParseFloat(rest[0], 64); isNum == nil {
+			if pc.CachedInput, err = num("cached_input", rest[0]); err != nil {
+				return "", pc, err
+			}
+			rest = rest[1:]
+		}
+	}
+	seen := make(map[string]bool)
+	for len(rest) > 0 {
+		word := rest[0]
+		n := map[string]int{"cache_write": 1, "cache_write_1h": 1, "web_search": 1, "audio": 2, "flex": 2, "priority": 2, "batch": 2, "long_context": 3}[word]
+		switch {
+		case n == 0:
+			return "", pc, d.Errf("llmbudget: price %q: unknown word %q (want %s)", model, word, syntax)
+		case seen[word]:
+			return "", pc, d.Errf("llmbudget: price %q: %s is set twice", model, word)
+		case len(rest) < n+1:
+			return "", pc, d.Errf("llmbudget: price %q: %s takes %d values (%s)", model, word, n, syntax)
+		}
+		seen[word] = true
+		vals := make([]float64, n)
+		for i, a := range rest[1 : n+1] {
+			if word == "long_context" && i == 0 {
+				above, err := strconv.ParseInt(a, 10, 64)
+				if err != nil || above < 1 {
+					return "", pc, d.Errf("llmbudget: price %q: long_context: %q is not a token count above 0", model, a)
+				}
+				pc.LongContextAbove = above
+				continue
+			}
+			if vals[i], err = num(word, a); err != nil {
+				return "", pc, err
+			}
+		}
+		switch word {
+		case "cache_write":
+			pc.CacheWrite = vals[0]
+		case "cache_write_1h":
+			pc.CacheWrite1h = vals[0]
+		case "web_search":
+			pc.WebSearch = vals[0]
+		case "audio":
+			pc.AudioInput, pc.AudioOutput = vals[0], vals[1]
+		case "flex":
+			pc.Flex = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+		case "priority":
+			pc.Priority = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+		case "batch":
+			pc.Batch = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+		case "long_context":
+			pc.LongContext = &TierPriceConfig{Input: vals[1], Output: vals[2]}
+		}
+		rest = rest[n+1:]
+	}
+	return model, pc, nil
+}
+
 func parseIntArg(d *caddyfile.Dispenser) (int64, error) {
 	option := d.Val()
 	var s string

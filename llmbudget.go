@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -51,8 +53,21 @@ type LLMBudget struct {
 	Team string `json:"team,omitempty"`
 	// Budgets are checked and charged together: a request must fit all.
 	Budgets []BudgetConfig `json:"budgets,omitempty"`
-	// Prices by model, USD per 1M tokens. A name ending in * matches by prefix.
+	// Prices by model, USD per 1M tokens. A name ending in * matches by
+	// prefix; a dated or provider-prefixed name resolves to its entry
+	// (budget.ResolveModel). They win over PricesFile's.
 	Prices map[string]PriceConfig `json:"prices,omitempty"`
+	// PricesFile is the path of a price table in LiteLLM's
+	// model_prices_and_context_window.json format, read at each load (a
+	// reload reads it again); Prices win over its entries. A file that does
+	// not read refuses the config, naming the entry and field. Default: none.
+	PricesFile string `json:"prices_file,omitempty"`
+	// Deployments maps an Azure OpenAI deployment, the <name> of a path
+	// /openai/deployments/<name>/..., to the model it serves, for a
+	// deployment named otherwise than its model. The model of such a path
+	// is its deployment, never the body's model. Names are matched in lower
+	// case. Default: none (the deployment's name is its model).
+	Deployments map[string]string `json:"deployments,omitempty"`
 	// DefaultMaxTokens is reserved for the output of a request that sets no
 	// max_tokens / max_completion_tokens / max_output_tokens. Default 4096.
 	DefaultMaxTokens int64 `json:"default_max_tokens,omitempty"`
@@ -192,6 +207,7 @@ type LLMBudget struct {
 	storeTimeout     time.Duration
 	maxRetryAfter    time.Duration
 	prices           *budget.PriceBook
+	deployments      map[string]string // lower-case deployment -> model
 	hasUSD           bool
 	format           usage.Format
 	chatCapField     usage.ChatCapField
@@ -235,12 +251,76 @@ type BudgetConfig struct {
 	Timezone string `json:"timezone,omitempty"`
 }
 
-// PriceConfig is a model's price in USD per one million tokens.
+// PriceConfig is a model's price in USD per one million tokens (per call
+// for WebSearch). A zero price other than Input and Output takes its default.
 type PriceConfig struct {
+	// Input and Output are the standard prices. Required (0 is free).
 	Input  float64 `json:"input"`
 	Output float64 `json:"output"`
-	// CachedInput prices cached input tokens; 0 means the input price.
+	// CachedInput prices input read from a prompt cache. Default Input.
 	CachedInput float64 `json:"cached_input,omitempty"`
+	// CacheWrite prices input written to a 5-minute prompt cache (Anthropic's
+	// cache_creation_input_tokens). Default Input.
+	CacheWrite float64 `json:"cache_write,omitempty"`
+	// CacheWrite1h prices input written to a 1-hour prompt cache. Default
+	// CacheWrite.
+	CacheWrite1h float64 `json:"cache_write_1h,omitempty"`
+	// AudioInput and AudioOutput price audio tokens. Default Input, Output.
+	AudioInput  float64 `json:"audio_input,omitempty"`
+	AudioOutput float64 `json:"audio_output,omitempty"`
+	// LongContextAbove is the prompt size, in tokens, above which the whole
+	// request is billed at LongContext. Default 0: no long-context tier.
+	LongContextAbove int64 `json:"long_context_above,omitempty"`
+	// LongContext, Flex, Priority and Batch are the input and output prices
+	// of the long-context tier and of the service tiers; their other prices
+	// scale with their input (output) price. Default: none (standard).
+	LongContext *TierPriceConfig `json:"long_context,omitempty"`
+	Flex        *TierPriceConfig `json:"flex,omitempty"`
+	Priority    *TierPriceConfig `json:"priority,omitempty"`
+	Batch       *TierPriceConfig `json:"batch,omitempty"`
+	// WebSearch is the fee of one server-side web search, in USD per call
+	// (Anthropic: 0.01). Default 0.
+	WebSearch float64 `json:"web_search,omitempty"`
+}
+
+// TierPriceConfig is the price of a tier in USD per one million tokens.
+type TierPriceConfig struct {
+	// Input is the tier's input price. Default (0): the standard one.
+	Input float64 `json:"input"`
+	// Output is the tier's output price. Default (0): the standard one.
+	Output float64 `json:"output"`
+}
+
+// price is the config as the price book keeps it; the error names the field.
+func (pc PriceConfig) price() (budget.Price, error) {
+	p := budget.Price{LongContextAbove: pc.LongContextAbove}
+	var err error
+	rate := func(field string, usd float64) int64 {
+		if err == nil && (usd < 0 || usd != usd || usd > float64(budget.MaxRate)/budget.MicrosPerUSD) {
+			err = fmt.Errorf("%s: %v is not a price >= 0", field, usd)
+		}
+		return budget.USDToMicros(usd)
+	}
+	p.Rates = budget.Rates{
+		Input: rate("input", pc.Input), Output: rate("output", pc.Output),
+		CacheRead: rate("cached_input", pc.CachedInput), CacheWrite: rate("cache_write", pc.CacheWrite),
+		CacheWrite1h: rate("cache_write_1h", pc.CacheWrite1h),
+		AudioInput:   rate("audio_input", pc.AudioInput), AudioOutput: rate("audio_output", pc.AudioOutput),
+	}
+	for _, t := range []struct {
+		name string
+		cfg  *TierPriceConfig
+		to   *budget.Rates
+	}{{"long_context", pc.LongContext, &p.LongContext}, {"flex", pc.Flex, &p.Flex}, {"priority", pc.Priority, &p.Priority}, {"batch", pc.Batch, &p.Batch}} {
+		if t.cfg != nil {
+			*t.to = budget.Rates{Input: rate(t.name+".input", t.cfg.Input), Output: rate(t.name+".output", t.cfg.Output)}
+		}
+	}
+	p.WebSearchCall = rate("web_search", pc.WebSearch)
+	if err == nil && (pc.LongContextAbove < 0 || pc.LongContextAbove > 0 != (pc.LongContext != nil)) {
+		err = errors.New("long_context_above and long_context go together (a threshold > 0 and its prices)")
+	}
+	return p, err
 }
 
 // CaddyModule returns the Caddy module information.
@@ -262,6 +342,9 @@ func (h *LLMBudget) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if err := h.compile(); err != nil {
 		return err
+	}
+	if h.PricesFile != "" {
+		h.logger.Info("prices_file read", zap.String("path", h.PricesFile), zap.Int("models_priced", h.prices.Len()))
 	}
 	eng, err := storeFrom(ctx)
 	if err != nil {
@@ -360,20 +443,55 @@ func (h *LLMBudget) compile() error {
 		policies = append(policies, policyItem(b.Name, b.Limit, b.NominalWindow()))
 	}
 	h.policy = joinItems(policies)
-	if h.hasUSD && len(h.Prices) == 0 {
+	if h.hasUSD && len(h.Prices) == 0 && h.PricesFile == "" {
 		// Every request would be refused as unpriced.
-		return errors.New("llmbudget: price: a usd budget needs the price of each model it admits (price <model>[*] <input> <output> [<cached_input>], USD per 1M tokens)")
+		return errors.New("llmbudget: price: a usd budget needs the price of each model it admits (price <model>[*] <input> <output> [<cached_input>], USD per 1M tokens, or prices_file <path>)")
 	}
 	prices := make(map[string]budget.Price, len(h.Prices))
-	for model, p := range h.Prices {
-		prices[model] = budget.Price{Input: p.Input, Output: p.Output, CachedInput: p.CachedInput}
+	for model, pc := range h.Prices {
+		p, err := pc.price()
+		if err != nil {
+			return fmt.Errorf("llmbudget: price %q: %w", model, err)
+		}
+		prices[model] = p
 	}
 	pb, err := budget.NewPriceBook(prices)
 	if err != nil {
 		return fmt.Errorf("llmbudget: %w", err)
 	}
+	if h.PricesFile != "" {
+		file, err := loadPricesFile(h.PricesFile)
+		if err != nil {
+			return fmt.Errorf("llmbudget: prices_file: %w", err)
+		}
+		pb = pb.Under(file)
+	}
 	h.prices = pb
+	h.deployments = make(map[string]string, len(h.Deployments))
+	for name, model := range h.Deployments {
+		if name == "" || model == "" || strings.ContainsAny(name, "/") {
+			return fmt.Errorf("llmbudget: deployment %q: a deployment name (no slash) and a model are required", name)
+		}
+		key := strings.ToLower(name)
+		if _, dup := h.deployments[key]; dup {
+			return fmt.Errorf("llmbudget: deployment %q: defined twice (names are matched in lower case)", name)
+		}
+		h.deployments[key] = model
+	}
 	return nil
+}
+
+// loadPricesFile reads a LiteLLM price table.
+func loadPricesFile(path string) (*budget.PriceBook, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pb, err := budget.ParseLiteLLM(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return pb, nil
 }
 
 func (bc *BudgetConfig) compile() (budget.Budget, error) {

@@ -186,7 +186,8 @@ func (l *lease) extend() {
 	more = min(more, l.full()-l.held)
 	spend := budget.Spend{Tokens: more}
 	if l.h.hasUSD {
-		spend.CostMicros = l.c.price.CostMicros(budget.Usage{OutputTokens: more})
+		// At the rates of the reservation: its tier and prompt's.
+		spend.CostMicros = l.c.rates.CostMicros(budget.Usage{OutputTokens: more})
 	}
 	ch := make(chan extension, 1)
 	l.pending = ch

@@ -708,7 +708,7 @@ func TestADollarBudgetExtendsAndCutsInDollars(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	price := budget.Price{Input: 2.5, Output: 10}
+	price := budget.Price{Rates: budget.Rates{Input: 2_500_000, Output: 10_000_000}}
 	wantUSD := price.CostMicros(budget.Usage{InputTokens: end.Usage.Prompt, OutputTokens: end.Usage.Completion})
 	if used[0] != end.Usage.Prompt+end.Usage.Completion || used[1] != wantUSD || used[1] > budget.USDToMicros(0.004) || end.Usage.Completion <= DefaultOutputLeaseMin {
 		t.Fatalf("charged %d tokens and %d micro-dollars for a cut at %d+%d tokens; want the same usage in both units (%d micro-dollars), within $0.004, past the first lease",

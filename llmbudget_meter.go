@@ -263,7 +263,7 @@ func (w *meteringWriter) truncate(withheld []byte) error {
 	r := w.meter.Reading()
 	u := budget.Usage{InputTokens: l.c.req.PromptTokens, OutputTokens: l.held}
 	if r.InputKnown {
-		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
+		u = u.WithInputOf(r.Usage)
 	}
 	if _, err := w.ResponseWriter.Write(usage.Truncation(w.format, withheld, w.responses, u, w.clientAskedUsage)); err != nil {
 		return err
@@ -408,9 +408,9 @@ func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) out
 	}
 	// The stream ended (or the client left) after output started but before
 	// a usage event: charge the prompt plus the output seen so far.
-	u := budget.Usage{InputTokens: promptEstimate}
+	u := budget.Usage{InputTokens: promptEstimate, ServiceTier: r.Usage.ServiceTier}
 	if r.InputKnown {
-		u.InputTokens, u.CachedInputTokens = r.Usage.InputTokens, r.Usage.CachedInputTokens
+		u = u.WithInputOf(r.Usage)
 	}
 	// The strict bound of the text, or the lease's count (the tokenizer's
 	// for a tokenized model): the upstream bills no more for it.
@@ -436,6 +436,10 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 		outputCap = l.charge()
 	}
 	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
+	if out.source == sourceEstimated && out.usage.ServiceTier == budget.StandardTier {
+		// No tier said: the one reserved for, the worst it asked for.
+		out.usage.ServiceTier = c.req.ServiceTier
+	}
 	if c.history != nil && mw.meter != nil && out.source == sourceReported && !mw.truncated {
 		// What the answer showed against what it billed, leased or not
 		// (a model on probation holds its cap until it is proven).

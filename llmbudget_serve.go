@@ -101,6 +101,10 @@ type call struct {
 	spend  budget.Spend
 	model  string // the price book's name of the model ("" unpriced)
 	price  budget.Price
+	// rates are the price's rates for the estimate: the long-context tier's
+	// when the prompt estimate is above its threshold, the service tier's
+	// the body asks for. A lease's extensions are charged at them.
+	rates budget.Rates
 	// holdNote explains a hold larger than the body shows, for a denial.
 	holdNote string
 }
@@ -157,6 +161,9 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 		}
 		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, message: err.Error(), body: body}
 	}
+	if model, ok := h.deployments[c.req.Model]; ok && c.req.Deployment {
+		c.req.Model = model
+	}
 	if ref := h.boundOutput(format, c); ref != nil {
 		return ref
 	}
@@ -186,16 +193,25 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 			output = c.lease
 		}
 	}
-	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output}
+	// The worst the request can reach: the tier it asks for, and the
+	// long-context tier when its prompt estimate is above the threshold.
+	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output, ServiceTier: c.req.ServiceTier}
 	c.spend = budget.Spend{Tokens: estimate.Tokens()}
 	var priced bool
-	c.model, c.price, priced = h.prices.Find(c.req.Model)
+	priceName := c.req.Model
+	if c.req.Deployment {
+		// Azure's own price first ("azure/gpt-4o" in a prices_file), then
+		// the model's: the name resolves past the provider prefix.
+		priceName = "azure/" + priceName
+	}
+	c.model, c.price, priced = h.prices.Find(priceName)
 	if h.hasUSD {
 		if !priced {
 			return &refusal{kind: refusedUnpriced, status: http.StatusPaymentRequired, errType: "budget_exceeded", code: "model_not_priced",
 				noRetry: true, body: body, // waiting never prices it
 				message: fmt.Sprintf("model %q has no price in the price book, so a dollar budget cannot admit it", c.req.Model)}
 		}
+		c.rates = c.price.RatesFor(estimate)
 		c.spend.CostMicros = c.price.CostMicros(estimate)
 	}
 	return nil

@@ -9,23 +9,23 @@ import (
 
 func TestPriceBookLookup(t *testing.T) {
 	pb, err := NewPriceBook(map[string]Price{
-		"gpt-4o":       {Input: 2.5, Output: 10, CachedInput: 1.25},
-		"gpt-4o*":      {Input: 3, Output: 12},
-		"gpt-4o-mini*": {Input: 0.15, Output: 0.6},
-		"claude-*":     {Input: 3, Output: 15},
+		"gpt-4o":       {Rates: Rates{Input: 2_500_000, Output: 10_000_000, CacheRead: 1_250_000}},
+		"gpt-4o*":      {Rates: Rates{Input: 3_000_000, Output: 12_000_000}},
+		"gpt-4o-mini*": {Rates: Rates{Input: 150_000, Output: 600_000}},
+		"claude-*":     {Rates: Rates{Input: 3_000_000, Output: 15_000_000}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
 		model string
-		want  float64 // input price
+		want  int64 // input price
 		found bool
 	}{
-		{"gpt-4o", 2.5, true},                  // exact wins over a prefix
-		{"gpt-4o-2024-08-06", 3, true},         // prefix
-		{"gpt-4o-mini-2024-07-18", 0.15, true}, // the longer prefix wins
-		{"claude-sonnet-4-5", 3, true},
+		{"gpt-4o", 2500000, true},                // exact wins over a prefix
+		{"gpt-4o-2024-08-06", 3000000, true},     // prefix
+		{"gpt-4o-mini-2024-07-18", 150000, true}, // the longer prefix wins
+		{"claude-sonnet-4-5", 3000000, true},
 		{"gpt-5", 0, false},
 		{"", 0, false},
 	}
@@ -39,9 +39,11 @@ func TestPriceBookLookup(t *testing.T) {
 
 func TestPriceBookRejectsBadPrices(t *testing.T) {
 	for _, bad := range []map[string]Price{
-		{"m": {Input: -1}},
-		{"": {Input: 1}},
-		{"*": {Input: 1}},
+		{"m": {Rates: Rates{Input: -1}}},
+		{"m": {Rates: Rates{Output: MaxRate + 1}}},
+		{"m": {LongContext: Rates{Input: 1}}},
+		{"": {Rates: Rates{Input: 1}}},
+		{"*": {Rates: Rates{Input: 1}}},
 	} {
 		if _, err := NewPriceBook(bad); err == nil {
 			t.Errorf("NewPriceBook(%v) must fail", bad)
@@ -50,7 +52,7 @@ func TestPriceBookRejectsBadPrices(t *testing.T) {
 }
 
 func TestCostMicros(t *testing.T) {
-	p := Price{Input: 2.5, Output: 10, CachedInput: 1.25}
+	p := Price{Rates: Rates{Input: 2_500_000, Output: 10_000_000, CacheRead: 1_250_000}}
 	tests := []struct {
 		name string
 		u    Usage
@@ -100,7 +102,7 @@ func TestBudgetValidateAndWindows(t *testing.T) {
 }
 
 func TestSpendOfRefusesWhatNoUpstreamReports(t *testing.T) {
-	p := Price{Input: 10, Output: 10}
+	p := Price{Rates: Rates{Input: 10_000_000, Output: 10_000_000}}
 	tests := []struct {
 		name string
 		u    Usage

@@ -22,9 +22,14 @@ type event struct {
 	// carries its output there.
 	message      bool
 	messageUsage usageFields
-	// Responses events carry the response object (its usage is read for
-	// the final events only); Ollama's generate API has its output here.
+	// Responses events carry the response object (its usage and
+	// service_tier are read for the final events only); Ollama's generate
+	// API has its output here.
 	responseUsage usageFields
+	responseTier  tierField
+	// serviceTier is OpenAI's top-level service_tier: the tier that served
+	// the response.
+	serviceTier tierField
 	// Gemini.
 	gemini geminiUsage
 	// Ollama's native API.
@@ -53,10 +58,19 @@ type optInt struct {
 	set bool
 }
 
+// tierField is a service_tier given as a string (any other value is none).
+type tierField struct {
+	tier budget.ServiceTier
+	set  bool
+}
+
 // geminiUsage is Gemini's usageMetadata.
 type geminiUsage struct {
-	present                                     bool
-	prompt, candidates, thoughts, cachedContent int64
+	present                                              bool
+	prompt, candidates, thoughts, cachedContent, toolUse int64
+	// audio is the AUDIO modality's part of the prompt
+	// (promptTokensDetails), summed as budget.AddCounts does.
+	audio int64
 }
 
 // textBytes is the output the event carried.
@@ -76,17 +90,30 @@ type tally struct {
 	// outputTextBytes counts the generated text seen, for an estimate when a
 	// stream ends without usage.
 	outputTextBytes int64
+	// tier is the service tier the response said served it, the last said.
+	tier budget.ServiceTier
+}
+
+// billed is the usage reported, with the tier that served it.
+func (t *tally) billed() budget.Usage {
+	u := t.usage
+	u.ServiceTier = t.tier
+	return u
 }
 
 // add folds one event into the tally.
 func (t *tally) add(f Format, ev *event) {
 	t.outputTextBytes += ev.textBytes()
 	t.finished = t.finished || ev.finished
+	if ev.serviceTier.set {
+		t.tier = ev.serviceTier.tier
+	}
 	switch {
 	case ev.kind == kindMessageStart && ev.message && ev.messageUsage.present:
 		if u, ok := ev.messageUsage.usage(Anthropic); ok {
-			t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
+			t.usage = t.usage.WithInputOf(u)
 			t.usage.OutputTokens = max(t.usage.OutputTokens, u.OutputTokens)
+			t.usage.WebSearchCalls = max(t.usage.WebSearchCalls, u.WebSearchCalls)
 			t.inputKnown = true
 		}
 	case ev.kind == kindMessageDelta && ev.usage.present:
@@ -96,23 +123,33 @@ func (t *tally) add(f Format, ev *event) {
 		if fields.has(outputTokens) {
 			t.usage.OutputTokens = fields.count[outputTokens]
 		}
+		if fields.has(webSearch) {
+			t.usage.WebSearchCalls = fields.count[webSearch]
+		}
 		if fields.has(inputTokens) || fields.has(cacheRead) || fields.has(cacheCreation) {
 			if u, ok := fields.usage(Anthropic); ok && u.InputTokens > 0 {
-				t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
+				t.usage = t.usage.WithInputOf(u)
 				t.inputKnown = true
 			}
 		}
 		t.complete = true
 	case ev.kind == kindResponseFinal:
+		if ev.responseTier.set {
+			t.tier = ev.responseTier.tier
+		}
 		if ev.responseUsage.present {
 			t.set(ev.responseUsage.usage(OpenAIResponses))
 		}
 	case ev.gemini.present:
 		m := ev.gemini
 		u := budget.Usage{
-			InputTokens:       m.prompt,
+			// The tool-use prompt (what a tool returned, read back) is
+			// billed as input, apart from promptTokenCount.
+			InputTokens:       budget.AddCounts(m.prompt, m.toolUse),
 			CachedInputTokens: m.cachedContent,
+			AudioInputTokens:  m.audio,
 			OutputTokens:      budget.AddCounts(m.candidates, m.thoughts),
+			ReasoningTokens:   m.thoughts,
 		}
 		if t.finished {
 			t.set(u, true)
@@ -124,7 +161,9 @@ func (t *tally) add(f Format, ev *event) {
 		t.usage = budget.Usage{
 			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
 			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+			AudioInputTokens:  max(t.usage.AudioInputTokens, u.AudioInputTokens),
 			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
+			ReasoningTokens:   max(t.usage.ReasoningTokens, u.ReasoningTokens),
 		}
 		t.inputKnown, t.complete = t.usage.InputTokens > 0, false
 	case ev.promptEvalCount.set || ev.evalCount.set:
@@ -216,9 +255,13 @@ func (s *scanner) eventMembers(ev *event, f Format, k int, memo *prefixMemo) {
 				ev.output.set(j, text, end)
 			}
 		case "response":
-			if text := s.response(&ev.responseUsage, out.response >= 0); out.response >= 0 {
+			if text := s.response(&ev.responseUsage, &ev.responseTier, out.response >= 0); out.response >= 0 {
 				ev.output.set(out.response, text, false)
 			}
+		case "service_tier":
+			// Plain for the memo: a run that skips it in a later event holds
+			// the same tier, which the tally keeps.
+			ev.serviceTier, set = s.serviceTier(1), false
 		case "usageMetadata":
 			ev.gemini, ok = s.geminiUsage()
 		case "done":
@@ -476,15 +519,30 @@ func (s *scanner) usageMembers(d int, usage *usageFields) (ok bool) {
 }
 
 // response reads the top-level response: a Responses event's response
-// object (its usage into usage; a wrong type there leaves it without usage,
-// as a failed decode did), or, when isText (the format's table names it),
-// Ollama's generated text.
-func (s *scanner) response(usage *usageFields, isText bool) (text int64) {
-	*usage = usageFields{}
+// object (its usage into usage, its service_tier into tier; a wrong type in
+// its usage leaves it without usage, as a failed decode did), or, when
+// isText (the format's table names it), Ollama's generated text.
+func (s *scanner) response(usage *usageFields, tier *tierField, isText bool) (text int64) {
+	*usage, *tier = usageFields{}, tierField{}
 	switch s.peek() {
 	case '{':
 		s.i++
-		if !s.usageMembers(2, usage) {
+		ok := true
+		for k := 0; ; k++ {
+			key, more := s.member(k)
+			if !more {
+				break
+			}
+			switch string(key) {
+			case "usage":
+				ok = s.usageFields(2, usage) && ok
+			case "service_tier":
+				*tier = s.serviceTier(2)
+			default:
+				s.skip(2)
+			}
+		}
+		if !ok {
 			*usage = usageFields{}
 		}
 		return 0
@@ -496,6 +554,105 @@ func (s *scanner) response(usage *usageFields, isText bool) (text int64) {
 	}
 	s.skip(1)
 	return 0
+}
+
+// audioTokens reads Gemini's promptTokensDetails, an array (or null) of
+// {"modality", "tokenCount"}: the sum of the AUDIO modality's counts (-1
+// past int64 or for a negative count, as budget.AddCounts). ok is false when
+// a value has the wrong type.
+func (s *scanner) audioTokens(d int) (audio int64, ok bool) {
+	isArray, ok := s.array(d)
+	if !isArray {
+		return 0, ok
+	}
+	for k := 0; s.element(k); k++ {
+		isObject, good := s.object(d + 1)
+		ok = ok && good
+		if !isObject {
+			continue
+		}
+		var isAudio bool
+		var count int64
+		for m := 0; ; m++ {
+			key, more := s.member(m)
+			if !more {
+				break
+			}
+			switch string(key) {
+			case "modality":
+				isAudio, good = s.modalityAudio(d + 2)
+				ok = ok && good
+			case "tokenCount":
+				n, good := s.optInt(d + 2)
+				count, ok = n.v, ok && good
+			default:
+				s.skip(d + 2)
+			}
+		}
+		if isAudio {
+			audio = budget.AddCounts(audio, count)
+		}
+	}
+	return audio, ok
+}
+
+// modalityAudio reads a modality (a string or null): whether it is AUDIO.
+func (s *scanner) modalityAudio(d int) (isAudio, ok bool) {
+	switch s.peek() {
+	case 'n':
+		s.literal("null")
+		return false, true
+	case '"':
+	default:
+		s.skip(d)
+		return false, false
+	}
+	start, end, plain := s.str()
+	if s.failed {
+		return false, false
+	}
+	name := s.b[start:end]
+	if !plain {
+		var buf [8]byte
+		n, decoded := decodeASCII(buf[:], name)
+		if !decoded {
+			return false, true
+		}
+		name = buf[:n]
+	}
+	return string(name) == "AUDIO", true
+}
+
+// serviceTier reads a service_tier: a string names a tier (budget.ParseServiceTier),
+// any other value is none and not an error.
+func (s *scanner) serviceTier(d int) tierField {
+	if s.peek() != '"' {
+		s.skip(d)
+		return tierField{}
+	}
+	start, end, plain := s.str()
+	if s.failed {
+		return tierField{}
+	}
+	name := s.b[start:end]
+	if !plain {
+		var buf [16]byte
+		n, ok := decodeASCII(buf[:], name)
+		if !ok {
+			return tierField{set: true} // no tier's name: the standard tier
+		}
+		name = buf[:n]
+	}
+	var tier budget.ServiceTier
+	switch string(name) {
+	case "flex":
+		tier = budget.FlexTier
+	case "priority":
+		tier = budget.PriorityTier
+	case "batch":
+		tier = budget.BatchTier
+	}
+	return tierField{tier: tier, set: true}
 }
 
 // jsonBytes reads any value: its length as written, 0 for null. Its strings
@@ -549,6 +706,13 @@ func (s *scanner) geminiUsage() (g geminiUsage, ok bool) {
 			field = &g.thoughts
 		case "cachedContentTokenCount":
 			field = &g.cachedContent
+		case "toolUsePromptTokenCount":
+			field = &g.toolUse
+		case "promptTokensDetails":
+			var good bool
+			g.audio, good = s.audioTokens(2)
+			ok = ok && good
+			continue
 		default:
 			s.skip(2)
 			continue

@@ -23,6 +23,12 @@ func geminiChunk(text, finish, usage string) string {
 	return c + `,"modelVersion":"gemini-2.5-flash"}`
 }
 
+// thinking is u with reasoning tokens, part of its output.
+func thinking(n int64, u budget.Usage) budget.Usage {
+	u.ReasoningTokens = n
+	return u
+}
+
 // TestGeminiUsageIsARunningCountUntilTheResponseFinishes: Gemini's
 // usageMetadata before a finishReason is a running count, the largest of
 // each count a lower bound; with or after the finishReason it is the final
@@ -42,16 +48,16 @@ func TestGeminiUsageIsARunningCountUntilTheResponseFinishes(t *testing.T) {
 			usageOf(7, 0, 0), false, true},
 		{"cut after a running count, then a chunk without it",
 			[]string{geminiChunk("The Nile", "", running), geminiChunk(" is long", "", prompt)},
-			usageOf(7, 0, 32), false, true},
+			thinking(20, usageOf(7, 0, 32)), false, true},
 		{"finished, its usage in the last chunk",
 			[]string{geminiChunk("The Nile", "", running), geminiChunk(" is long.", "STOP", final)},
-			usageOf(7, 0, 50), true, true},
+			thinking(20, usageOf(7, 0, 50)), true, true},
 		{"finished, its usage in a chunk of its own after",
 			[]string{geminiChunk("The Nile", "", prompt), geminiChunk(" is long.", "STOP", ""), `{"usageMetadata":` + final + `}`},
-			usageOf(7, 0, 50), true, true},
+			thinking(20, usageOf(7, 0, 50)), true, true},
 		{"cut between the finishReason and the usage after it",
 			[]string{geminiChunk("The Nile", "", running), geminiChunk(" is long.", "STOP", "")},
-			usageOf(7, 0, 32), false, true},
+			thinking(20, usageOf(7, 0, 32)), false, true},
 		{"the final report is the report, lower or not",
 			[]string{geminiChunk("The Nile", "", running), geminiChunk(".", "MAX_TOKENS", prompt)},
 			usageOf(7, 0, 0), true, true},
@@ -63,7 +69,7 @@ func TestGeminiUsageIsARunningCountUntilTheResponseFinishes(t *testing.T) {
 			usageOf(0, 0, 2), false, false},
 		{"an empty finishReason does not finish",
 			[]string{geminiChunk("The Nile", "", running), `{"candidates":[{"content":{"parts":[{"text":""}]},"finishReason":""}],"usageMetadata":` + final + `}`},
-			usageOf(7, 0, 50), false, true},
+			thinking(20, usageOf(7, 0, 50)), false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

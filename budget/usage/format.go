@@ -117,3 +117,20 @@ func geminiModel(path string) (model string, stream bool) {
 	model, method, _ := strings.Cut(p[i+len("/models/"):], ":")
 	return strings.TrimSpace(model), method == "streamgeneratecontent"
 }
+
+// azureDeployment is the deployment an Azure OpenAI path names,
+// /openai/deployments/<name>/chat/completions (or /completions,
+// /embeddings, /responses), read from the normalized path (in lower case, as
+// Azure matches deployment names); "" for any other path.
+func azureDeployment(path string) string {
+	p := NormalizePath(path)
+	i := strings.LastIndex(p, "/openai/deployments/")
+	if i < 0 {
+		return ""
+	}
+	name, _, more := strings.Cut(p[i+len("/openai/deployments/"):], "/")
+	if !more {
+		return ""
+	}
+	return name
+}

@@ -34,7 +34,7 @@ func (f field) name() string { return f[0] }
 // readFields are the fields the budget reads, per object.
 var (
 	topFields = []field{
-		{"model"}, {"stream"}, {"stream_options"}, {"n"}, {"best_of"},
+		{"model"}, {"stream"}, {"stream_options"}, {"n"}, {"best_of"}, {"service_tier"},
 		{"max_tokens"}, {"max_completion_tokens"}, {"max_output_tokens"},
 		{"messages"}, {"input"}, {"instructions"}, {"system"}, {"tools"}, {"prompt"},
 		{"contents"}, {"systemInstruction", "system_instruction"}, geminiConfig,

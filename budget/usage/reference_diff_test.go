@@ -23,7 +23,11 @@ var refNames = strings.Fields(`type usage message response usageMetadata choices
 	promptTokenCount candidatesTokenCount thoughtsTokenCount cachedContentTokenCount
 	done prompt_eval_count eval_count prompt_tokens completion_tokens
 	prompt_tokens_details cached_tokens input_tokens output_tokens
-	input_tokens_details cache_creation_input_tokens cache_read_input_tokens`)
+	input_tokens_details cache_creation_input_tokens cache_read_input_tokens
+	service_tier toolUsePromptTokenCount audio_tokens completion_tokens_details
+	reasoning_tokens output_tokens_details cache_creation ephemeral_5m_input_tokens
+	ephemeral_1h_input_tokens server_tool_use web_search_requests
+	promptTokensDetails modality tokenCount`)
 
 // ambiguousJSON reports whether the JSON text data (after the reference's
 // TrimSpace) has an object with a key given twice (in any case), or a key
@@ -113,6 +117,34 @@ var payloads = []string{
 	`{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":"2"}}}`,
 	`{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":[]}}`,
 	`{"choices":[],"usage":[]}`,
+	`{"choices":[],"service_tier":"priority","usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":10,"audio_tokens":12},"completion_tokens":9,"completion_tokens_details":{"reasoning_tokens":4,"audio_tokens":3}}}`,
+	`{"choices":[],"service_tier":"fl\u0065x","usage":{"prompt_tokens":30,"prompt_tokens_details":{"audio_tokens":"12"}}}`,
+	`{"choices":[],"service_tier":null,"usage":{"prompt_tokens":30,"completion_tokens_details":{"reasoning_tokens":null,"audio_tokens":[]}}}`,
+	`{"choices":[],"service_tier":7,"usage":{"prompt_tokens":30,"completion_tokens_details":[]}}`,
+	`{"choices":[],"service_tier":"\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9","usage":{"prompt_tokens":3}}`,
+	`{"service_tier":"flex","usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":10},"output_tokens":87,"output_tokens_details":{"reasoning_tokens":64}}}`,
+	`{"type":"response.completed","response":{"service_tier":"priority","usage":{"input_tokens":36,"output_tokens":87,"output_tokens_details":{"reasoning_tokens":"x"}}}}`,
+	`{"type":"response.completed","response":{"service_tier":"flex","usage":"x"}}`,
+	`{"type":"response.created","response":{"service_tier":"priority"}}`,
+	`{"type":"message_start","message":{"usage":{"input_tokens":25,"cache_creation_input_tokens":3000,"cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":2000},"output_tokens":1}}}`,
+	`{"type":"message_start","message":{"usage":{"input_tokens":25,"cache_creation":{"ephemeral_5m_input_tokens":1000,"ephemeral_1h_input_tokens":9000}}}}`,
+	`{"type":"message_start","message":{"usage":{"input_tokens":25,"cache_creation_input_tokens":10,"cache_creation":{"ephemeral_1h_input_tokens":90}}}}`,
+	`{"type":"message_start","message":{"usage":{"input_tokens":25,"cache_creation":{"ephemeral_1h_input_tokens":-9}}}}`,
+	`{"type":"message_start","message":{"usage":{"input_tokens":25,"cache_creation":[1]}}}`,
+	`{"type":"message_delta","usage":{"output_tokens":70,"server_tool_use":{"web_search_requests":2}}}`,
+	`{"type":"message_delta","usage":{"output_tokens":70,"server_tool_use":{"web_search_requests":null}}}`,
+	`{"type":"message_delta","usage":{"output_tokens":70,"server_tool_use":{"web_search_requests":1.5}}}`,
+	`{"usage":{"input_tokens":9,"output_tokens":70,"cache_read_input_tokens":5,"server_tool_use":{"web_search_requests":3,"web_fetch_requests":1},"service_tier":"standard"}}`,
+	`{"usageMetadata":{"promptTokenCount":12,"toolUsePromptTokenCount":20000,"candidatesTokenCount":1,"thoughtsTokenCount":30}}`,
+	`{"usageMetadata":{"promptTokenCount":12,"toolUsePromptTokenCount":"2"}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":"TEXT","tokenCount":1000},{"modality":"AUDIO","tokenCount":2000},null,{"modality":"AU\u0044IO","tokenCount":5},{"tokenCount":7},{"modality":null,"tokenCount":9}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":"AUDIO","tokenCount":-2000}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":"AUDIO","tokenCount":9223372036854775807},{"modality":"AUDIO","tokenCount":1}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":1,"tokenCount":2}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[{"modality":"AUDIO","tokenCount":2.5}]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":[7]}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":{"modality":"AUDIO"}}}`,
+	`{"usageMetadata":{"promptTokenCount":3000,"promptTokensDetails":null,"cacheTokensDetails":[{"modality":"AUDIO","tokenCount":3}]}}`,
 	`{"choices":{},"usage":{"prompt_tokens":3}}`,
 	`{"choices":[1],"usage":{"prompt_tokens":3}}`,
 	`{"choices":[null,{"delta":null},{"delta":{"content":null,"refusal":"no","reasoning_content":"hm"}}]}`,

@@ -28,12 +28,19 @@ type refEvent struct {
 	} `json:"message"`
 	// Responses events carry the response object.
 	Response json.RawMessage `json:"response"`
+	// OpenAI's tier that served the response.
+	ServiceTier json.RawMessage `json:"service_tier"`
 	// Gemini.
 	UsageMetadata *struct {
 		PromptTokenCount        int64 `json:"promptTokenCount"`
 		CandidatesTokenCount    int64 `json:"candidatesTokenCount"`
 		ThoughtsTokenCount      int64 `json:"thoughtsTokenCount"`
 		CachedContentTokenCount int64 `json:"cachedContentTokenCount"`
+		ToolUsePromptTokenCount int64 `json:"toolUsePromptTokenCount"`
+		PromptTokensDetails     []*struct {
+			Modality   string `json:"modality"`
+			TokenCount int64  `json:"tokenCount"`
+		} `json:"promptTokensDetails"`
 	} `json:"usageMetadata"`
 	// Ollama's native API.
 	Done            bool   `json:"done"`
@@ -58,6 +65,24 @@ type refTally struct {
 	// outputTextBytes counts the generated text seen, for an estimate when a
 	// stream ends without usage.
 	outputTextBytes int64
+	// tier is the service tier last said.
+	tier budget.ServiceTier
+}
+
+// billed is the usage reported, with the tier that served it.
+func (t *refTally) billed() budget.Usage {
+	u := t.usage
+	u.ServiceTier = t.tier
+	return u
+}
+
+// refTier reads a service_tier: a string names a tier, anything else none.
+func refTier(raw json.RawMessage) (budget.ServiceTier, bool) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return 0, false
+	}
+	return budget.ParseServiceTier(s), true
 }
 
 // add folds one parsed event into the tally.
@@ -65,11 +90,15 @@ func (t *refTally) add(f Format, ev *refEvent) {
 	text, finished := refOutput(outputOf(f), ev.raw)
 	t.outputTextBytes += text
 	t.finished = t.finished || finished
+	if tier, ok := refTier(ev.ServiceTier); ok {
+		t.tier = tier
+	}
 	switch {
 	case ev.Type == "message_start" && ev.Message != nil && ev.Message.Usage != nil:
 		if u, ok := ev.Message.Usage.Usage(Anthropic); ok {
-			t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
+			t.usage = t.usage.WithInputOf(u)
 			t.usage.OutputTokens = max(t.usage.OutputTokens, u.OutputTokens)
+			t.usage.WebSearchCalls = max(t.usage.WebSearchCalls, u.WebSearchCalls)
 			t.inputKnown = true
 		}
 	case ev.Type == "message_delta" && ev.Usage != nil:
@@ -79,26 +108,42 @@ func (t *refTally) add(f Format, ev *refEvent) {
 		if fields.OutputTokens != nil {
 			t.usage.OutputTokens = *fields.OutputTokens
 		}
+		if fields.ServerToolUse != nil {
+			t.usage.WebSearchCalls = fields.ServerToolUse.WebSearchRequests
+		}
 		if fields.InputTokens != nil || fields.CacheReadInputTokens != nil || fields.CacheCreationInputTokens != nil {
 			if u, ok := fields.Usage(Anthropic); ok && u.InputTokens > 0 {
-				t.usage.InputTokens, t.usage.CachedInputTokens = u.InputTokens, u.CachedInputTokens
+				t.usage = t.usage.WithInputOf(u)
 				t.inputKnown = true
 			}
 		}
 		t.complete = true
 	case ev.Type == "response.completed" || ev.Type == "response.incomplete" || ev.Type == "response.failed":
 		var resp struct {
-			Usage *refFields `json:"usage"`
+			Usage       *refFields      `json:"usage"`
+			ServiceTier json.RawMessage `json:"service_tier"`
 		}
-		if json.Unmarshal(ev.Response, &resp) == nil && resp.Usage != nil {
+		err := json.Unmarshal(ev.Response, &resp)
+		if tier, ok := refTier(resp.ServiceTier); ok {
+			t.tier = tier
+		}
+		if err == nil && resp.Usage != nil {
 			t.set(resp.Usage.Usage(OpenAIResponses))
 		}
 	case ev.UsageMetadata != nil:
 		m := ev.UsageMetadata
+		var audio int64
+		for _, d := range m.PromptTokensDetails {
+			if d != nil && d.Modality == "AUDIO" {
+				audio = budget.AddCounts(audio, d.TokenCount)
+			}
+		}
 		u := budget.Usage{
-			InputTokens:       m.PromptTokenCount,
+			InputTokens:       budget.AddCounts(m.PromptTokenCount, m.ToolUsePromptTokenCount),
 			CachedInputTokens: m.CachedContentTokenCount,
+			AudioInputTokens:  audio,
 			OutputTokens:      budget.AddCounts(m.CandidatesTokenCount, m.ThoughtsTokenCount),
+			ReasoningTokens:   m.ThoughtsTokenCount,
 		}
 		if t.finished {
 			t.set(u, true)
@@ -109,7 +154,9 @@ func (t *refTally) add(f Format, ev *refEvent) {
 		t.usage = budget.Usage{
 			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
 			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+			AudioInputTokens:  max(t.usage.AudioInputTokens, u.AudioInputTokens),
 			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
+			ReasoningTokens:   max(t.usage.ReasoningTokens, u.ReasoningTokens),
 		}
 		t.inputKnown, t.complete = t.usage.InputTokens > 0, false
 	case ev.PromptEvalCount != nil || ev.EvalCount != nil:
@@ -210,16 +257,31 @@ type refFields struct {
 	CompletionTokens    *int64 `json:"completion_tokens"`
 	PromptTokensDetails *struct {
 		CachedTokens int64 `json:"cached_tokens"`
+		AudioTokens  int64 `json:"audio_tokens"`
 	} `json:"prompt_tokens_details"`
+	CompletionTokensDetails *struct {
+		ReasoningTokens int64 `json:"reasoning_tokens"`
+		AudioTokens     int64 `json:"audio_tokens"`
+	} `json:"completion_tokens_details"`
 	// OpenAI Responses and Anthropic Messages.
 	InputTokens        *int64 `json:"input_tokens"`
 	OutputTokens       *int64 `json:"output_tokens"`
 	InputTokensDetails *struct {
 		CachedTokens int64 `json:"cached_tokens"`
 	} `json:"input_tokens_details"`
+	OutputTokensDetails *struct {
+		ReasoningTokens int64 `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
 	// Anthropic prompt caching: these add to input_tokens.
 	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
 	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
+	CacheCreation            *struct {
+		Ephemeral5m int64 `json:"ephemeral_5m_input_tokens"`
+		Ephemeral1h int64 `json:"ephemeral_1h_input_tokens"`
+	} `json:"cache_creation"`
+	ServerToolUse *struct {
+		WebSearchRequests int64 `json:"web_search_requests"`
+	} `json:"server_tool_use"`
 }
 
 // Usage normalises the fields of format f. OpenAI's cached tokens are part of
@@ -234,24 +296,46 @@ func (u *refFields) Usage(f Format) (budget.Usage, bool) {
 	switch {
 	case u.PromptTokens != nil || u.CompletionTokens != nil:
 		out := budget.Usage{InputTokens: v(u.PromptTokens), OutputTokens: v(u.CompletionTokens)}
-		if u.PromptTokensDetails != nil {
-			out.CachedInputTokens = u.PromptTokensDetails.CachedTokens
+		if d := u.PromptTokensDetails; d != nil {
+			out.CachedInputTokens, out.AudioInputTokens = d.CachedTokens, d.AudioTokens
+		}
+		if d := u.CompletionTokensDetails; d != nil {
+			out.ReasoningTokens, out.AudioOutputTokens = d.ReasoningTokens, d.AudioTokens
 		}
 		return out, true
 	case f == Anthropic || u.CacheCreationInputTokens != nil || u.CacheReadInputTokens != nil:
 		if u.InputTokens == nil && u.OutputTokens == nil && u.CacheReadInputTokens == nil && u.CacheCreationInputTokens == nil {
 			return budget.Usage{}, false
 		}
-		read := v(u.CacheReadInputTokens)
-		return budget.Usage{
-			InputTokens:       budget.AddCounts(v(u.InputTokens), v(u.CacheCreationInputTokens), read),
-			CachedInputTokens: read,
-			OutputTokens:      v(u.OutputTokens),
-		}, true
+		// The flat count is every cache write; the breakdown says which
+		// last an hour (without it, all last 5 minutes).
+		var m5, h1 int64
+		if c := u.CacheCreation; c != nil {
+			m5, h1 = c.Ephemeral5m, c.Ephemeral1h
+		}
+		read, writes := v(u.CacheReadInputTokens), v(u.CacheCreationInputTokens)
+		if u.CacheCreationInputTokens == nil {
+			writes = budget.AddCounts(m5, h1)
+		}
+		hour := min(max(h1, 0), max(writes, 0))
+		out := budget.Usage{
+			InputTokens:        budget.AddCounts(v(u.InputTokens), writes, read),
+			CachedInputTokens:  read,
+			CacheWriteTokens:   max(writes, 0) - hour,
+			CacheWrite1hTokens: hour,
+			OutputTokens:       v(u.OutputTokens),
+		}
+		if u.ServerToolUse != nil {
+			out.WebSearchCalls = u.ServerToolUse.WebSearchRequests
+		}
+		return out, true
 	case u.InputTokens != nil || u.OutputTokens != nil:
 		out := budget.Usage{InputTokens: v(u.InputTokens), OutputTokens: v(u.OutputTokens)}
 		if u.InputTokensDetails != nil {
 			out.CachedInputTokens = u.InputTokensDetails.CachedTokens
+		}
+		if u.OutputTokensDetails != nil {
+			out.ReasoningTokens = u.OutputTokensDetails.ReasoningTokens
 		}
 		return out, true
 	}
@@ -268,7 +352,7 @@ func refFromJSON(f Format, body []byte) (budget.Usage, bool) {
 	}
 	t := refTally{finished: true} // a whole response: its usage is final
 	t.add(f, ev)
-	return t.usage, t.complete
+	return t.billed(), t.complete
 }
 
 // refMeter reads usage from a streamed response as its bytes pass, keeping at
@@ -339,7 +423,7 @@ func (m *refMeter) Close() {
 // Reading returns what the stream has reported so far.
 func (m *refMeter) Reading() Reading {
 	return Reading{
-		Usage:           m.tally.usage,
+		Usage:           m.tally.billed(),
 		Complete:        m.tally.complete,
 		InputKnown:      m.tally.inputKnown,
 		OutputTextBytes: m.tally.outputTextBytes,

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+
+	"github.com/fleetguard/fleetguard/budget"
 )
 
 // The prompt estimate bounds the input an upstream bills for what the body
@@ -34,8 +36,13 @@ const (
 
 // Request is what a request asks of the model, as far as budgets care.
 type Request struct {
-	Model  string
-	Stream bool
+	// Model is the body's model; Gemini's, the path's; an Azure OpenAI
+	// deployment path's (/openai/deployments/<name>/...), its deployment
+	// name in lower case (Deployment is set), whatever the body says.
+	Model string
+	// Deployment: Model is an Azure OpenAI deployment's name.
+	Deployment bool
+	Stream     bool
 	// IncludeUsage is stream_options.include_usage of an OpenAI chat stream.
 	IncludeUsage bool
 	// N is how many outputs the upstream generates, and bills: n (Gemini's
@@ -60,6 +67,9 @@ type Request struct {
 	// NoOutput is true for an API that only reads input (embeddings): no
 	// output is reserved.
 	NoOutput bool
+	// ServiceTier is the tier the body asks for (OpenAI's service_tier:
+	// "flex", "priority"; any other value, or none, is standard).
+	ServiceTier budget.ServiceTier
 	// Reasoning is true when the body asks for reasoning (OpenAI
 	// reasoning_effort, Responses reasoning, Anthropic thinking, Gemini
 	// generationConfig.thinkingConfig, Ollama think), whose tokens may be
@@ -81,11 +91,12 @@ type rawRequest struct {
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	N                   *int64 `json:"n"`
-	BestOf              *int64 `json:"best_of"`
-	MaxTokens           *int64 `json:"max_tokens"`
-	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
-	MaxOutputTokens     *int64 `json:"max_output_tokens"`
+	N                   *int64          `json:"n"`
+	BestOf              *int64          `json:"best_of"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+	MaxOutputTokens     *int64          `json:"max_output_tokens"`
+	ServiceTier         json.RawMessage `json:"service_tier"`
 
 	// Reasoning parameters of each API.
 	ReasoningEffort json.RawMessage `json:"reasoning_effort"`
@@ -228,17 +239,29 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 		return Request{}, err
 	}
 	var req Request
-	if f == Gemini {
+	switch deployment := azureDeployment(path); {
+	case f == Gemini:
 		req.Model, req.Stream = geminiModel(path)
 		if req.Model == "" {
 			return Request{}, badRequest("the path names no model (want …/models/<model>:generateContent)")
 		}
-	} else {
+	case deployment != "":
+		// Azure serves the deployment's model, whatever the body names.
+		req.Model, req.Deployment = deployment, true
+		req.Stream = raw.Stream != nil && *raw.Stream
+	default:
 		if err := json.Unmarshal(raw.Model, &req.Model); err != nil || strings.TrimSpace(req.Model) == "" {
 			return Request{}, badRequest("field \"model\" is required and must be a non-empty string")
 		}
 		// Ollama's native API streams unless told not to.
 		req.Stream = raw.Stream != nil && *raw.Stream || f == Ollama && raw.Stream == nil
+	}
+	if present(raw.ServiceTier) {
+		var tier string
+		if err := json.Unmarshal(raw.ServiceTier, &tier); err != nil {
+			return Request{}, badRequest("field \"service_tier\" must be a string")
+		}
+		req.ServiceTier = budget.ParseServiceTier(tier)
 	}
 	req.IncludeUsage = raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage
 	req.NoOutput = f == OpenAIEmbeddings

@@ -3,6 +3,8 @@ package usage
 import (
 	"errors"
 	"testing"
+
+	"github.com/fleetguard/fleetguard/budget"
 )
 
 const (
@@ -146,5 +148,41 @@ func TestHiddenInputIsNamed(t *testing.T) {
 		if got := req.HiddenInput != ""; got != tt.hidden {
 			t.Errorf("%s: hidden input %q, want hidden %v", tt.body, req.HiddenInput, tt.hidden)
 		}
+	}
+}
+
+// TestAzureDeploymentAndServiceTier: an Azure OpenAI deployment path's
+// model is its deployment, whatever the body names or if it names none;
+// service_tier is the tier asked for.
+func TestAzureDeploymentAndServiceTier(t *testing.T) {
+	tests := []struct {
+		name, path, body string
+		f                Format
+		model            string
+		deployment       bool
+		tier             budget.ServiceTier
+		bad              bool
+	}{
+		{"a deployment path, the body naming another model", "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
+			`{"model":"gemini-2.0-flash","messages":[{"role":"user","content":"hi"}]}`, OpenAIChat, "gpt-4o", true, budget.StandardTier, false},
+		{"a deployment path, no model in the body", "/openai/deployments/Prod-Chat/chat/completions",
+			`{"messages":[{"role":"user","content":"hi"}]}`, OpenAIChat, "prod-chat", true, budget.StandardTier, false},
+		{"an embeddings deployment", "/openai/deployments/emb/embeddings", `{"input":"hi"}`, OpenAIEmbeddings, "emb", true, budget.StandardTier, false},
+		{"a plain path needs the body's model", "/v1/chat/completions", `{"messages":[]}`, OpenAIChat, "", false, 0, true},
+		{"priority asked", "/v1/chat/completions", `{"model":"gpt-4o","service_tier":"priority","messages":[]}`, OpenAIChat, "gpt-4o", false, budget.PriorityTier, false},
+		{"flex asked", "/v1/responses", `{"model":"o3","service_tier":"flex","input":"hi"}`, OpenAIResponses, "o3", false, budget.FlexTier, false},
+		{"auto is standard", "/v1/chat/completions", `{"model":"gpt-4o","service_tier":"auto","messages":[]}`, OpenAIChat, "gpt-4o", false, budget.StandardTier, false},
+		{"a tier that is no string", "/v1/chat/completions", `{"model":"gpt-4o","service_tier":1,"messages":[]}`, OpenAIChat, "", false, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := ParseRequest(tt.f, tt.path, []byte(tt.body))
+			if (err != nil) != tt.bad {
+				t.Fatalf("ParseRequest: %v, want bad %v", err, tt.bad)
+			}
+			if err == nil && (req.Model != tt.model || req.Deployment != tt.deployment || req.ServiceTier != tt.tier) {
+				t.Errorf("model %q deployment %v tier %v, want %q %v %v", req.Model, req.Deployment, req.ServiceTier, tt.model, tt.deployment, tt.tier)
+			}
+		})
 	}
 }

@@ -30,9 +30,24 @@ const (
 	cacheCreation
 	cacheRead
 	// The cached_tokens of OpenAI's prompt_tokens_details and
-	// input_tokens_details; their set bits are the objects' presence.
+	// input_tokens_details, and the reasoning_tokens of its
+	// completion_tokens_details and output_tokens_details; their set bits
+	// are the objects' presence.
 	promptDetails
 	inputDetails
+	completionDetails
+	outputDetails
+	// The audio_tokens of prompt_tokens_details and
+	// completion_tokens_details (set with their objects).
+	promptAudio
+	completionAudio
+	// Anthropic's cache_creation breakdown (its set bit is the object's
+	// presence): ephemeral_5m_input_tokens, ephemeral_1h_input_tokens.
+	cacheWrite5m
+	cacheWrite1h
+	// Anthropic's server_tool_use.web_search_requests (its set bit is the
+	// object's presence).
+	webSearch
 	usageCounts
 )
 
@@ -54,32 +69,46 @@ func (u *usageFields) put(i int, v int64, set bool) {
 	u.set = u.set&^(1<<i) | uint16(btoi(set))<<i
 }
 
-// usage normalises the fields of format f. OpenAI's cached tokens are part
-// of its input count; Anthropic's cache reads and writes come on top of it.
+// usage normalises the fields of format f. OpenAI's cached and audio
+// tokens are part of its input count, its reasoning and audio tokens part
+// of its output count; Anthropic's cache reads and writes come on top of
+// its input count, and its cache writes last an hour as its cache_creation
+// breakdown says (all 5 minutes without it).
 func (u *usageFields) usage(f Format) (budget.Usage, bool) {
 	switch {
 	case u.has(promptTokens) || u.has(completionTokens):
-		out := budget.Usage{InputTokens: u.reported(promptTokens), OutputTokens: u.reported(completionTokens)}
-		if u.has(promptDetails) {
-			out.CachedInputTokens = u.count[promptDetails]
-		}
-		return out, true
+		return budget.Usage{
+			InputTokens:       u.reported(promptTokens),
+			CachedInputTokens: u.count[promptDetails],
+			AudioInputTokens:  u.count[promptAudio],
+			OutputTokens:      u.reported(completionTokens),
+			ReasoningTokens:   u.count[completionDetails],
+			AudioOutputTokens: u.count[completionAudio],
+		}, true
 	case f == Anthropic || u.has(cacheCreation) || u.has(cacheRead):
 		if !u.has(inputTokens) && !u.has(outputTokens) && !u.has(cacheRead) && !u.has(cacheCreation) {
 			return budget.Usage{}, false
 		}
-		read := u.reported(cacheRead)
+		read, writes := u.reported(cacheRead), u.reported(cacheCreation)
+		if !u.has(cacheCreation) {
+			writes = budget.AddCounts(u.count[cacheWrite5m], u.count[cacheWrite1h])
+		}
+		hour := min(max(u.count[cacheWrite1h], 0), max(writes, 0))
 		return budget.Usage{
-			InputTokens:       budget.AddCounts(u.reported(inputTokens), u.reported(cacheCreation), read),
-			CachedInputTokens: read,
-			OutputTokens:      u.reported(outputTokens),
+			InputTokens:        budget.AddCounts(u.reported(inputTokens), writes, read),
+			CachedInputTokens:  read,
+			CacheWriteTokens:   max(writes, 0) - hour,
+			CacheWrite1hTokens: hour,
+			OutputTokens:       u.reported(outputTokens),
+			WebSearchCalls:     u.count[webSearch],
 		}, true
 	case u.has(inputTokens) || u.has(outputTokens):
-		out := budget.Usage{InputTokens: u.reported(inputTokens), OutputTokens: u.reported(outputTokens)}
-		if u.has(inputDetails) {
-			out.CachedInputTokens = u.count[inputDetails]
-		}
-		return out, true
+		return budget.Usage{
+			InputTokens:       u.reported(inputTokens),
+			CachedInputTokens: u.count[inputDetails],
+			OutputTokens:      u.reported(outputTokens),
+			ReasoningTokens:   u.count[outputDetails],
+		}, true
 	}
 	return budget.Usage{}, false
 }
@@ -112,13 +141,39 @@ func (s *scanner) usageFields(d int, u *usageFields) (ok bool) {
 			field = cacheCreation
 		case "cache_read_input_tokens":
 			field = cacheRead
-		case "prompt_tokens_details", "input_tokens_details":
-			present, cached, good := s.cachedDetails(d + 1)
-			field = inputDetails
-			if key[0] == 'p' {
-				field = promptDetails
+		case "prompt_tokens_details", "input_tokens_details", "completion_tokens_details", "output_tokens_details":
+			// OpenAI: cached_tokens of the input's, reasoning_tokens of the
+			// output's; audio_tokens of Chat Completions' both.
+			field, second := inputDetails, -1
+			first := "cached_tokens"
+			switch string(key) {
+			case "prompt_tokens_details":
+				field, second = promptDetails, promptAudio
+			case "completion_tokens_details":
+				field, first, second = completionDetails, "reasoning_tokens", completionAudio
+			case "output_tokens_details":
+				field, first = outputDetails, "reasoning_tokens"
 			}
-			u.put(field, cached, present)
+			secondName := "audio_tokens"
+			if second < 0 {
+				secondName = ""
+			}
+			present, a, b, good := s.details(d+1, first, secondName)
+			u.put(field, a, present)
+			if second >= 0 {
+				u.put(second, b, present)
+			}
+			ok = ok && good
+			continue
+		case "cache_creation":
+			present, m5, h1, good := s.details(d+1, "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+			u.put(cacheWrite5m, m5, present)
+			u.put(cacheWrite1h, h1, present)
+			ok = ok && good
+			continue
+		case "server_tool_use":
+			present, n, _, good := s.details(d+1, "web_search_requests", "")
+			u.put(webSearch, n, present)
 			ok = ok && good
 			continue
 		default:
@@ -131,24 +186,35 @@ func (s *scanner) usageFields(d int, u *usageFields) (ok bool) {
 	}
 }
 
-// cachedDetails reads OpenAI's {prompt,input}_tokens_details: whether it
-// is an object, and its cached_tokens.
-func (s *scanner) cachedDetails(d int) (present bool, cached int64, ok bool) {
+// details reads an object of counts nested in usage (OpenAI's
+// *_tokens_details, Anthropic's cache_creation and server_tool_use): whether
+// it is an object, and its integer members named first and second (0 when
+// absent or null; second "" reads none).
+func (s *scanner) details(d int, first, second string) (present bool, a, b int64, ok bool) {
 	isObject, ok := s.object(d)
 	if !isObject {
-		return false, 0, ok
+		return false, 0, 0, ok
 	}
 	for k := 0; ; k++ {
 		key, more := s.member(k)
 		if !more {
-			return true, cached, ok
+			return true, a, b, ok
 		}
-		if string(key) != "cached_tokens" {
+		var to *int64
+		switch string(key) {
+		case first:
+			to = &a
+		case second:
+			if second != "" {
+				to = &b
+			}
+		}
+		if to == nil {
 			s.skip(d + 1)
 			continue
 		}
 		n, good := s.optInt(d + 1)
-		cached = n.v
+		*to = n.v
 		ok = ok && good
 	}
 }
@@ -163,5 +229,5 @@ func FromJSON(f Format, body []byte) (budget.Usage, bool) {
 	}
 	t := tally{finished: true} // a whole response: its usage is final
 	t.add(f, &ev)
-	return t.usage, t.complete
+	return t.billed(), t.complete
 }

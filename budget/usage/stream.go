@@ -285,7 +285,7 @@ func (m *Meter) CountTokens(c TokenCounter) {
 // Reading returns what the stream has reported so far.
 func (m *Meter) Reading() Reading {
 	r := Reading{
-		Usage:           m.tally.usage,
+		Usage:           m.tally.billed(),
 		Complete:        m.tally.complete,
 		InputKnown:      m.tally.inputKnown,
 		OutputTextBytes: m.tally.outputTextBytes,

@@ -199,10 +199,11 @@ func FuzzFromJSON(f *testing.F) {
 // read as the upstream reported them) is refused before it is charged.
 func neverChargedNegative(t *testing.T, u budget.Usage) {
 	t.Helper()
-	if u.InputTokens >= 0 && u.OutputTokens >= 0 && u.CachedInputTokens >= 0 {
+	if min(u.InputTokens, u.OutputTokens, u.CachedInputTokens, u.CacheWriteTokens, u.CacheWrite1hTokens,
+		u.AudioInputTokens, u.ReasoningTokens, u.AudioOutputTokens, u.WebSearchCalls) >= 0 {
 		return
 	}
-	if _, err := (budget.Price{Input: 1, Output: 1}).SpendOf(u); !errors.Is(err, budget.ErrUsageOutOfRange) {
+	if _, err := (budget.Price{Rates: budget.Rates{Input: 1, Output: 1}}).SpendOf(u); !errors.Is(err, budget.ErrUsageOutOfRange) {
 		t.Fatalf("usage %+v with a negative count is chargeable: %v", u, err)
 	}
 }

@@ -1,0 +1,270 @@
+package fleetguard
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestPricesFileAloneRunsADollarBudget: a Caddyfile with prices_file and no
+// price line runs a dollar budget for a dated model name, priced to the
+// micro-dollar by LiteLLM's table; an Azure deployment path is priced as
+// its deployment's model, whatever the body names.
+func TestPricesFileAloneRunsADollarBudget(t *testing.T) {
+	prices, err := filepath.Abs("budget/testdata/litellm-prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+	fleetguard {
+		prefix pf%d
+	}
+}
+:%d {
+	llmbudget {
+		team {http.request.header.X-Team}
+		budget team_usd {
+			scope team
+			unit usd
+			limit 0.004
+			window 1h
+		}
+		prices_file %s
+		deployment prod-chat gpt-4o-2024-08-06
+		settle_wait 0
+	}
+	reverse_proxy %s
+}`, port, port, prices, strings.TrimPrefix(up.URL, "http://")))
+	// gpt-4o-2024-08-06 in the table: $2.50 and $10 per 1M tokens. Each
+	// request reserves about 2030 micro-dollars (200 output tokens at $10
+	// and the prompt) and settles to 30 x 2.5 + 70 x 10 = 775.
+	const dated = `{"model":"gpt-4o-2024-08-06","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`
+	admitted := 0
+	var last *http.Response
+	var lastBody string
+	for range 10 {
+		waitSettles()
+		last, lastBody = chat(t, url, dated, "X-Team: red")
+		if last.StatusCode != http.StatusOK {
+			break
+		}
+		admitted++
+	}
+	// 4000 micro-dollars: 775k + 2030 <= 4000 admits k = 0, 1, 2.
+	if admitted != 3 || last.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("admitted %d then %d %s; want 3 then 429", admitted, last.StatusCode, lastBody)
+	}
+	if e := decodeError(t, lastBody); e.Error.Code != "insufficient_quota" || !strings.Contains(e.Error.Message, "$0.001675 of $0.004 left") {
+		t.Fatalf("denial %+v: want insufficient_quota with $0.001675 of $0.004 left (3 x 775 micro-dollars charged)", e)
+	}
+	// A deployment named otherwise is priced as the model it maps to, not
+	// as the body's (unpriced) model; an unpriced model is still refused.
+	for _, tt := range []struct {
+		path, model string
+		status      int
+	}{
+		{"/openai/deployments/prod-chat/chat/completions?api-version=2024-10-21", "mystery-1", http.StatusOK},
+		{"/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", "", http.StatusOK},
+		{"/openai/deployments/mystery-2/chat/completions", "gpt-4o", http.StatusPaymentRequired},
+		{"/v1/chat/completions", "mystery-1", http.StatusPaymentRequired},
+	} {
+		waitSettles()
+		model := ""
+		if tt.model != "" {
+			model = fmt.Sprintf(`"model":%q,`, tt.model)
+		}
+		resp, body := do(t, http.MethodPost, url+tt.path, `{`+model+`"max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`,
+			"Content-Type: application/json", "X-Team: blue")
+		if resp.StatusCode != tt.status {
+			t.Errorf("%s (body model %q): %d %s, want %d", tt.path, tt.model, resp.StatusCode, body, tt.status)
+		}
+	}
+}
+
+// TestPricesFileReload: a reload reads the prices file again, and a load
+// whose file does not read is refused, naming the entry and field, and
+// changes nothing running.
+func TestPricesFileReload(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.json")
+	write := func(input string) {
+		t.Helper()
+		entry := `{"gpt-4o-2024-08-06": {"mode": "chat", "input_cost_per_token": ` + input + `, "output_cost_per_token": 1e-05}}`
+		if err := os.WriteFile(file, []byte(entry), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("2.5e-06")
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	cfg := fmt.Sprintf(`{
+	admin {ADMIN}
+	fleetguard {
+		prefix pr%d
+	}
+}
+:%d {
+	llmbudget {
+		budget all_usd {
+			unit usd
+			limit 1
+			window 1h
+		}
+		prices_file %s
+		settle_wait 0
+	}
+	reverse_proxy %s
+}`, port, port, file, strings.TrimPrefix(up.URL, "http://"))
+	tc := startCaddy(t, cfg)
+	const dated = `{"model":"gpt-4o-2024-08-06","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`
+	if resp, body := chat(t, url, dated); resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request: %d %s", resp.StatusCode, body)
+	}
+	write(`"2.5e-06"`)
+	if code, body := tc.load("text/caddyfile", cfg); code == http.StatusOK || !strings.Contains(body, `entry "gpt-4o-2024-08-06": field "input_cost_per_token"`) {
+		t.Fatalf("a load with a malformed file: %d %s; want it refused naming the entry and field", code, body)
+	}
+	waitSettles()
+	if resp, body := chat(t, url, dated); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the failed load: %d %s; the running config must serve", resp.StatusCode, body)
+	}
+	// $100,000 per 1M input tokens: the prompt alone no longer fits $1.
+	// The config is unchanged, so Caddy reloads it only when forced (caddy
+	// reload --force sends Cache-Control: must-revalidate).
+	write("0.1")
+	req, _ := http.NewRequest(http.MethodPost, "http://"+tc.admin+"/load", strings.NewReader(strings.ReplaceAll(cfg, "{ADMIN}", tc.admin)))
+	req.Header.Set("Content-Type", "text/caddyfile")
+	req.Header.Set("Cache-Control", "must-revalidate")
+	req.Close = true
+	reload, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reload.Body.Close()
+	if reload.StatusCode != http.StatusOK {
+		t.Fatalf("forced reload: %d", reload.StatusCode)
+	}
+	waitSettles()
+	resp, body := chat(t, url, dated)
+	if resp.StatusCode != http.StatusTooManyRequests || decodeError(t, body).Error.Code != "request_exceeds_budget" {
+		t.Fatalf("after the reload: %d %s; want the new price's 429 request_exceeds_budget", resp.StatusCode, body)
+	}
+}
+
+// TestReserveForTheWorstTier: a request is reserved at the tier it asks
+// for and, when its prompt estimate is above the long-context threshold,
+// at the long-context tier: what fits at the standard price may not fit
+// there.
+func TestReserveForTheWorstTier(t *testing.T) {
+	prices, err := filepath.Abs("budget/testdata/litellm-prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+	fleetguard {
+		prefix wt%d
+	}
+}
+:%d {
+	llmbudget {
+		team {http.request.header.X-Team}
+		budget team_usd {
+			scope team
+			unit usd
+			limit 1
+			window 1h
+		}
+		prices_file %s
+		settle_wait 0
+	}
+	reverse_proxy %s
+}`, port, port, prices, strings.TrimPrefix(up.URL, "http://")))
+	// gpt-4o: 60,000 output tokens hold $0.60 at $10 per 1M, $1.02 at
+	// priority's $17: over the $1 limit.
+	// claude-sonnet-4-5: a prompt of 180,000 bytes holds 180,000 tokens at
+	// $3 ($0.54); one of 210,000 bytes is above 200,000 and holds the whole
+	// request at $6 ($1.26).
+	claude := func(n int) string {
+		return `{"model":"claude-sonnet-4-5-20250929","max_tokens":10,"messages":[{"role":"user","content":"` + strings.Repeat("a", n) + `"}]}`
+	}
+	for _, tt := range []struct {
+		name, path, body string
+		status           int
+	}{
+		{"standard fits", "/v1/chat/completions", `{"model":"gpt-4o","max_tokens":60000,"messages":[]}`, http.StatusOK},
+		{"priority does not", "/v1/chat/completions", `{"model":"gpt-4o","service_tier":"priority","max_tokens":60000,"messages":[]}`, http.StatusTooManyRequests},
+		{"a prompt under 200k fits", "/v1/messages", claude(180_000), http.StatusOK},
+		{"a prompt over 200k does not", "/v1/messages", claude(210_000), http.StatusTooManyRequests},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			waitSettles()
+			resp, body := do(t, http.MethodPost, url+tt.path, tt.body, "Content-Type: application/json", "X-Team: "+tt.name)
+			if resp.StatusCode != tt.status {
+				t.Fatalf("%d %.300s, want %d", resp.StatusCode, body, tt.status)
+			}
+			if tt.status != http.StatusOK && !strings.Contains(body, "request_exceeds_budget") {
+				t.Fatalf("%s: want request_exceeds_budget", body)
+			}
+		})
+	}
+}
+
+// TestAzureDeploymentTakesAzurePrice: a deployment is priced by Azure's
+// own entry (azure/<model>) where the table has one, the same model
+// elsewhere by its own.
+func TestAzureDeploymentTakesAzurePrice(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "prices.json")
+	// gpt-4o at $2.50 per 1M input tokens; Azure's at $100,000, which no
+	// prompt fits in $1.
+	table := `{"gpt-4o": {"mode": "chat", "input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05},
+		"azure/gpt-4o": {"mode": "chat", "input_cost_per_token": 0.1, "output_cost_per_token": 1e-05}}`
+	if err := os.WriteFile(file, []byte(table), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, fmt.Sprintf(`{
+	admin {ADMIN}
+	fleetguard {
+		prefix az%d
+	}
+}
+:%d {
+	llmbudget {
+		budget all_usd {
+			unit usd
+			limit 1
+			window 1h
+		}
+		prices_file %s
+		settle_wait 0
+	}
+	reverse_proxy %s
+}`, port, port, file, strings.TrimPrefix(up.URL, "http://")))
+	const body = `{"model":"gpt-4o","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tt := range []struct {
+		path   string
+		status int
+	}{
+		{"/v1/chat/completions", http.StatusOK},
+		{"/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21", http.StatusTooManyRequests},
+	} {
+		waitSettles()
+		resp, got := do(t, http.MethodPost, url+tt.path, body, "Content-Type: application/json")
+		if resp.StatusCode != tt.status {
+			t.Errorf("%s: %d %.200s, want %d", tt.path, resp.StatusCode, got, tt.status)
+		}
+	}
+}
