@@ -67,6 +67,10 @@ type storeStatus struct {
 	// limits are then per instance.
 	Healthy      bool   `json:"healthy"`
 	SyncInterval string `json:"sync_interval"`
+	// FleetMembers is how many Caddy instances the last heartbeat found
+	// live in the fleet, this one included; 0 before the first, and with
+	// the embedded memory store.
+	FleetMembers int64 `json:"fleet_members"`
 	// LastSyncAgeMS is how long ago a reconcile pass last reached the store,
 	// in milliseconds; null before the first. The reconciler contacts the
 	// store only while some key is active, so it grows on an idle instance.
@@ -107,6 +111,7 @@ func handleStatus(w http.ResponseWriter, r *http.Request) error {
 			Store:             e.identity.String(),
 			Healthy:           e.limiter.Healthy(),
 			SyncInterval:      e.limiter.SyncInterval().String(),
+			FleetMembers:      e.limiter.Members(),
 			ReconcileErrors:   e.limiter.SyncErrors(),
 			BudgetStoreErrors: e.budgets.StoreErrors(),
 			BudgetStoreDown:   e.budgets.Down(),

@@ -3,6 +3,7 @@ package fleetguard
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -471,4 +472,127 @@ func TestMaxKeysFloodDoesNotRefuseANewKey(t *testing.T) {
 	if resp, _ := get(t, url, "X-Key: newcomer"); resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("the new key past its burst: %d, want 429", resp.StatusCode)
 	}
+}
+
+// TestRemainingNeverPromisesMoreThanTheFleetGives: Caddy instances in
+// processes of their own on one Redis, a client that sends one key's
+// requests one after another to a random instance: after every admitted
+// response, its RateLimit r is at most the limit less what the fleet
+// admitted in the window (this request included), counted from the
+// client's side as a lower bound, give or take the 2% the fleet's window
+// itself may be over.
+func TestRemainingNeverPromisesMoreThanTheFleetGives(t *testing.T) {
+	srv := redistest.Start(t)
+	const events, window = 60, 3 * time.Second
+	for _, n := range []int{2, 4} {
+		t.Run(strconv.Itoa(n)+" instances", func(t *testing.T) {
+			prefix := "remaining" + strconv.Itoa(n)
+			var urls, admins []string
+			for range n {
+				port := freePort(t)
+				addr := "127.0.0.1:" + strconv.Itoa(port)
+				admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
+				admins = append(admins, admin)
+				startCaddyProcess(t, fmt.Sprintf(`{
+	admin %s
+	fleetguard {
+		redis %s
+		prefix %s
+		sync_interval 100ms
+	}
+}
+http://%s {
+	fleetlimit {
+		zone per_key {
+			key {http.request.header.X-API-Key}
+			events %d
+			window %s
+		}
+	}
+	respond "ok"
+}`, admin, srv.URL(), prefix, addr, events, window), addr)
+				urls = append(urls, "http://"+addr+"/")
+			}
+			// Every instance knows the fleet before the first request (as
+			// when a balancer sends traffic to instances that are up).
+			for _, admin := range admins {
+				eventually(t, 5*time.Second, admin+" seeing the whole fleet", func() bool {
+					return fleetMembers(t, admin) == n
+				})
+			}
+			type answer struct {
+				sent, recv time.Time
+				admitted   bool
+			}
+			var answers []answer
+			rng := rand.New(rand.NewPCG(uint64(n), 3))
+			checked := 0
+			for range 300 { // about 2x the limit, for two windows
+				url := urls[rng.IntN(len(urls))]
+				sent := time.Now()
+				resp, _ := get(t, url, "X-API-Key: k")
+				a := answer{sent: sent, recv: time.Now(), admitted: resp.StatusCode == http.StatusOK}
+				if a.admitted {
+					r := remainingOf(t, resp.Header.Get("RateLimit"), "per_key")
+					// The admits the fleet surely made in the window that
+					// ended when this one was decided: those answered before
+					// it was sent, and sent less than a window before it was
+					// answered.
+					fleet := 1
+					for _, b := range answers {
+						if b.admitted && b.sent.After(a.recv.Add(-window)) {
+							fleet++
+						}
+					}
+					if most := max(events-fleet, 0) + events/50; r > int64(most) {
+						t.Fatalf("r=%d after %d admitted in the window: the fleet can give at most %d", r, fleet, most)
+					}
+					checked++
+				}
+				answers = append(answers, a)
+				time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
+			}
+			if checked < events {
+				t.Fatalf("only %d admitted responses to check", checked)
+			}
+		})
+	}
+}
+
+// remainingOf reads r of the item named name in a RateLimit header.
+func remainingOf(t *testing.T, header, name string) int64 {
+	t.Helper()
+	for _, item := range strings.Split(header, ",") {
+		item = strings.TrimSpace(item)
+		if !strings.HasPrefix(item, strconv.Quote(name)+";") {
+			continue
+		}
+		for _, p := range strings.Split(item, ";")[1:] {
+			if v, ok := strings.CutPrefix(p, "r="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatalf("RateLimit %q: %v", header, err)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatalf("RateLimit %q has no item %q with r", header, name)
+	return 0
+}
+
+// fleetMembers is fleet_members in the status of the Caddy whose admin
+// endpoint is admin (its one store).
+func fleetMembers(t *testing.T, admin string) int {
+	t.Helper()
+	resp, body := get(t, "http://"+admin+"/fleetguard/status")
+	var st struct {
+		Stores []struct {
+			FleetMembers int `json:"fleet_members"`
+		} `json:"stores"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); err != nil || resp.StatusCode != http.StatusOK || len(st.Stores) != 1 {
+		t.Fatalf("status %d %s: %v", resp.StatusCode, body, err)
+	}
+	return st.Stores[0].FleetMembers
 }

@@ -162,6 +162,10 @@ func (e *Engine) SetNearLimit(on bool) { e.nearLimit.Store(on && !e.solo) }
 // NearLimit reports whether the near-limit mechanisms are on.
 func (e *Engine) NearLimit() bool { return e.nearLimit.Load() }
 
+// Members is how many instances the last heartbeat found live, this one
+// included (0 before the first, and for a solo engine).
+func (e *Engine) Members() int64 { return e.members.Load() }
+
 // SyncInterval is the reconciler's period.
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }
 
@@ -263,10 +267,13 @@ type Check struct {
 // Verdict is one zone's answer for a request.
 type Verdict struct {
 	Allowed bool
-	// Remaining is how many more requests the window has room for after this
-	// one, as far as this instance knows (0 when denied). Near the limit the
-	// fleet's coordination may deny sooner, with a RetryAfter of one sync
-	// interval.
+	// Remaining is how many more requests this instance may admit for the
+	// key after this one without hearing from the fleet (0 when denied): at
+	// most what the fleet can still admit as far as this instance knows,
+	// what the other instances may admit unseen counted as used. On one
+	// instance (or with the near-limit mechanisms off) it is the window's
+	// room as this instance knows it. Through other instances the fleet may
+	// admit more.
 	Remaining int64
 	// Reset is, for an admitted request, the time until the oldest request
 	// that counts leaves the window (when Remaining next grows).
@@ -383,26 +390,40 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 		onFloor = false
 	}
 	// A reservation held here is an admit the store counts already.
-	reserved := near && !onFloor && s.reservedOf(c.Key, e.lapseSlot(c.Zone, now)) > 0
+	held := int64(0)
+	if near && !onFloor {
+		held = s.reservedOf(c.Key, e.lapseSlot(c.Zone, now))
+	}
+	// left is what this instance may still admit of the key after this
+	// request without hearing from the fleet: what Remaining says (see
+	// Verdict).
+	left := events - used - 1
 	switch {
-	case reserved && g.allowed:
+	case held > 0 && g.allowed:
 		en.flags |= flagReserved
-		v.Allowed = true
-		v.Remaining = max(min(g.remaining, events-used), 0)
+		left = held - 1
 	case used >= events:
 		v.Fleet = true
 		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-events+1))
 	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor, now):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
-	case near && !onFloor && !e.shareAdmits(c.Zone, s, c.Key, en, l.Events, events, used, now, staleAfter):
-		v.Fleet = true
-		v.RetryAfter = time.Duration(e.interval.Load())
+	case onFloor:
+		left = floor - used - 1
+	case near:
+		var ok bool
+		if ok, left = e.shareAdmits(c.Zone, s, c.Key, en, l.Events, events, used, now, staleAfter); !ok {
+			v.Fleet = true
+			v.RetryAfter = time.Duration(e.interval.Load())
+		}
+	}
+	switch {
+	case v.Fleet:
 	case !g.allowed:
 		v.RetryAfter = time.Duration(g.retryAfter)
 	default:
 		v.Allowed = true
-		v.Remaining = max(min(g.remaining, events-used-1), 0)
+		v.Remaining = max(min(g.remaining, left), 0)
 	}
 	return g.newTAT, oldest
 }
@@ -419,8 +440,8 @@ func (e *Engine) floorIf(near bool, c *Check, now int64) int64 {
 // setAside is what a key this instance does not admit on its floor share
 // leaves for the floor admits of others that it cannot see: a floor share for
 // every instance gone while its admits still count, and, until every live
-// instance has heard that the key is hot (see heardAfter), one for every
-// live instance holding a floor share that does not sync it. An instance that has heard admits the key on no floor
+// instance has heard that the key is hot (see heard), one for every live
+// instance holding a floor share that does not sync it. An instance that has heard admits the key on no floor
 // share: it pushed what it had admitted on one and syncs from then on. The
 // caller holds the key's shard lock, s.
 func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, now int64) int64 {
@@ -429,18 +450,21 @@ func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, 
 		return 0
 	}
 	n := z.fleet.dead.Load()
-	if m, hot := s.hotAt(h, now); !hot || now-m.at < e.heardAfter() {
+	if m, hot := s.hotAt(h, now); !hot || !e.heard(z, en, m) {
 		n += max(z.fleet.holders.Load()-int64(en.syncing), 0)
 	}
 	return n * sh
 }
 
-// heardAfter is how long after a key became hot every live instance has
-// heard so and pushed what it admitted of it on a floor share: its next
-// heartbeat (due every heartbeatEvery, run by a pass, every interval or a
-// little later), and an early pass.
-func (e *Engine) heardAfter() int64 {
-	return e.heartbeatEvery()*int64(time.Millisecond) + 2*e.interval.Load()
+// heard reports whether every live instance holding a floor share has heard
+// that a key became hot (m) and pushed what it admitted of it on the share,
+// and en's last read saw it: each heartbeated after it (it pushes in the pass
+// that runs its heartbeat), and the read came after the last of those
+// heartbeats, or after one a heartbeat period before.
+func (e *Engine) heard(z *Zone, en *entry, m hotMark) bool {
+	seen := z.fleet.holdersSeen.Load()
+	interval := e.interval.Load()
+	return seen > m.at && (en.readAt > seen+interval/2 || seen > m.at+e.heartbeatEvery()*int64(time.Millisecond)+2*interval)
 }
 
 // floorAdmits admits a key on its floor share while this instance's own
@@ -501,14 +525,16 @@ func record(s *shard, h keyhash.Hash, en *entry, ring []uint32, untracked *untra
 }
 
 // shareAdmits applies the near-limit mechanisms to a request the window would
-// admit: a key without a fresh read (first contact, or idle past its read's
+// admit, and says what the instance may admit after it before its next read
+// (its part of the headroom, the others' parts counted as used): a key without a fresh read (first contact, or idle past its read's
 // lifetime) is queued for a read and admits only its first allowance
 // meanwhile; a key whose fleet headroom is small against the fleet's demand
 // admits only this instance's share of it until the next read; a key that has
 // spent half of what it may spend is queued for an early sync.
-func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit, events, used, now, staleAfter int64) bool {
+func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit, events, used, now, staleAfter int64) (ok bool, left int64) {
 	since := int64(en.sinceRead)
 	var allowance int64
+	part := int64(-1) // this instance's part of the headroom, for Remaining
 	if !en.fresh(now, staleAfter) {
 		e.enqueue(z, h, en)
 		allowance = firstAllowance(z, s, h, limit, now)
@@ -517,9 +543,15 @@ func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit
 		// window since.
 		headroom := events - used + since
 		allowance = headroom
+		// This instance's part: its share of the demand, but no more than
+		// an even part, for an instance whose demand the reads have not
+		// shown may admit as much unseen.
+		part = headroom / (z.fleet.others.Load() + 1)
 		if en.flags&flagRated == 0 {
 			// No demand measured yet (one read): an even part.
-			allowance = headroom / (z.fleet.others.Load() + 1)
+			allowance = part
+		} else if en.fleetRate > 0 {
+			part = min(part, int64(float64(headroom)*float64(en.ownRate/en.fleetRate)))
 		}
 		// If the fleet could spend the headroom before the next read (the
 		// read's age and two intervals more: a busy machine's reconciler
@@ -529,9 +561,9 @@ func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit
 		intervals := float64(now-en.readAt)/float64(e.interval.Load()) + 2
 		shared := en.flags&flagRated != 0 && intervals*float64(en.fleetRate) >= float64(headroom) && en.fleetRate > 0
 		if shared {
-			// The others sync every earlySpacing too; what they admit in
-			// between is not in the read yet.
-			unseen := float64(en.fleetRate-en.ownRate) / earlySyncsPerInterval
+			// What the others admitted since the read (its age, and an
+			// early pass's spacing for their pushes) is not in it.
+			unseen := float64(en.fleetRate-en.ownRate) * (intervals - 2 + 1.0/earlySyncsPerInterval)
 			// Rounded down (less a hair, for the float's error), so that the
 			// parts of many instances never add up to more than the
 			// headroom.
@@ -552,7 +584,10 @@ func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit
 			e.askReservation(z, h, en)
 		}
 	}
-	return since < allowance
+	if part < 0 || part > allowance {
+		part = allowance
+	}
+	return since < allowance, part - since - 1
 }
 
 // firstAllowance is what an instance admits of a key before it has read the

@@ -224,6 +224,7 @@ func (e *Engine) see(f Fleet, now int64) {
 	for _, z := range *e.zones.Load() {
 		windowMs := z.slots.N * z.slots.Len / int64(time.Millisecond)
 		var claims, known, others, holders, dead int64
+		holdersSeen := int64(math.MaxInt64)
 		for _, r := range f.Members {
 			eligibleAt := r.Joined + windowMs + staleMs
 			founder := r.Joined <= f.Founded+staleMs/2
@@ -248,6 +249,7 @@ func (e *Engine) see(f Fleet, now int64) {
 				}
 				if nowMs+staleMs >= eligibleAt {
 					holders++
+					holdersSeen = min(holdersSeen, r.Seen*int64(time.Millisecond))
 				}
 			case r.Seen >= eligibleAt && nowMs < r.Until+windowMs:
 				// Gone, having known itself eligible: what it admitted
@@ -275,6 +277,7 @@ func (e *Engine) see(f Fleet, now int64) {
 		z.fleet.claims.Store(claims)
 		z.fleet.others.Store(others)
 		z.fleet.holders.Store(holders)
+		z.fleet.holdersSeen.Store(holdersSeen)
 		z.fleet.dead.Store(dead)
 	}
 }

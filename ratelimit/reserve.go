@@ -89,8 +89,9 @@ func (e *Engine) judgeReserved(c *Check, s *shard, en *entry, ring []uint32, now
 		v.RetryAfter = time.Duration(g.retryAfter)
 	default:
 		v.Allowed = true
-		// The ring counts the reservations already: this admit is one.
-		v.Remaining = max(min(g.remaining, l.Events-used+held-1), 0)
+		// What it holds is all it can promise: the rest of the window's
+		// room is anyone's.
+		v.Remaining = max(min(g.remaining, held-1), 0)
 	}
 	return g.newTAT, oldest
 }

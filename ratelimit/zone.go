@@ -49,6 +49,10 @@ type fleetView struct {
 	// dead counts the gone ones whose floor admits may still be in the
 	// window.
 	others, holders, dead atomic.Int64
+	// holdersSeen is the earliest of the live holders' last heartbeats
+	// (Unix ns; MaxInt64 when there are none): a key hot since before it has
+	// been heard hot by every one of them.
+	holdersSeen atomic.Int64
 	// eligible: this instance may admit on a floor share. A new instance
 	// becomes eligible once the larger shares the others held before it
 	// joined have left the window (see Engine.see); an instance stays
