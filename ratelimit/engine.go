@@ -591,7 +591,8 @@ func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit
 }
 
 // firstAllowance is what an instance admits of a key before it has read the
-// fleet's count: its part of what the floor shares leave of the limit, or of
+// fleet's count: its part of what the others' floor shares leave of the
+// limit, or of
 // the room a hot key's announcer saw. A part is rounded down, so the parts of
 // every live instance never add up to more than that room; where it comes
 // to 0 (a limit below the fleet's size, a hot key with little room) the
@@ -607,7 +608,9 @@ func firstAllowance(z *Zone, s *shard, h keyhash.Hash, limit, now int64) int64 {
 		// The fleet is not known yet (no heartbeat answered): a tenth.
 		return (limit + 9) / 10
 	}
-	return (limit - claims*share(limit, claims)) / live
+	// Its own claim holds nothing of a key it does not admit on its floor
+	// share.
+	return (limit - (claims-1)*share(limit, claims)) / live
 }
 
 // ceilFraction is ceil(n × f): a share of at least one request whenever n > 0

@@ -58,6 +58,9 @@ const (
 	// flagReserved: the key is admitted on reservations (see reserve.go);
 	// its admits are in the store before they are made.
 	flagReserved
+	// flagLost: the store restarted empty since the key's last read; the
+	// next read's counts come on top of the ring's, not in place of them.
+	flagLost
 )
 
 // demandHorizon is the time constant of the demand rates, in sync intervals:

@@ -216,10 +216,14 @@ func (e *Engine) see(f Fleet, now int64) {
 		// syncs early (see floorAdmits), as it is likely busy elsewhere too.
 		e.warmUntil.Store(now + e.staleAfter())
 	}
-	refounded := e.founded.Swap(f.Founded) != f.Founded
+	old := e.founded.Swap(f.Founded)
+	refounded := old != 0 && old != f.Founded
 	if refounded {
-		// The store restarted empty: the reservations it held are gone.
+		// The store restarted empty: the reservations it held are gone, and
+		// what it counts from now on comes on top of what the keys' rings
+		// hold.
 		e.dropReservations()
+		e.markLost()
 	}
 	for _, z := range *e.zones.Load() {
 		windowMs := z.slots.N * z.slots.Len / int64(time.Millisecond)
@@ -621,6 +625,8 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 		s.checkReserved(p.hash, r.Slots)
 	}
 	n := int64(len(ring))
+	lost := en.flags&flagLost != 0
+	en.flags &^= flagLost
 	for _, sc := range r.Slots {
 		if sc.Slot > en.head || sc.Slot <= en.head-n {
 			continue
@@ -633,6 +639,12 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 			v += int64(en.pendPrev)
 		}
 		i := slotIndex(sc.Slot, n)
+		if lost {
+			// The store lost what the ring knew: what it holds now was
+			// admitted since (this instance's pushes may count twice, which
+			// errs on the safe side).
+			v += int64(ring[i])
+		}
 		ring[i] = max(ring[i], uint32(min(v, math.MaxUint32)))
 	}
 	en.sinceRead = en.pendCur + en.pendPrev
@@ -681,5 +693,21 @@ func (e *Engine) storeOK() {
 	e.lastSync.Store(time.Now().UnixNano())
 	if !e.healthy.Swap(true) {
 		e.log.Info("fleet counter store reachable again; fleet-wide limits restored")
+	}
+}
+
+// markLost marks every key this instance reads from the store as read
+// before the store restarted empty (see flagLost).
+func (e *Engine) markLost() {
+	for _, z := range *e.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for _, idx := range s.active {
+				en, _ := z.arena.at(idx)
+				en.flags |= flagLost
+			}
+			s.mu.Unlock()
+		}
 	}
 }
