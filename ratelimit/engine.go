@@ -439,7 +439,8 @@ func (e *Engine) floorIf(near bool, c *Check, now int64) int64 {
 
 // setAside is what a key this instance does not admit on its floor share
 // leaves for the floor admits of others that it cannot see: a floor share for
-// every instance gone while its admits still count, and, until every live
+// every instance gone while its admits still count (of a hot key: gone before
+// it heard so), and, until every live
 // instance has heard that the key is hot (see heard), one for every live
 // instance holding a floor share that does not sync it. An instance that has heard admits the key on no floor
 // share: it pushed what it had admitted on one and syncs from then on. The
@@ -449,8 +450,21 @@ func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, 
 	if sh == 0 {
 		return 0
 	}
+	m, hot := s.hotAt(h, now)
 	n := z.fleet.dead.Load()
-	if m, hot := s.hotAt(h, now); !hot || !e.heard(z, en, m) {
+	if hot {
+		// A gone instance that heartbeated after the key became hot had
+		// pushed what it admitted of it on its floor share.
+		n = 0
+		if seen := z.fleet.deadSeen.Load(); seen != nil {
+			for _, t := range *seen {
+				if t <= m.at+e.interval.Load() {
+					n++
+				}
+			}
+		}
+	}
+	if !hot || !e.heard(z, en, m) {
 		n += max(z.fleet.holders.Load()-int64(en.syncing), 0)
 	}
 	return n * sh

@@ -228,6 +228,7 @@ func (e *Engine) see(f Fleet, now int64) {
 	for _, z := range *e.zones.Load() {
 		windowMs := z.slots.N * z.slots.Len / int64(time.Millisecond)
 		var claims, known, others, holders, dead int64
+		var deadSeen []int64
 		holdersSeen := int64(math.MaxInt64)
 		for _, r := range f.Members {
 			eligibleAt := r.Joined + windowMs + staleMs
@@ -261,6 +262,7 @@ func (e *Engine) see(f Fleet, now int64) {
 				claims++
 				dead++
 				known++
+				deadSeen = append(deadSeen, r.Seen*int64(time.Millisecond))
 			}
 		}
 		prev := z.fleet.claims.Load()
@@ -283,6 +285,7 @@ func (e *Engine) see(f Fleet, now int64) {
 		z.fleet.holders.Store(holders)
 		z.fleet.holdersSeen.Store(holdersSeen)
 		z.fleet.dead.Store(dead)
+		z.fleet.deadSeen.Store(&deadSeen)
 	}
 }
 

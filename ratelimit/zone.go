@@ -49,6 +49,10 @@ type fleetView struct {
 	// dead counts the gone ones whose floor admits may still be in the
 	// window.
 	others, holders, dead atomic.Int64
+	// deadSeen holds, for each gone instance counted in dead, its last
+	// heartbeat (Unix ns): one that heard a key was hot had pushed what it
+	// admitted of it on its floor share.
+	deadSeen atomic.Pointer[[]int64]
 	// holdersSeen is the earliest of the live holders' last heartbeats
 	// (Unix ns; MaxInt64 when there are none): a key hot since before it has
 	// been heard hot by every one of them.
