@@ -46,9 +46,11 @@ type lease struct {
 	// tokens is the tokenizer's count of the text: of each value the meter
 	// counted (tokensText bytes and tokensSeen tokens at its last reading),
 	// and a token a byte of an event's text it did not count whole. It is
-	// the count while the model is tokenized, with a margin: the largest
-	// event's text, in bytes, so that the event an upstream generates and
-	// the lease withholds, which it bills, is held too.
+	// the count while the model is tokenized, with a margin: twice the
+	// largest event's text, in bytes, so that the events an upstream
+	// generates while the lease withholds them and before it sees the cut
+	// (a busy machine's upstream gets a second one out), which it bills, are
+	// held too.
 	tokenized                      bool
 	tokens, tokensText, tokensSeen int64
 	margin                         int64
@@ -87,7 +89,7 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 	} else {
 		l.tokens += max(text, 0)
 	}
-	l.margin = max(l.margin, text)
+	l.margin = max(l.margin, 2*text)
 	l.tokensText, l.tokensSeen = r.OutputTokensText, r.OutputTokens
 	if r.OutputTextBytes > l.text {
 		l.text = r.OutputTextBytes

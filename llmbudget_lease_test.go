@@ -787,7 +787,7 @@ func TestATokenizedLeaseCountsByTheTokenizerUntilTheModelIsRevoked(t *testing.T)
 	for range 50 {
 		event(" the budget") // two tokens, 11 bytes
 	}
-	if want := int64(50*2 + usage.OutputOverheadTokens + len(" the budget")); l.count != want {
+	if want := int64(50*2 + usage.OutputOverheadTokens + 2*len(" the budget")); l.count != want {
 		t.Fatalf("50 events of two tokens: count %d, want %d", l.count, want)
 	}
 	o.tokensRevoked.Store(true)

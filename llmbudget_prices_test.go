@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPricesFileAloneRunsADollarBudget: a Caddyfile with prices_file and no
@@ -152,6 +153,18 @@ func TestPricesFileReload(t *testing.T) {
 		t.Fatalf("forced reload: %d", reload.StatusCode)
 	}
 	waitSettles()
+	// The old server may still reset a connection it accepted as it stopped:
+	// wait until the new one answers (a GET the budget does not count).
+	eventually(t, 5*time.Second, "the reloaded server answering", func() bool {
+		req, _ := http.NewRequest(http.MethodGet, url+"/", nil)
+		req.Close = true
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return true
+	})
 	resp, body := chat(t, url, dated)
 	if resp.StatusCode != http.StatusTooManyRequests || decodeError(t, body).Error.Code != "request_exceeds_budget" {
 		t.Fatalf("after the reload: %d %s; want the new price's 429 request_exceeds_budget", resp.StatusCode, body)
