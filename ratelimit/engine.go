@@ -578,10 +578,11 @@ func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit
 			// What the others admitted since the read (its age, and an
 			// early pass's spacing for their pushes) is not in it.
 			unseen := float64(en.fleetRate-en.ownRate) * (intervals - 2 + 1.0/earlySyncsPerInterval)
-			// Rounded down (less a hair, for the float's error), so that the
-			// parts of many instances never add up to more than the
-			// headroom.
-			allowance = int64(float64(headroom-int64(unseen))*float64(en.ownRate/en.fleetRate) + 1e-3)
+			// Rounded to the nearest request: the parts of many instances
+			// add up to the headroom, give or take half a request each
+			// (rounded down, a key evenly at 95% of its limit, whose window
+			// reads full by the one slot it over-counts, is denied).
+			allowance = int64(float64(headroom-int64(unseen))*float64(en.ownRate/en.fleetRate) + 0.5)
 		}
 		// A key near its limit pushes every admit at once: one lost with
 		// the instance (kill -9) would be admitted again by the others.
