@@ -12,7 +12,12 @@
 // one store step per active key and pass (add the claimed admits to their
 // slots, drop old slots, re-arm the expiry, return the window), all keys of a
 // pass in one pipelined round trip. Near the limit it syncs a key early, and
-// an instance admits only its share of a small headroom. When the store is
+// an instance admits only its share of a small headroom. Keys far below their
+// limit need no store at all: each instance may admit a floor share of them
+// on its own count (floor shares hold across restarts and joins: see
+// Engine.see), and a key busy on one instance is announced hot so that the
+// others stop using theirs. A limit too small to share out is admitted on
+// reservations the store counts ahead (reserve.go). When the store is
 // unreachable the ring still holds this instance's own admits, so the limit
 // degrades to exactly Events per window per instance instead of failing
 // requests.

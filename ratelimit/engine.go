@@ -628,21 +628,6 @@ func firstAllowance(z *Zone, s *shard, h keyhash.Hash, limit, now int64) int64 {
 	return (limit - (claims-1)*share(limit, claims)) / live
 }
 
-// ceilFraction is ceil(n × f): a share of at least one request whenever n > 0
-// and f > 0, so that no instance is starved (the fleet may go over by one
-// request per instance and read).
-func ceilFraction(n int64, f float64) int64 {
-	if n <= 0 {
-		return 0
-	}
-	v := float64(n) * f
-	c := int64(v)
-	if float64(c) < v {
-		c++
-	}
-	return c
-}
-
 // enqueue asks the reconciler for an early sync of the key, once until it
 // runs. The caller holds the key's shard lock.
 func (e *Engine) enqueue(z *Zone, h keyhash.Hash, en *entry) {
