@@ -40,6 +40,24 @@ type Billed struct {
 	hits     atomic.Int64
 	inFlight atomic.Int64
 	byModel  sync.Map // model → *atomic.Int64 billed
+
+	mu      sync.Mutex
+	answers []Answer
+}
+
+// Answer is one answer as billed: when its request came, for which model,
+// and what it billed, input and output.
+type Answer struct {
+	Received time.Time
+	Model    string
+	Billed   int64
+}
+
+// Answers are every answer billed so far, in the order they ended.
+func (b *Billed) Answers() []Answer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]Answer(nil), b.answers...)
 }
 
 var (
@@ -78,6 +96,7 @@ func (b *Billed) InFlight() int64 { return b.inFlight.Load() }
 func (b *Billed) Hits() int64 { return b.hits.Load() }
 
 func (b *Billed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
 	b.hits.Add(1)
 	b.inFlight.Add(1)
 	defer b.inFlight.Add(-1)
@@ -118,7 +137,7 @@ func (b *Billed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if n, err := strconv.ParseInt(r.Header.Get("X-Fake-Hidden-Output"), 10, 64); err == nil {
 		hidden = n
 	}
-	a := billedAnswer{b: b, w: w, r: r, input: input, limit: limit, model: req.Model, text: text, hidden: hidden}
+	a := billedAnswer{b: b, w: w, r: r, received: received, input: input, limit: limit, model: req.Model, text: text, hidden: hidden}
 	a.stream(pathAPI(r.URL.Path))
 }
 
@@ -127,6 +146,7 @@ type billedAnswer struct {
 	b            *Billed
 	w            http.ResponseWriter
 	r            *http.Request
+	received     time.Time
 	input, limit int64
 	model        string
 	output       int64 // tokens of the text sent
@@ -185,6 +205,9 @@ func (a *billedAnswer) stream(api string) {
 		b.billed.Add(bill)
 		n, _ := b.byModel.LoadOrStore(a.model, new(atomic.Int64))
 		n.(*atomic.Int64).Add(bill)
+		b.mu.Lock()
+		b.answers = append(b.answers, Answer{Received: a.received, Model: a.model, Billed: bill})
+		b.mu.Unlock()
 	}()
 	ct := "text/event-stream"
 	if api == "ollama" {

@@ -1,0 +1,407 @@
+// Command spend measures how much of an llmbudget token budget streaming
+// clients can spend, for every API × kind of text × history: a real Caddy
+// built from this checkout, one budget per model (scope model, so each case
+// has its own counter and history), in front of fakellm.Billed, which bills
+// o200k counts and streams several tokens an event. For each case,
+// -clients clients post at once, each looping until its first refusal. A
+// row says how many of the first requests were admitted, the share of the
+// limit billed by the answers the upstream got before the first refusal, the
+// counter at the end, and the upstream's bill against the counter (at most
+// 1: the ceiling).
+//
+// History "none" is a model no answer has proven, whose streams hold their
+// whole cap; "english" is one two English answers proved first (they count
+// as spent).
+//
+//	go run ./bench/spend [-limit 100000] [-clients 64] [-tokens 300] [-formats chat,anthropic] [-texts english,csv] [-histories none,english]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fleetguard/fleetguard/internal/fakellm"
+)
+
+var (
+	limit      = flag.Int64("limit", 100000, "each case's budget, tokens an hour")
+	clients    = flag.Int("clients", 64, "concurrent streaming clients")
+	tokens     = flag.Int("tokens", 300, "o200k tokens of each answer")
+	chunk      = flag.Int("chunk", 24, "bytes of text an event")
+	interval   = flag.Duration("interval", 5*time.Millisecond, "time between events of a stream")
+	capTok     = flag.Int("cap", 4096, "the output cap of every request")
+	formats    = flag.String("formats", "chat,responses,completions,anthropic,gemini,ollama,compatible", "the APIs, comma-separated")
+	texts      = flag.String("texts", "english,csv,code,cjk,base64,json", "the kinds of answer, comma-separated")
+	histories  = flag.String("histories", "none,english", "the models' histories, comma-separated: none, english")
+	settleWait = flag.Duration("settle-wait", -1, "llmbudget's settle_wait (default: llmbudget's own)")
+	caddyBin   = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
+)
+
+// apis are the formats a case can speak: the model its clients name, the
+// path and the body.
+var apis = map[string]struct {
+	model      string
+	path, body func(model string, cap int) string
+}{
+	"chat": {"gpt-4o", fixed("/v1/chat/completions"), func(m string, c int) string {
+		return fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"messages":[{"role":"user","content":"go"}]}`, m, c)
+	}},
+	"responses": {"gpt-4o", fixed("/v1/responses"), func(m string, c int) string {
+		return fmt.Sprintf(`{"model":%q,"stream":true,"max_output_tokens":%d,"input":"go"}`, m, c)
+	}},
+	"completions": {"gpt-4o", fixed("/v1/completions"), func(m string, c int) string {
+		return fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"prompt":"go"}`, m, c)
+	}},
+	"anthropic": {"claude-sonnet-4-5", fixed("/v1/messages"), func(m string, c int) string {
+		return fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"go"}]}`, m, c)
+	}},
+	"gemini": {"gemini-2.5-flash", func(m string, _ int) string { return "/v1beta/models/" + m + ":streamGenerateContent?alt=sse" },
+		func(_ string, c int) string {
+			return fmt.Sprintf(`{"contents":[{"role":"user","parts":[{"text":"go"}]}],"generationConfig":{"maxOutputTokens":%d}}`, c)
+		}},
+	"ollama": {"llama3.1", fixed("/api/chat"), func(m string, c int) string {
+		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"go"}],"options":{"num_predict":%d}}`, m, c)
+	}},
+	// An OpenAI-compatible server (vLLM, LiteLLM) serving a model whose
+	// tokenizer llmbudget does not know.
+	"compatible": {"qwen2.5-72b", fixed("/v1/chat/completions"), func(m string, c int) string {
+		return fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"messages":[{"role":"user","content":"go"}]}`, m, c)
+	}},
+}
+
+func fixed(path string) func(string, int) string { return func(string, int) string { return path } }
+
+func main() {
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("spend: ")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "spend-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := *caddyBin
+	if bin == "" {
+		if bin, err = buildCaddy(ctx, dir); err != nil {
+			return err
+		}
+	}
+	up := &fakellm.Billed{Texts: answers(*tokens), ChunkBytes: *chunk, Interval: *interval}
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	upSrv := &http.Server{Handler: up}
+	go func() { _ = upSrv.Serve(upLn) }()
+	defer upSrv.Close()
+
+	c, err := startCaddy(dir, bin, upLn.Addr().String())
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+
+	fmt.Printf("spend: a budget of %d tokens an hour per case, %d streaming clients at once, answers of %d o200k tokens in events of %d bytes %s apart, cap %d\n",
+		*limit, *clients, *tokens, *chunk, *interval, *capTok)
+	fmt.Printf(rowFormat, "format", "model", "text", "history", "first wave", "spent before 1st refusal", "counter", "bill/counter")
+	for _, format := range strings.Split(*formats, ",") {
+		api, ok := apis[format]
+		if !ok {
+			return fmt.Errorf("-formats: unknown format %q", format)
+		}
+		for _, text := range strings.Split(*texts, ",") {
+			if _, ok := up.Texts[text]; !ok {
+				return fmt.Errorf("-texts: unknown text %q", text)
+			}
+			for _, history := range strings.Split(*histories, ",") {
+				if history != "none" && history != "english" {
+					return fmt.Errorf("-histories: unknown history %q", history)
+				}
+				cs := spendCase{c: c, up: up, format: format, text: text, history: history,
+					model: fmt.Sprintf("%s-%s-%s-%s", api.model, format, text, history)}
+				row, err := cs.run(ctx)
+				if err != nil {
+					return fmt.Errorf("%s %s %s: %w", format, text, history, err)
+				}
+				fmt.Print(row)
+			}
+		}
+	}
+	return nil
+}
+
+// rowFormat is a row of the table, printed as each case ends.
+const rowFormat = "%-11s %-17s %-7s %-7s %10s %24s %8s %12s\n"
+
+// answers are the texts of fakellm.Texts cut to n o200k tokens each.
+func answers(n int) map[string]string {
+	out := map[string]string{}
+	for name, text := range fakellm.Texts(n * 8) {
+		lo, hi := 0, len(text) // the longest prefix of at most n tokens
+		for lo < hi {
+			mid := (lo + hi + 1) / 2
+			if fakellm.Tokens(strings.ToValidUTF8(text[:mid], "")) <= int64(n) {
+				lo = mid
+			} else {
+				hi = mid - 1
+			}
+		}
+		out[name] = strings.ToValidUTF8(text[:lo], "")
+	}
+	return out
+}
+
+// spendCase is one format × text × history, with a model of its own.
+type spendCase struct {
+	c                            *caddyProc
+	up                           *fakellm.Billed
+	format, text, history, model string
+}
+
+// outcome is one request as its client saw it.
+type outcome struct {
+	first    bool
+	status   int
+	answered time.Time
+}
+
+func (s spendCase) run(ctx context.Context) (string, error) {
+	api := apis[s.format]
+	url := s.c.site + api.path(s.model, *capTok)
+	if s.history == "english" {
+		for range 2 {
+			if code, err := s.post(ctx, url, api.body(s.model, *capTok), "english"); err != nil || code != http.StatusOK {
+				return "", fmt.Errorf("a proving answer: %d %v", code, err)
+			}
+			s.settled(ctx)
+		}
+	}
+	var (
+		mu       sync.Mutex
+		outcomes []outcome
+		wg       sync.WaitGroup
+	)
+	ready := make(chan struct{})
+	for range *clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-ready
+			for first := true; ctx.Err() == nil; first = false {
+				code, err := s.post(ctx, url, api.body(s.model, *capTok), s.text)
+				mu.Lock()
+				outcomes = append(outcomes, outcome{first: first, status: code, answered: time.Now()})
+				mu.Unlock()
+				if err != nil || code != http.StatusOK {
+					return
+				}
+			}
+		}()
+	}
+	close(ready)
+	wg.Wait()
+	if ctx.Err() != nil {
+		return "", ctx.Err()
+	}
+	used, err := s.settled(ctx)
+	if err != nil {
+		return "", err
+	}
+	var firstWave int
+	var firstRefusal time.Time
+	for _, o := range outcomes {
+		if o.first && o.status == http.StatusOK {
+			firstWave++
+		}
+		if o.status != http.StatusOK && (firstRefusal.IsZero() || o.answered.Before(firstRefusal)) {
+			firstRefusal = o.answered
+		}
+	}
+	var spent, billed int64
+	for _, a := range s.up.Answers() {
+		if a.Model != s.model {
+			continue
+		}
+		billed += a.Billed
+		if a.Received.Before(firstRefusal) {
+			spent += a.Billed
+		}
+	}
+	pct := func(n int64) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(*limit)) }
+	ratio := "-"
+	if used > 0 {
+		ratio = fmt.Sprintf("%.3f", float64(billed)/float64(used))
+	}
+	return fmt.Sprintf(rowFormat, s.format, apis[s.format].model, s.text, s.history,
+		fmt.Sprintf("%d of %d", firstWave, *clients), pct(spent), pct(used), ratio), nil
+}
+
+// post sends one request for an answer of text and reads it whole.
+func (s spendCase) post(ctx context.Context, url, body, text string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer spend")
+	req.Header.Set("X-Fake-Text", text)
+	resp, err := s.c.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, err
+}
+
+// settled waits until the upstream has ended every answer and the model's
+// counter holds still, and returns it.
+func (s spendCase) settled(ctx context.Context) (int64, error) {
+	for s.up.InFlight() > 0 && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	prev := int64(-1)
+	for ctx.Err() == nil {
+		time.Sleep(300 * time.Millisecond)
+		used, err := s.c.used(s.model)
+		if err != nil || used == prev {
+			return used, err
+		}
+		prev = used
+	}
+	return 0, ctx.Err()
+}
+
+// caddyProc is the Caddy under test.
+type caddyProc struct {
+	cmd         *exec.Cmd
+	site, admin string
+	client      *http.Client
+}
+
+func startCaddy(dir, bin, upstream string) (*caddyProc, error) {
+	sitePort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	adminPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	wait := ""
+	if *settleWait >= 0 {
+		wait = fmt.Sprintf("\t\tsettle_wait %s\n", *settleWait)
+	}
+	caddyfile := fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+}
+http://127.0.0.1:%d {
+	llmbudget {
+		budget spend {
+			scope model
+			limit %d
+			window 1h
+		}
+%s	}
+	reverse_proxy %s
+}
+`, adminPort, sitePort, *limit, wait, upstream)
+	cfg := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(cfg, []byte(caddyfile), 0o644); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(dir, "caddy.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "run", "--config", cfg, "--adapter", "caddyfile")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &caddyProc{cmd: cmd, site: fmt.Sprintf("http://127.0.0.1:%d", sitePort), admin: fmt.Sprintf("http://127.0.0.1:%d", adminPort),
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *clients, DisableCompression: true}}}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := c.used("none"); err == nil {
+			return c, nil
+		} else if time.Now().After(deadline) {
+			c.stop()
+			tail, _ := os.ReadFile(logf.Name())
+			return nil, fmt.Errorf("caddy did not come up: %w\n%s", err, tail)
+		}
+	}
+}
+
+func (c *caddyProc) stop() {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	_ = c.cmd.Wait()
+}
+
+// used is the model's counter as the admin API shows it.
+func (c *caddyProc) used(model string) (int64, error) {
+	resp, err := http.Get(c.admin + "/fleetguard/budgets/spend?model=" + model)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("the admin API: %d %s", resp.StatusCode, b)
+	}
+	var v struct {
+		Used json.Number `json:"used"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(v.Used.String(), 10, 64)
+}
+
+func buildCaddy(ctx context.Context, dir string) (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	gomod := strings.TrimSpace(string(out))
+	if err != nil || gomod == "" || gomod == os.DevNull {
+		return "", errors.New("run it inside the fleetguard module")
+	}
+	bin := filepath.Join(dir, "caddy")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/caddy")
+	build.Dir, build.Stdout, build.Stderr = filepath.Dir(gomod), os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return "", fmt.Errorf("building caddy: %w", err)
+	}
+	return bin, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
