@@ -295,6 +295,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		output_lease_min   <n>
 //		reasoning_models   <pattern>...
 //		tokenizer          <vocabulary> <pattern>... | off
+//		proxy_tokenizer    <vocabulary> <pattern>... | off
 //		hidden_input       hold|refuse
 //		context_window     <n>
 //		settle_wait        <duration>
@@ -313,7 +314,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := make(map[string]bool)
 	for d.NextBlock(0) {
 		field := d.Val()
-		if field != "budget" && field != "price" && field != "tokenizer" && field != "deployment" {
+		if field != "budget" && field != "price" && field != "tokenizer" && field != "proxy_tokenizer" && field != "deployment" {
 			if seen[field] {
 				return d.Errf("llmbudget: %s is set twice", field)
 			}
@@ -431,19 +432,14 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(h.ReasoningModels) == 0 {
 				return d.Errf("llmbudget: reasoning_models takes one or more model patterns (* matches any characters)")
 			}
-		case "tokenizer":
+		case "tokenizer", "proxy_tokenizer":
 			// The first line replaces the default table; "off" empties it.
-			args := d.RemainingArgs()
-			if h.Tokenizers == nil {
-				h.Tokenizers = map[string][]string{}
+			table := &h.Tokenizers
+			if field == "proxy_tokenizer" {
+				table = &h.ProxyTokenizers
 			}
-			switch {
-			case len(args) == 1 && args[0] == "off":
-				clear(h.Tokenizers)
-			case len(args) < 2:
-				return d.Errf("llmbudget: tokenizer takes a vocabulary (o200k_base or cl100k_base) and one or more model patterns, or off")
-			default:
-				h.Tokenizers[args[0]] = append(h.Tokenizers[args[0]], args[1:]...)
+			if err := parseTokenizerLine(d, field, table); err != nil {
+				return err
 			}
 		case "hidden_input":
 			if !d.AllArgs(&h.HiddenInput) || h.HiddenInput != hiddenInputHold && h.HiddenInput != hiddenInputRefuse {
@@ -491,7 +487,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only
@@ -699,4 +695,22 @@ func parseDurationArg(d *caddyfile.Dispenser) (caddy.Duration, error) {
 		return 0, d.Errf("%s: %q is not a duration (e.g. 10s, 1h): %v", option, s, err)
 	}
 	return caddy.Duration(dur), nil
+}
+
+// parseTokenizerLine reads one tokenizer or proxy_tokenizer line into its
+// table: a vocabulary and its model patterns, or off.
+func parseTokenizerLine(d *caddyfile.Dispenser, field string, table *map[string][]string) error {
+	args := d.RemainingArgs()
+	if *table == nil {
+		*table = map[string][]string{}
+	}
+	switch {
+	case len(args) == 1 && args[0] == "off":
+		clear(*table)
+	case len(args) < 2:
+		return d.Errf("llmbudget: %s takes a vocabulary (o200k_base or cl100k_base) and one or more model patterns, or off", field)
+	default:
+		(*table)[args[0]] = append((*table)[args[0]], args[1:]...)
+	}
+	return nil
 }

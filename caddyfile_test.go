@@ -199,35 +199,56 @@ func TestLLMBudgetLeaseCaddyfile(t *testing.T) {
 }
 
 // Which vocabulary counts which model: OpenAI's by default, through a
-// router's prefix too, none for others; a tokenizers table replaces the
-// default, an empty one turns counting off, an unknown vocabulary is
-// refused.
+// router's prefix too, o200k as a proxy for others; a tokenizers table
+// replaces the default, an empty one turns counting off, an unknown
+// vocabulary is refused.
 func TestModelsAreCountedByTheirOwnTokenizer(t *testing.T) {
+	type counted struct {
+		v     bpe.Vocabulary
+		proxy bool
+	}
 	h := &LLMBudget{}
 	if err := h.compileTokenizers(); err != nil {
 		t.Fatal(err)
 	}
-	for model, want := range map[string]bpe.Vocabulary{
-		"gpt-4o": bpe.O200k, "gpt-4o-mini-2024-07-18": bpe.O200k, "openai/gpt-4.1-nano": bpe.O200k, "GPT-5": bpe.O200k,
-		"o3-mini": bpe.O200k, "chatgpt-4o-latest": bpe.O200k, "ft:gpt-4o-mini:acme::x1": bpe.O200k,
-		"gpt-4": bpe.Cl100k, "gpt-4-turbo": bpe.Cl100k, "gpt-3.5-turbo-0125": bpe.Cl100k,
-		"claude-sonnet-4-5": 0, "gemini-2.5-pro": 0, "llama3": 0,
+	own, proxied := func(v bpe.Vocabulary) counted { return counted{v, false} }, counted{bpe.O200k, true}
+	for model, want := range map[string]counted{
+		"gpt-4o": own(bpe.O200k), "gpt-4o-mini-2024-07-18": own(bpe.O200k), "openai/gpt-4.1-nano": own(bpe.O200k), "GPT-5": own(bpe.O200k),
+		"o3-mini": own(bpe.O200k), "chatgpt-4o-latest": own(bpe.O200k), "ft:gpt-4o-mini:acme::x1": own(bpe.O200k),
+		"gpt-4": own(bpe.Cl100k), "gpt-4-turbo": own(bpe.Cl100k), "gpt-3.5-turbo-0125": own(bpe.Cl100k),
+		"claude-sonnet-4-5": proxied, "gemini-2.5-pro": proxied, "llama3": proxied,
 	} {
-		if got := h.tokenizerOf(model); got != want {
-			t.Errorf("%s: %v, want %v", model, got, want)
+		if v, proxy := h.tokenizerOf(model); (counted{v, proxy}) != want {
+			t.Errorf("%s: %v (proxy %v), want %v", model, v, proxy, want)
 		}
 	}
-	h.Tokenizers = map[string][]string{"cl100k_base": {"house-*"}}
-	if err := h.compileTokenizers(); err != nil || h.tokenizerOf("house-7b") != bpe.Cl100k || h.tokenizerOf("gpt-4o") != 0 {
-		t.Errorf("a table of its own: %v, house-7b %v, gpt-4o %v", err, h.tokenizerOf("house-7b"), h.tokenizerOf("gpt-4o"))
+	h.Tokenizers, h.ProxyTokenizers = map[string][]string{"cl100k_base": {"house-*"}}, map[string][]string{}
+	if err := h.compileTokenizers(); err != nil {
+		t.Fatal(err)
 	}
-	h.Tokenizers = map[string][]string{}
-	if err := h.compileTokenizers(); err != nil || h.tokenizerOf("gpt-4o") != 0 {
-		t.Errorf("an empty table: %v, gpt-4o %v", err, h.tokenizerOf("gpt-4o"))
+	if v, _ := h.tokenizerOf("house-7b"); v != bpe.Cl100k {
+		t.Errorf("a table of its own: house-7b %v", v)
+	}
+	if v, _ := h.tokenizerOf("gpt-4o"); v != 0 {
+		t.Errorf("a table of its own: gpt-4o %v", v)
+	}
+	h.Tokenizers, h.ProxyTokenizers = map[string][]string{}, map[string][]string{"cl100k_base": {"claude-*"}}
+	if err := h.compileTokenizers(); err != nil {
+		t.Fatal(err)
+	}
+	if v, proxy := h.tokenizerOf("gpt-4o"); v != 0 || proxy {
+		t.Errorf("an empty table: gpt-4o %v", v)
+	}
+	if v, proxy := h.tokenizerOf("claude-opus-4"); v != bpe.Cl100k || !proxy {
+		t.Errorf("a proxy table of its own: claude-opus-4 %v (proxy %v)", v, proxy)
 	}
 	h.Tokenizers = map[string][]string{"p50k_base": {"x"}}
-	if err := h.compileTokenizers(); err == nil || !strings.Contains(err.Error(), `unknown vocabulary "p50k_base"`) {
+	if err := h.compileTokenizers(); err == nil || !strings.Contains(err.Error(), `tokenizers: unknown vocabulary "p50k_base"`) {
 		t.Errorf("an unknown vocabulary: %v", err)
+	}
+	h.Tokenizers, h.ProxyTokenizers = nil, map[string][]string{"p50k_base": {"x"}}
+	if err := h.compileTokenizers(); err == nil || !strings.Contains(err.Error(), `proxy_tokenizers: unknown vocabulary "p50k_base"`) {
+		t.Errorf("an unknown proxy vocabulary: %v", err)
 	}
 }
 

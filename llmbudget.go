@@ -172,6 +172,18 @@ type LLMBudget struct {
 	// (o200k_base: about 0.1 s of a core and 11 MB of heap), which is
 	// counted a token a byte meanwhile.
 	Tokenizers map[string][]string `json:"tokenizers,omitzero"`
+	// ProxyTokenizers are the models counted by another model's public
+	// tokenizer, by vocabulary, with model patterns as in Tokenizers (a
+	// model Tokenizers names is counted by its own): for a model whose
+	// tokenizer is not public (Anthropic's, Google's, a model served by an
+	// OpenAI-compatible server), the proxy's count is scaled to what the
+	// model bills. Its first 4 answers teach the scale (1.1 times the most
+	// any billed per proxy token) and the density up to which it holds
+	// (proxy tokens a byte); until then, for text denser than that, and for
+	// good once an answer within it bills more, its streams count a token
+	// a byte. Setting it replaces the default, and an empty object turns
+	// it off: o200k_base for every model ("*").
+	ProxyTokenizers map[string][]string `json:"proxy_tokenizers,omitzero"`
 	// HiddenInput is what happens to a request that makes the upstream bill
 	// input its body does not show: a Responses request with
 	// previous_response_id, conversation or a stored prompt; a file,
@@ -216,6 +228,7 @@ type LLMBudget struct {
 	outputLeaseMin   int64
 	reasoningModels  []string
 	tokenizers       []tokenizerPatterns
+	proxyTokenizers  []tokenizerPatterns
 	contextWindow    int64
 	settleWait       time.Duration
 	store            *store

@@ -76,7 +76,8 @@ type ceilingSetup struct {
 var ceilingTextBytes = flag.Int("ceiling.bytes", 1500, "the length of each text of the ceiling suite")
 
 func newCeilingSetup(t *testing.T, limit int64, options string) *ceilingSetup {
-	up := &fakellm.Billed{Texts: ceilingTexts(*ceilingTextBytes), ChunkBytes: 24, Interval: 2 * time.Millisecond}
+	up := &fakellm.Billed{Texts: ceilingTexts(*ceilingTextBytes), ChunkBytes: 24, Interval: 2 * time.Millisecond,
+		Tokenizers: map[string]func(string) int64{"claude-": fakellm.CL100kTokens}}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
 	s := &ceilingSetup{t: t, port: freePort(t), upstream: srv.URL, up: up, limit: limit}
@@ -147,25 +148,36 @@ func (s *ceilingSetup) settled(model string) (counter, billed int64) {
 // TestTheCeilingHoldsForAnyTextInEveryAPI: eight concurrent streams of 1,500
 // bytes (up to 1,000 tokens each) under a 3,000-token budget, for every API,
 // every density of text, a model with no history, one proven by an English
-// answer, and an OpenAI model (gpt-4o-…) proven by one, which is counted by
-// its tokenizer (o200k_base): the counter never passes the limit, and the
-// upstream never bills more than the counter.
+// answer, an OpenAI model (gpt-4o-…) proven by one, which is counted by its
+// tokenizer (o200k_base), and a model billed by cl100k (claude-…) that four
+// English answers taught to count by o200k at a scale: the counter never
+// passes the limit, and the upstream never bills more than the counter.
 func TestTheCeilingHoldsForAnyTextInEveryAPI(t *testing.T) {
 	bpe.Load(bpe.O200k) // (loaded in the background otherwise)
 	s := newCeilingSetup(t, int64(2**ceilingTextBytes), "settle_wait 0")
 	texts := ceilingTexts(*ceilingTextBytes)
 	for api, a := range ceilingAPIs {
 		for text := range texts {
-			for _, history := range []string{"none", "english", "tokenized"} {
-				model := fmt.Sprintf("m-%s-%s-%s", a.name, text, history)
-				if history == "tokenized" {
+			for _, history := range []string{"none", "english", "tokenized", "proxied"} {
+				model, proofs := fmt.Sprintf("m-%s-%s-%s", a.name, text, history), 1
+				switch history {
+				case "none":
+					proofs = 0
+				case "tokenized":
 					model = fmt.Sprintf("gpt-4o-%s-%s", a.name, text)
+				case "proxied":
+					// Billed by cl100k, counted by o200k at a scale.
+					model, proofs = fmt.Sprintf("claude-%s-%s", a.name, text), proxyProofs
 				}
 				t.Run(model, func(t *testing.T) {
-					if history != "none" {
+					for range proofs {
 						if got := s.stream(api, model, "english"); got != http.StatusOK {
-							t.Fatalf("the English answer: %d", got)
+							t.Fatalf("an English answer: %d", got)
 						}
+						waitSettles()
+					}
+					if history == "proxied" && !historyOf(model).countsTokens() {
+						t.Fatal("the model is not counted by its proxy after its English answers")
 					}
 					var wg sync.WaitGroup
 					statuses := make([]int, 8)

@@ -105,10 +105,20 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 
 // bound is the count of the text seen: the tokenizer's, and its margin,
 // while the model is counted by it (an answer of it that bills more ends
-// that for every stream of it, this one included), else the strict bound.
+// that for every stream of it, this one included); a proxy tokenizer's at
+// its scale while the text is within its density; else the strict bound.
 func (l *lease) bound() int64 {
-	if l.tokenized && !l.c.history.tokensRevoked.Load() {
+	if !l.tokenized {
+		return usage.OutputTokenBound(l.text)
+	}
+	switch o := l.c.history; {
+	case o.tokensRevoked.Load():
+	case !l.c.proxy:
 		return l.tokens + usage.OutputOverheadTokens + l.margin
+	case o.trusts(l.tokens, l.text):
+		// Another model's tokenizer, at the scale this model's answers
+		// taught, for text no denser than they showed.
+		return scaled(l.tokens, o.scale.Load()) + usage.OutputOverheadTokens + l.margin
 	}
 	return usage.OutputTokenBound(l.text)
 }

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
 const (
@@ -22,19 +24,36 @@ const (
 // text's strict bound: until then a stream of it holds its whole cap, since
 // a model on no reasoning list may still bill output it does not stream. A
 // model seen to bill more than its text holds is hidden, and holds its
-// whole cap from then on. A model whose tokenizer is public is counted by
-// it once an answer has billed no more than the tokenizer's count of its
-// text, and by the strict bound again, for good, the moment one bills more.
+// whole cap from then on.
+//
+// A model whose tokenizer is public is counted by it once an answer has
+// billed no more than the tokenizer's count of its text, and by the strict
+// bound again, for good, the moment one bills more. A model counted by a
+// proxy (another model's tokenizer: no count of its own is public) is
+// counted by it at a scale its answers taught, within the densities they
+// showed: proxyProofs answers set the scale (1.1 times the most any billed
+// per proxy token) and the density (proxy tokens a byte) up to which it
+// holds; a later answer denser than that, billed within the scale, widens
+// the density; one within the density billed above the scale ends the
+// proxy for good.
 // It lives on the store, so it survives reloads.
 type outputHistory struct {
 	mu     sync.Mutex
 	counts [historySize]int64
 	n      int
-	// lease, proven, hidden, tokensProven and tokensRevoked are read on the
-	// request path without the lock.
+	// A proxy's evidence so far: the answers, the most billed per proxy
+	// token and the densest (both per 1024).
+	proxyAnswers             int
+	proxyRatio, proxyDensity int64
+	// lease, proven, hidden, tokensProven, tokensRevoked, scale and density
+	// are read on the request path without the lock.
 	lease                       atomic.Int64
 	proven, hidden              atomic.Bool
 	tokensProven, tokensRevoked atomic.Bool
+	// scale is what the tokenizer's count is multiplied by, per 1024 (1024
+	// for a model's own tokenizer), and density the most tokens a byte, per
+	// 1024, of a text it is trusted for (a proxy's; 0: any).
+	scale, density atomic.Int64
 }
 
 // leases reports whether a stream of the model may hold a lease.
@@ -46,29 +65,46 @@ func (o *outputHistory) countsTokens() bool {
 	return o.tokensProven.Load() && !o.tokensRevoked.Load()
 }
 
-// learn records an answer that reported output tokens whose strict bound
-// was bound, whose tokenizer count (with the strict bound of what the
-// tokenizer did not count) was tokens (0: not counted), and whose running
-// count ended at count.
-func (o *outputHistory) learn(count, bound, tokens, reported int64) {
-	if bound <= 0 || reported <= 0 {
+// answerSeen is what one answer showed and billed.
+type answerSeen struct {
+	// count is the lease's running count at the end, bound the strict
+	// bound of its text, text its bytes.
+	count, bound, text int64
+	// tokens is the tokenizer's count of the text, and a token a byte of
+	// what it did not count (0: not counted); proxy, whether the tokenizer
+	// is a proxy.
+	tokens int64
+	proxy  bool
+	// reported is the output the upstream billed.
+	reported int64
+}
+
+// proxyProofs answers teach a proxy's scale before it is used.
+const proxyProofs = 4
+
+// learn records an answer.
+func (o *outputHistory) learn(a answerSeen) {
+	if a.bound <= 0 || a.reported <= 0 {
 		return
 	}
 	switch {
-	case tokens <= 0:
-	case reported > tokens:
+	case a.tokens <= 0:
+	case a.proxy:
+		o.learnProxy(a)
+	case a.reported > a.tokens+usage.OutputOverheadTokens:
 		o.tokensRevoked.Store(true)
 	default:
+		o.scale.Store(1024)
 		o.tokensProven.Store(true)
 	}
-	if reported > bound {
+	if a.reported > a.bound {
 		o.hidden.Store(true)
 		return
 	}
 	o.proven.Store(true)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.counts[o.n%historySize] = count
+	o.counts[o.n%historySize] = a.count
 	o.n++
 	if o.n < historyTrusted {
 		return
@@ -78,6 +114,43 @@ func (o *outputHistory) learn(count, bound, tokens, reported int64) {
 	slices.Sort(counts[:k])
 	o.lease.Store(counts[(k*9+9)/10-1])
 }
+
+// learnProxy weighs an answer counted by a proxy tokenizer.
+func (o *outputHistory) learnProxy(a answerSeen) {
+	if a.text <= 0 || a.reported > a.bound {
+		return // no text to learn from, or output the text does not show
+	}
+	billed := max(a.reported-usage.OutputOverheadTokens, 0)
+	ratio := (billed*1024 + a.tokens - 1) / a.tokens
+	density := (a.tokens*1024 + a.text - 1) / a.text
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.tokensProven.Load() {
+		if billed <= scaled(a.tokens, o.scale.Load()) {
+			o.density.Store(max(o.density.Load(), density))
+		} else if o.trusts(a.tokens, a.text) {
+			o.tokensRevoked.Store(true) // a lost bet, where the proxy was trusted
+		}
+		return
+	}
+	o.proxyAnswers++
+	o.proxyRatio, o.proxyDensity = max(o.proxyRatio, ratio), max(o.proxyDensity, density)
+	if o.proxyAnswers >= proxyProofs {
+		o.scale.Store(o.proxyRatio * 11 / 10)
+		o.density.Store(o.proxyDensity)
+		o.tokensProven.Store(true)
+	}
+}
+
+// trusts reports whether a text of the bytes given that the proxy counts
+// as tokens is within the densities its answers showed, with 15% to spare
+// (a stream's first events and its last differ a little).
+func (o *outputHistory) trusts(tokens, text int64) bool {
+	return tokens*1024*100 <= o.density.Load()*text*115
+}
+
+// scaled is tokens times scale (per 1024), rounded up.
+func scaled(tokens, scale int64) int64 { return (tokens*scale + 1023) / 1024 }
 
 // histories are the output histories of a store, by model. Reads take no
 // lock: a model's history is found on every leased request.

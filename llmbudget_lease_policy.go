@@ -34,46 +34,90 @@ var DefaultTokenizers = map[string][]string{
 		"ft:gpt-4-*", "ft:gpt-3.5-turbo*"},
 }
 
+// DefaultProxyTokenizers are the models counted by another model's
+// tokenizer, scaled to what they bill, by default: every model not counted
+// by its own.
+var DefaultProxyTokenizers = map[string][]string{"o200k_base": {"*"}}
+
+// proxyCounter counts text for a model by another's tokenizer: its tokens,
+// and half a token more for each byte outside ASCII. Tokenizers differ most
+// on scripts other than Latin (cl100k bills CJK at twice o200k's count);
+// the extra weight makes such text denser than any English answer, so a
+// proxy taught by English answers does not count it at their scale (the
+// density check of outputHistory.trusts), and one taught by such answers
+// holds them with room to spare.
+type proxyCounter struct{ c *bpe.Counter }
+
+func (p proxyCounter) Count(text []byte) int64 {
+	var wide int64
+	for _, b := range text {
+		if b >= 0x80 {
+			wide++
+		}
+	}
+	return p.c.Count(text) + wide/2
+}
+
 // tokenizerPatterns are the model patterns of one vocabulary.
 type tokenizerPatterns struct {
 	vocab    bpe.Vocabulary
 	patterns []string
 }
 
-// compileTokenizers checks the tokenizers option.
-func (h *LLMBudget) compileTokenizers() error {
-	m := h.Tokenizers
-	if m == nil {
-		m = DefaultTokenizers
+// compileTokenizers checks the tokenizers and proxy_tokenizers options.
+func (h *LLMBudget) compileTokenizers() (err error) {
+	if h.tokenizers, err = compileTokenizerTable("tokenizers", h.Tokenizers, DefaultTokenizers); err != nil {
+		return err
 	}
-	h.tokenizers = nil
+	h.proxyTokenizers, err = compileTokenizerTable("proxy_tokenizers", h.ProxyTokenizers, DefaultProxyTokenizers)
+	return err
+}
+
+// compileTokenizerTable checks a table of vocabularies' model patterns
+// (def when m is nil).
+func compileTokenizerTable(field string, m, def map[string][]string) ([]tokenizerPatterns, error) {
+	if m == nil {
+		m = def
+	}
+	var table []tokenizerPatterns
 	for name, patterns := range m {
 		v, ok := bpe.ParseVocabulary(name)
 		if !ok {
-			return fmt.Errorf("llmbudget: tokenizers: unknown vocabulary %q (want o200k_base or cl100k_base)", name)
+			return nil, fmt.Errorf("llmbudget: %s: unknown vocabulary %q (want o200k_base or cl100k_base)", field, name)
 		}
 		tp := tokenizerPatterns{vocab: v}
 		for _, p := range patterns {
 			if strings.TrimSpace(p) == "" {
-				return fmt.Errorf("llmbudget: tokenizers: %s: a pattern is empty", name)
+				return nil, fmt.Errorf("llmbudget: %s: %s: a pattern is empty", field, name)
 			}
 			tp.patterns = append(tp.patterns, strings.ToLower(p))
 		}
-		h.tokenizers = append(h.tokenizers, tp)
+		table = append(table, tp)
 	}
 	// o200k_base first, whatever the map's order.
-	slices.SortFunc(h.tokenizers, func(a, b tokenizerPatterns) int { return cmp.Compare(a.vocab, b.vocab) })
-	return nil
+	slices.SortFunc(table, func(a, b tokenizerPatterns) int { return cmp.Compare(a.vocab, b.vocab) })
+	return table, nil
 }
 
-// tokenizerOf is the vocabulary model is counted by, or 0.
-func (h *LLMBudget) tokenizerOf(model string) bpe.Vocabulary {
-	if len(h.tokenizers) == 0 {
-		return 0
+// tokenizerOf is the vocabulary model is counted by (0: none), and whether
+// it is a proxy's.
+func (h *LLMBudget) tokenizerOf(model string) (v bpe.Vocabulary, proxy bool) {
+	if len(h.tokenizers) == 0 && len(h.proxyTokenizers) == 0 {
+		return 0, false
 	}
 	model = strings.ToLower(model)
 	base := model[strings.LastIndexByte(model, '/')+1:]
-	for _, tp := range h.tokenizers {
+	if v := matchTokenizer(h.tokenizers, model, base); v != 0 {
+		return v, false
+	}
+	v = matchTokenizer(h.proxyTokenizers, model, base)
+	return v, v != 0
+}
+
+// matchTokenizer is the vocabulary of table whose pattern matches the model
+// (lowercased) or its base name, or 0.
+func matchTokenizer(table []tokenizerPatterns, model, base string) bpe.Vocabulary {
+	for _, tp := range table {
 		for _, p := range tp.patterns {
 			if globMatch(p, model) || globMatch(p, base) {
 				return tp.vocab

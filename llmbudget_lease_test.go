@@ -535,6 +535,54 @@ func TestALeasedRequestAnsweredInJSONHoldsItsCap(t *testing.T) {
 	}
 }
 
+// TestAProxyTokenizerIsTrustedWithinWhatItsAnswersShowed: a model counted
+// by another's tokenizer is not counted by it until 4 answers taught the
+// scale (1.1 times the most billed per proxy token) and the density; a
+// denser answer billed within the scale widens the density, one billed above
+// it does not end the proxy (it was counted a token a byte), and one within
+// the density billed above the scale ends it for good.
+func TestAProxyTokenizerIsTrustedWithinWhatItsAnswersShowed(t *testing.T) {
+	var o outputHistory
+	// English-like answers: 1,000 bytes the proxy counts as 230 tokens,
+	// billed 250, 260, 240 and 255 tokens (plus the overhead).
+	for i, billed := range []int64{250, 260, 240, 255} {
+		if o.countsTokens() {
+			t.Fatalf("trusted after %d answers", i)
+		}
+		o.learn(answerSeen{count: 1016, bound: 1016, text: 1000, tokens: 230, proxy: true, reported: billed + usage.OutputOverheadTokens})
+	}
+	if !o.countsTokens() {
+		t.Fatal("not trusted after 4 answers within their text's bound")
+	}
+	wantScale := int64(260*1024+229) / 230 * 11 / 10
+	if got := o.scale.Load(); got != wantScale {
+		t.Fatalf("scale %d/1024, want 1.1 times 260/230 = %d", got, wantScale)
+	}
+	if !o.trusts(230, 1000) || o.trusts(600, 1000) {
+		t.Fatal("the proxy is trusted for text as dense as its answers', and not for a CSV's 0.6 tokens a byte")
+	}
+	// A CSV answer billed within the scale widens the density.
+	o.learn(answerSeen{count: 1016, bound: 1016, text: 1000, tokens: 600, proxy: true, reported: 650})
+	if !o.trusts(600, 1000) || !o.countsTokens() {
+		t.Fatal("a denser answer billed within the scale does not widen the density")
+	}
+	// A CJK answer billed far above the scale, denser than any: not a lost
+	// bet (it counted a token a byte), so nothing ends.
+	o.learn(answerSeen{count: 1016, bound: 1016, text: 1000, tokens: 700, proxy: true, reported: 990})
+	if !o.countsTokens() || o.trusts(700, 1000) {
+		t.Fatal("an answer denser than the proxy is trusted for ended it, or widened the density")
+	}
+	// Within the density, above the scale: the proxy ends for good.
+	o.learn(answerSeen{count: 1016, bound: 1016, text: 1000, tokens: 230, proxy: true, reported: 400})
+	if o.countsTokens() {
+		t.Fatal("an answer within the density billed above the scale did not end the proxy")
+	}
+	o.learn(answerSeen{count: 1016, bound: 1016, text: 1000, tokens: 230, proxy: true, reported: 240})
+	if o.countsTokens() {
+		t.Fatal("the proxy came back")
+	}
+}
+
 // TestOutputHistoryLearns: after 8 answers a model's lease is the 90th
 // percentile of their final counts; a model that bills more output than its
 // text can hold is hidden; models past 256 share one history, so a client
@@ -542,7 +590,7 @@ func TestALeasedRequestAnsweredInJSONHoldsItsCap(t *testing.T) {
 func TestOutputHistoryLearns(t *testing.T) {
 	var o outputHistory
 	for i := int64(1); i <= 10; i++ {
-		o.learn(i*100, i*100, 0, i*50)
+		o.learn(answerSeen{count: i * 100, bound: i * 100, text: i * 100, reported: i * 50})
 		if i < historyTrusted && o.lease.Load() != 0 {
 			t.Fatalf("after %d answers the history is used: lease %d", i, o.lease.Load())
 		}
@@ -553,7 +601,7 @@ func TestOutputHistoryLearns(t *testing.T) {
 	if o.hidden.Load() {
 		t.Fatal("answers within their text's bound do not make a model hidden")
 	}
-	if o.learn(20, 20, 0, 4096); !o.hidden.Load() {
+	if o.learn(answerSeen{count: 20, bound: 20, text: 20, reported: 4096}); !o.hidden.Load() {
 		t.Fatal("a model that billed 4096 for 20 bytes of text is not marked hidden")
 	}
 	var hs histories

@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
-	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
@@ -55,9 +54,9 @@ type meteringWriter struct {
 	// responses keeps what a leased Responses stream output, for the
 	// response object a truncation ends it with.
 	responses *usage.ResponsesOutput
-	// tokens, when not nil, is the model's tokenizer: the meter counts the
-	// output by it too.
-	tokens *bpe.Counter
+	// tokens, when not nil, is the model's tokenizer (or its proxy): the
+	// meter counts the output by it too.
+	tokens usage.TokenCounter
 }
 
 var (
@@ -445,19 +444,19 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 		// (a model on probation holds its cap until it is proven).
 		read := mw.meter.Reading()
 		bound := usage.OutputTokenBound(read.OutputTextBytes)
-		count, tokens := bound, int64(0)
+		a := answerSeen{count: bound, bound: bound, text: read.OutputTextBytes, proxy: c.proxy, reported: out.usage.OutputTokens}
 		if mw.tokens != nil {
 			// The tokenizer's count, and a token a byte of what it did
 			// not count.
-			tokens = read.OutputTokens + max(read.OutputTextBytes-read.OutputTokensText, 0) + usage.OutputOverheadTokens
+			a.tokens = read.OutputTokens + max(read.OutputTextBytes-read.OutputTokensText, 0)
 		}
 		if l := mw.lease; l != nil {
-			count = l.count
+			a.count = l.count
 			if mw.tokens != nil {
-				tokens = l.tokens + usage.OutputOverheadTokens
+				a.tokens = l.tokens
 			}
 		}
-		c.history.learn(count, bound, tokens, out.usage.OutputTokens)
+		c.history.learn(a)
 	}
 	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {

@@ -50,7 +50,12 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	// The client did not ask for the usage chunk (or said no): it still
 	// settles the budget, but the client does not see it.
 	mw.stripUsage = c.askedUsage
-	mw.tokens = c.tokens
+	if c.tokens != nil {
+		mw.tokens = c.tokens
+		if c.proxy {
+			mw.tokens = proxyCounter{c.tokens}
+		}
+	}
 	defer h.finish(r, res, mw, &c)
 	if c.lease > 0 {
 		// A stream cut at its lease cancels the upstream request, which
@@ -95,8 +100,10 @@ type call struct {
 	lease   int64
 	history *outputHistory
 	// tokens is the model's public tokenizer, once loaded, while its
-	// answers have not billed more than it counts.
+	// answers have not billed more than it counts; proxy, whether it is
+	// another model's, which counts at a scale its answers taught.
 	tokens *bpe.Counter
+	proxy  bool
 	dims   budget.Dims
 	spend  budget.Spend
 	model  string // the price book's name of the model ("" unpriced)
@@ -185,8 +192,8 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 		// Only a model proven to bill no output its text does not show
 		// leases (llmbudget_lease_history.go).
 		c.history = h.store.histories.of(c.req.Model)
-		if v := h.tokenizerOf(c.req.Model); v != 0 && !c.history.tokensRevoked.Load() {
-			c.tokens = bpe.Loaded(v)
+		if v, proxy := h.tokenizerOf(c.req.Model); v != 0 && !c.history.tokensRevoked.Load() {
+			c.tokens, c.proxy = bpe.Loaded(v), proxy
 		}
 		if c.history.leases() {
 			c.lease = min(max(c.history.lease.Load(), h.outputLeaseMin), c.outputCap)

@@ -35,6 +35,10 @@ type Billed struct {
 	// does not show (reasoning); X-Fake-Hidden-Output sets it for one
 	// request.
 	HiddenOutput int64
+	// Tokenizers bill the models whose names start with a key by its
+	// count instead of o200k's (CL100kTokens: a model whose tokenizer is
+	// not the one a proxy counts by).
+	Tokenizers map[string]func(string) int64
 
 	billed   atomic.Int64 // input and output billed, every answer
 	hits     atomic.Int64
@@ -60,21 +64,38 @@ func (b *Billed) Answers() []Answer {
 	return append([]Answer(nil), b.answers...)
 }
 
-var (
-	o200kOnce sync.Once
-	o200k     tokenizer.Codec
-)
-
 // Tokens counts s with o200k.
-func Tokens(s string) int64 {
-	o200kOnce.Do(func() {
-		var err error
-		if o200k, err = tokenizer.Get(tokenizer.O200kBase); err != nil {
+func Tokens(s string) int64 { return count(o200k, s) }
+
+// CL100kTokens counts s with cl100k.
+func CL100kTokens(s string) int64 { return count(cl100k, s) }
+
+var o200k, cl100k = newCodec(tokenizer.O200kBase), newCodec(tokenizer.Cl100kBase)
+
+// newCodec loads a vocabulary on its first use.
+func newCodec(e tokenizer.Encoding) func() tokenizer.Codec {
+	return sync.OnceValue(func() tokenizer.Codec {
+		c, err := tokenizer.Get(e)
+		if err != nil {
 			panic(err)
 		}
+		return c
 	})
-	n, _ := o200k.Count(s)
+}
+
+func count(codec func() tokenizer.Codec, s string) int64 {
+	n, _ := codec().Count(s)
 	return int64(n)
+}
+
+// tokensOf is how model is billed.
+func (b *Billed) tokensOf(model string) func(string) int64 {
+	for prefix, f := range b.Tokenizers {
+		if strings.HasPrefix(model, prefix) {
+			return f
+		}
+	}
+	return Tokens
 }
 
 // Billed is every token billed so far, input and output.
@@ -122,12 +143,13 @@ func (b *Billed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if limit <= 0 {
 		limit = 1 << 30
 	}
-	input := b.Input
-	if input <= 0 {
-		input = Tokens(string(req.Messages) + string(req.Input) + string(req.Prompt) + string(req.Contents))
-	}
 	if i := strings.LastIndex(r.URL.Path, "/models/"); i >= 0 && req.Model == "" {
 		req.Model, _, _ = strings.Cut(r.URL.Path[i+len("/models/"):], ":") // Gemini's is in the path
+	}
+	tokens := b.tokensOf(req.Model)
+	input := b.Input
+	if input <= 0 {
+		input = tokens(string(req.Messages) + string(req.Input) + string(req.Prompt) + string(req.Contents))
 	}
 	text := b.Text
 	if t, ok := b.Texts[r.Header.Get("X-Fake-Text")]; ok {
@@ -137,7 +159,7 @@ func (b *Billed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if n, err := strconv.ParseInt(r.Header.Get("X-Fake-Hidden-Output"), 10, 64); err == nil {
 		hidden = n
 	}
-	a := billedAnswer{b: b, w: w, r: r, received: received, input: input, limit: limit, model: req.Model, text: text, hidden: hidden}
+	a := billedAnswer{b: b, w: w, r: r, received: received, tokens: tokens, input: input, limit: limit, model: req.Model, text: text, hidden: hidden}
 	a.stream(pathAPI(r.URL.Path))
 }
 
@@ -147,6 +169,7 @@ type billedAnswer struct {
 	w            http.ResponseWriter
 	r            *http.Request
 	received     time.Time
+	tokens       func(string) int64 // how the model is billed
 	input, limit int64
 	model        string
 	output       int64 // tokens of the text sent
@@ -226,7 +249,7 @@ func (a *billedAnswer) stream(api string) {
 			n++ // whole characters
 		}
 		chunk := text[:n]
-		t := Tokens(chunk)
+		t := a.tokens(chunk)
 		if a.output+a.hidden+t > a.limit {
 			finish = "length"
 			break
