@@ -34,7 +34,8 @@ const (
 // showed: proxyProofs answers set the scale (1.1 times the most any billed
 // per proxy token) and the density (proxy tokens a byte) up to which it
 // holds; a later answer denser than that, billed within the scale, widens
-// the density; one within the density billed above the scale ends the
+// the density (where the count was near the bill: not text counted a
+// token a byte); one within the density billed above the scale ends the
 // proxy for good.
 // It lives on the store, so it survives reloads.
 type outputHistory struct {
@@ -123,18 +124,28 @@ func (o *outputHistory) learnProxy(a answerSeen) {
 	billed := max(a.reported-usage.OutputOverheadTokens, 0)
 	ratio := (billed*1024 + a.tokens - 1) / a.tokens
 	density := (a.tokens*1024 + a.text - 1) / a.text
+	// An answer shows what the proxy's count is worth at its density only
+	// where that count is near the bill: text the meter counted a token a
+	// byte (tool-call arguments as written) is dense by the count alone.
+	tight := 2*billed >= a.tokens
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.tokensProven.Load() {
-		if billed <= scaled(a.tokens, o.scale.Load()) {
+		switch {
+		case billed > scaled(a.tokens, o.scale.Load()):
+			if o.trusts(a.tokens, a.text) {
+				o.tokensRevoked.Store(true) // a lost bet, where the proxy was trusted
+			}
+		case tight:
 			o.density.Store(max(o.density.Load(), density))
-		} else if o.trusts(a.tokens, a.text) {
-			o.tokensRevoked.Store(true) // a lost bet, where the proxy was trusted
 		}
 		return
 	}
 	o.proxyAnswers++
-	o.proxyRatio, o.proxyDensity = max(o.proxyRatio, ratio), max(o.proxyDensity, density)
+	o.proxyRatio = max(o.proxyRatio, ratio)
+	if tight {
+		o.proxyDensity = max(o.proxyDensity, density)
+	}
 	if o.proxyAnswers >= proxyProofs {
 		o.scale.Store(o.proxyRatio * 11 / 10)
 		o.density.Store(o.proxyDensity)

@@ -561,6 +561,12 @@ func TestAProxyTokenizerIsTrustedWithinWhatItsAnswersShowed(t *testing.T) {
 	if !o.trusts(230, 1000) || o.trusts(600, 1000) {
 		t.Fatal("the proxy is trusted for text as dense as its answers', and not for a CSV's 0.6 tokens a byte")
 	}
+	// Tool-call arguments counted a token a byte, billed at a third of
+	// that: dense by the count alone, so they widen nothing.
+	o.learn(answerSeen{count: 1016, bound: 1016, text: 1000, tokens: 1000, proxy: true, reported: 350})
+	if o.trusts(600, 1000) {
+		t.Fatal("an answer counted a token a byte widened the density")
+	}
 	// A CSV answer billed within the scale widens the density.
 	o.learn(answerSeen{count: 1016, bound: 1016, text: 1000, tokens: 600, proxy: true, reported: 650})
 	if !o.trusts(600, 1000) || !o.countsTokens() {

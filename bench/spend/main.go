@@ -10,8 +10,10 @@
 // 1: the ceiling).
 //
 // History "none" is a model no answer has proven, whose streams hold their
-// whole cap; "english" is one two English answers proved first (they count
-// as spent).
+// whole cap; "english" is one -proofs English answers proved first (they
+// count as spent): enough for a model counted by a proxy tokenizer. The
+// models other than OpenAI's are billed by cl100k, so that their proxy
+// (o200k) is not their tokenizer.
 //
 //	go run ./bench/spend [-limit 100000] [-clients 64] [-tokens 300] [-formats chat,anthropic] [-texts english,csv] [-histories none,english]
 package main
@@ -49,6 +51,7 @@ var (
 	formats    = flag.String("formats", "chat,responses,completions,anthropic,gemini,ollama,compatible", "the APIs, comma-separated")
 	texts      = flag.String("texts", "english,csv,code,cjk,base64,json", "the kinds of answer, comma-separated")
 	histories  = flag.String("histories", "none,english", "the models' histories, comma-separated: none, english")
+	proofs     = flag.Int("proofs", 4, "the English answers of history english")
 	settleWait = flag.Duration("settle-wait", -1, "llmbudget's settle_wait (default: llmbudget's own)")
 	caddyBin   = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
 )
@@ -71,7 +74,7 @@ var apis = map[string]struct {
 	"anthropic": {"claude-sonnet-4-5", fixed("/v1/messages"), func(m string, c int) string {
 		return fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"go"}]}`, m, c)
 	}},
-	"gemini": {"gemini-2.5-flash", func(m string, _ int) string { return "/v1beta/models/" + m + ":streamGenerateContent?alt=sse" },
+	"gemini": {"gemini-2.0-flash", func(m string, _ int) string { return "/v1beta/models/" + m + ":streamGenerateContent?alt=sse" },
 		func(_ string, c int) string {
 			return fmt.Sprintf(`{"contents":[{"role":"user","parts":[{"text":"go"}]}],"generationConfig":{"maxOutputTokens":%d}}`, c)
 		}},
@@ -110,7 +113,15 @@ func run(ctx context.Context) error {
 			return err
 		}
 	}
-	up := &fakellm.Billed{Texts: answers(*tokens), ChunkBytes: *chunk, Interval: *interval}
+	// Models of other providers bill by another tokenizer than the proxy
+	// llmbudget counts them by (o200k).
+	other := map[string]func(string) int64{}
+	for _, api := range apis {
+		if !strings.HasPrefix(api.model, "gpt-") {
+			other[api.model] = fakellm.CL100kTokens
+		}
+	}
+	up := &fakellm.Billed{Texts: answers(*tokens), ChunkBytes: *chunk, Interval: *interval, Tokenizers: other}
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -193,7 +204,7 @@ func (s spendCase) run(ctx context.Context) (string, error) {
 	api := apis[s.format]
 	url := s.c.site + api.path(s.model, *capTok)
 	if s.history == "english" {
-		for range 2 {
+		for range *proofs {
 			if code, err := s.post(ctx, url, api.body(s.model, *capTok), "english"); err != nil || code != http.StatusOK {
 				return "", fmt.Errorf("a proving answer: %d %v", code, err)
 			}
