@@ -178,6 +178,7 @@ func TestLLMBudgetLeaseCaddyfile(t *testing.T) {
 		{"output_lease_min not a number", "output_lease_min lots", `output_lease_min: "lots" is not an integer`},
 		{"reasoning_models empty", "reasoning_models", "reasoning_models takes one or more model patterns"},
 		{"tokenizer without patterns", "tokenizer o200k_base", "tokenizer takes a vocabulary"},
+		{"proxy_tokenizer without patterns", "proxy_tokenizer cl100k_base", "proxy_tokenizer takes a vocabulary"},
 	}
 	for _, tt := range refusals {
 		t.Run(tt.name, func(t *testing.T) {
@@ -190,6 +191,8 @@ func TestLLMBudgetLeaseCaddyfile(t *testing.T) {
 	for lines, want := range map[string]string{
 		"tokenizer o200k_base my-gpt* house-*\ntokenizer cl100k_base legacy-*": `"tokenizers":{"cl100k_base":["legacy-*"],"o200k_base":["my-gpt*","house-*"]}`,
 		"tokenizer off": `"tokenizers":{}`,
+		"proxy_tokenizer o200k_base claude-*\nproxy_tokenizer cl100k_base llama*": `"proxy_tokenizers":{"cl100k_base":["llama*"],"o200k_base":["claude-*"]}`,
+		"proxy_tokenizer off": `"proxy_tokenizers":{}`,
 	} {
 		cfg, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + lines + "\n}\n}")
 		if err != nil || !strings.Contains(string(cfg), want) {
