@@ -48,7 +48,7 @@ var (
 	interval = flag.Duration("interval", 5*time.Millisecond, "time between tokens of a stream")
 	capTok   = flag.Int("cap", 4096, "max_tokens of every request")
 	jitter   = flag.Float64("jitter", 0, "vary each answer's length by up to this fraction of -output either way")
-	warm     = flag.Bool("warm", true, "send two answers first, one after the other, which prove the model (it bills no output its text does not show) and, where its tokenizer is public, that it bills no more than its tokenizer counts (the first answer loads the tokenizer in the background, the second is counted by it), so that the clients' streams lease, by the tokenizer's count, from their first request; their usage counts against the limit")
+	warm     = flag.Bool("warm", true, "send five answers first, one after the other, which prove the model (it bills no output its text does not show) and, where its tokenizer is public, that it bills no more than its tokenizer counts (the first answer loads the tokenizer in the background, the second is counted by it), or else teach its proxy tokenizer a scale (four counted answers), so that the clients' streams lease, by the tokenizer's count, from their first request; their usage counts against the limit")
 	useRedis = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
 	caddyBin = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
 	format   = flag.String("format", "chat", "the API the clients speak: chat (OpenAI chat completions) or anthropic (Messages)")
@@ -202,7 +202,7 @@ http://127.0.0.1:%d {
 		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
 	}}
 	if *warm {
-		for range 2 {
+		for range 5 {
 			if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
 				return fmt.Errorf("a warm-up answer: %d %v", r.status, r.err)
 			}
