@@ -99,7 +99,13 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 		l.inputExcess = r.Usage.InputTokens - l.c.req.PromptTokens
 	}
 	// (The bound is at least a token an event with text: each has a byte.)
-	l.count = max(r.Usage.OutputTokens, l.bound(), l.count)
+	// The API's own running usage (Gemini's) gets the margin too: an
+	// upstream bills the events it generates before it sees a cut.
+	running := r.Usage.OutputTokens
+	if running > 0 {
+		running += l.margin
+	}
+	l.count = max(running, l.bound(), l.count)
 	return output
 }
 

@@ -36,7 +36,8 @@ const (
 // holds; a later answer denser than that, billed within the scale, widens
 // the density (where the count was near the bill: not text counted a
 // token a byte); one within the density billed above the scale ends the
-// proxy for good.
+// proxy for good, as does one that bills more than twice the proxy's count
+// while it is taught.
 // It lives on the store, so it survives reloads.
 type outputHistory struct {
 	mu     sync.Mutex
@@ -80,14 +81,30 @@ type answerSeen struct {
 	reported int64
 }
 
-// proxyProofs answers teach a proxy's scale before it is used.
-const proxyProofs = 4
+const (
+	// proxyProofs answers teach a proxy's scale before it is used.
+	proxyProofs = 4
+	// maxProxyRatio is the most an answer may bill per proxy token (per
+	// 1024) for the proxy to be used: a model that bills more is counted
+	// a token a byte.
+	maxProxyRatio = 2048
+)
 
-// learn records an answer.
-func (o *outputHistory) learn(a answerSeen) {
+// learn records an answer. It reports a change worth an operator's notice
+// (a tokenizer's count no longer trusted, a model found hidden), or "".
+func (o *outputHistory) learn(a answerSeen) (news string) {
 	if a.bound <= 0 || a.reported <= 0 {
-		return
+		return ""
 	}
+	wasCounted, wasHidden := o.countsTokens(), o.hidden.Load()
+	defer func() {
+		switch {
+		case o.hidden.Load() && !wasHidden:
+			news = "the model billed output its text does not show: its streams hold their whole cap from now on"
+		case wasCounted && o.tokensRevoked.Load():
+			news = "the model billed more than its tokenizer's count: its streams count a token a byte from now on"
+		}
+	}()
 	switch {
 	case a.tokens <= 0:
 	case a.proxy:
@@ -100,7 +117,7 @@ func (o *outputHistory) learn(a answerSeen) {
 	}
 	if a.reported > a.bound {
 		o.hidden.Store(true)
-		return
+		return ""
 	}
 	o.proven.Store(true)
 	o.mu.Lock()
@@ -108,12 +125,13 @@ func (o *outputHistory) learn(a answerSeen) {
 	o.counts[o.n%historySize] = a.count
 	o.n++
 	if o.n < historyTrusted {
-		return
+		return ""
 	}
 	k := min(o.n, historySize)
 	counts := o.counts
 	slices.Sort(counts[:k])
 	o.lease.Store(counts[(k*9+9)/10-1])
+	return ""
 }
 
 // learnProxy weighs an answer counted by a proxy tokenizer.
@@ -139,6 +157,13 @@ func (o *outputHistory) learnProxy(a answerSeen) {
 		case tight:
 			o.density.Store(max(o.density.Load(), density))
 		}
+		return
+	}
+	if ratio > maxProxyRatio {
+		// Billed more than twice what the proxy counts: output the text
+		// does not show, likely, which a scale would spread over the
+		// text as it streams, while the upstream bills it first.
+		o.tokensRevoked.Store(true)
 		return
 	}
 	o.proxyAnswers++

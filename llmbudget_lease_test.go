@@ -587,6 +587,16 @@ func TestAProxyTokenizerIsTrustedWithinWhatItsAnswersShowed(t *testing.T) {
 	if o.countsTokens() {
 		t.Fatal("the proxy came back")
 	}
+	// A model that bills 1,000 tokens of output it does not stream with
+	// 300 of text: within the text's strict bound, but a scale would spread
+	// what the upstream bills first over the text.
+	var hidden outputHistory
+	for range proxyProofs {
+		hidden.learn(answerSeen{count: 1316, bound: 1316, text: 1300, tokens: 300, proxy: true, reported: 1300})
+	}
+	if hidden.countsTokens() || !hidden.tokensRevoked.Load() {
+		t.Fatal("a model billing four times its proxy's count is counted by it")
+	}
 }
 
 // TestOutputHistoryLearns: after 8 answers a model's lease is the 90th

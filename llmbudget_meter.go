@@ -456,7 +456,10 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 				a.tokens = l.tokens
 			}
 		}
-		c.history.learn(a)
+		if news := c.history.learn(a); news != "" {
+			h.logger.Warn(news, zap.String("model", c.req.Model), zap.Int64("reported_output", a.reported),
+				zap.Int64("text_bytes", a.text), zap.Int64("tokenizer_count", a.tokens), zap.Bool("proxy", a.proxy))
+		}
 	}
 	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {

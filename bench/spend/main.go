@@ -9,9 +9,22 @@
 // counter at the end, and the upstream's bill against the counter (at most
 // 1: the ceiling).
 //
+// The last column says whether the ceiling held: the counter at most the
+// limit and the bill at most the counter; the command fails when it did
+// not. Two more cases of English answers for each API: "hidden", a model on
+// no reasoning list that bills 1,000 output tokens more than it streams
+// (from its proving answers on), and "input", an upstream that reports 300
+// input tokens where the body shows a few (a template, a system prompt it
+// adds), for the APIs that report input before the output (Anthropic's
+// message_start, Gemini's usage on every chunk): the excess comes out of
+// the lease. (Elsewhere input is reported at the end, with the output, and
+// input beyond the estimate is charged as reported: README, "The ceiling".)
+//
 // History "none" is a model no answer has proven, whose streams hold their
 // whole cap; "english" is one -proofs English answers proved first (they
-// count as spent): enough for a model counted by a proxy tokenizer. The
+// count as spent): enough for a model counted by a proxy tokenizer (four
+// counted answers; the run's first loads the tokenizer). SPEND_KEEP=1 keeps
+// the scratch folder with Caddy's log. The
 // models other than OpenAI's are billed by cl100k, so that their proxy
 // (o200k) is not their tokenizer.
 //
@@ -51,7 +64,8 @@ var (
 	formats    = flag.String("formats", "chat,responses,completions,anthropic,gemini,ollama,compatible", "the APIs, comma-separated")
 	texts      = flag.String("texts", "english,csv,code,cjk,base64,json", "the kinds of answer, comma-separated")
 	histories  = flag.String("histories", "none,english", "the models' histories, comma-separated: none, english")
-	proofs     = flag.Int("proofs", 4, "the English answers of history english")
+	extras     = flag.String("extras", "hidden,input", "cases of English answers, after the histories, comma-separated: hidden (a model on no reasoning list that bills 1,000 output tokens more than it streams), input (the upstream reports 300 input tokens where the body shows a few, before the output: Anthropic and Gemini); empty for none")
+	proofs     = flag.Int("proofs", 5, "the English answers of history english: the first answer of a run loads the proxy tokenizer, four counted ones teach it")
 	settleWait = flag.Duration("settle-wait", -1, "llmbudget's settle_wait (default: llmbudget's own)")
 	caddyBin   = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
 )
@@ -106,7 +120,11 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	if os.Getenv("SPEND_KEEP") == "" {
+		defer os.RemoveAll(dir)
+	} else {
+		log.Printf("keeping %s", dir)
+	}
 	bin := *caddyBin
 	if bin == "" {
 		if bin, err = buildCaddy(ctx, dir); err != nil {
@@ -138,10 +156,23 @@ func run(ctx context.Context) error {
 
 	fmt.Printf("spend: a budget of %d tokens an hour per case, %d streaming clients at once, answers of %d o200k tokens in events of %d bytes %s apart, cap %d\n",
 		*limit, *clients, *tokens, *chunk, *interval, *capTok)
-	fmt.Printf(rowFormat, "format", "model", "text", "history", "first wave", "spent before 1st refusal", "counter", "bill/counter")
+	fmt.Printf(rowFormat, "format", "model", "text", "history", "first wave", "spent before 1st refusal", "counter", "bill/counter", "ceiling")
+	broken := 0
+	run1 := func(cs spendCase) error {
+		cs.c, cs.up = c, up
+		cs.model = fmt.Sprintf("%s-%s-%s-%s", apis[cs.format].model, cs.format, cs.text, cs.history)
+		row, held, err := cs.run(ctx)
+		if err != nil {
+			return fmt.Errorf("%s %s %s: %w", cs.format, cs.text, cs.history, err)
+		}
+		if !held {
+			broken++
+		}
+		fmt.Print(row)
+		return nil
+	}
 	for _, format := range strings.Split(*formats, ",") {
-		api, ok := apis[format]
-		if !ok {
+		if _, ok := apis[format]; !ok {
 			return fmt.Errorf("-formats: unknown format %q", format)
 		}
 		for _, text := range strings.Split(*texts, ",") {
@@ -152,21 +183,39 @@ func run(ctx context.Context) error {
 				if history != "none" && history != "english" {
 					return fmt.Errorf("-histories: unknown history %q", history)
 				}
-				cs := spendCase{c: c, up: up, format: format, text: text, history: history,
-					model: fmt.Sprintf("%s-%s-%s-%s", api.model, format, text, history)}
-				row, err := cs.run(ctx)
-				if err != nil {
-					return fmt.Errorf("%s %s %s: %w", format, text, history, err)
+				if err := run1(spendCase{format: format, text: text, history: history}); err != nil {
+					return err
 				}
-				fmt.Print(row)
 			}
 		}
+		for _, extra := range strings.Split(*extras, ",") {
+			cs := spendCase{format: format, text: "english", history: "english"}
+			switch extra {
+			case "":
+				continue
+			case "hidden":
+				cs.history, cs.headers = "hidden", map[string]string{"X-Fake-Hidden-Output": "1000"}
+			case "input":
+				if format != "anthropic" && format != "gemini" {
+					continue // its input is reported with the output's, at the end
+				}
+				cs.history, cs.headers = "input", map[string]string{"X-Fake-Input": "300"}
+			default:
+				return fmt.Errorf("-extras: unknown case %q", extra)
+			}
+			if err := run1(cs); err != nil {
+				return err
+			}
+		}
+	}
+	if broken > 0 {
+		return fmt.Errorf("the ceiling broke in %d cases", broken)
 	}
 	return nil
 }
 
 // rowFormat is a row of the table, printed as each case ends.
-const rowFormat = "%-11s %-17s %-7s %-7s %10s %24s %8s %12s\n"
+const rowFormat = "%-11s %-17s %-7s %-7s %10s %24s %8s %12s %8s\n"
 
 // answers are the texts of fakellm.Texts cut to n o200k tokens each.
 func answers(n int) map[string]string {
@@ -191,6 +240,7 @@ type spendCase struct {
 	c                            *caddyProc
 	up                           *fakellm.Billed
 	format, text, history, model string
+	headers                      map[string]string // on every request of the clients
 }
 
 // outcome is one request as its client saw it.
@@ -200,13 +250,15 @@ type outcome struct {
 	answered time.Time
 }
 
-func (s spendCase) run(ctx context.Context) (string, error) {
+// run runs the case and returns its row, and whether the ceiling held:
+// the counter at most the limit, and the bill at most the counter.
+func (s spendCase) run(ctx context.Context) (row string, held bool, err error) {
 	api := apis[s.format]
 	url := s.c.site + api.path(s.model, *capTok)
-	if s.history == "english" {
+	if s.history != "none" {
 		for range *proofs {
-			if code, err := s.post(ctx, url, api.body(s.model, *capTok), "english"); err != nil || code != http.StatusOK {
-				return "", fmt.Errorf("a proving answer: %d %v", code, err)
+			if code, err := s.post(ctx, url, api.body(s.model, *capTok), "english", s.headers); err != nil || code != http.StatusOK {
+				return "", false, fmt.Errorf("a proving answer: %d %v", code, err)
 			}
 			s.settled(ctx)
 		}
@@ -223,7 +275,7 @@ func (s spendCase) run(ctx context.Context) (string, error) {
 			defer wg.Done()
 			<-ready
 			for first := true; ctx.Err() == nil; first = false {
-				code, err := s.post(ctx, url, api.body(s.model, *capTok), s.text)
+				code, err := s.post(ctx, url, api.body(s.model, *capTok), s.text, s.headers)
 				mu.Lock()
 				outcomes = append(outcomes, outcome{first: first, status: code, answered: time.Now()})
 				mu.Unlock()
@@ -236,11 +288,11 @@ func (s spendCase) run(ctx context.Context) (string, error) {
 	close(ready)
 	wg.Wait()
 	if ctx.Err() != nil {
-		return "", ctx.Err()
+		return "", false, ctx.Err()
 	}
 	used, err := s.settled(ctx)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	var firstWave int
 	var firstRefusal time.Time
@@ -267,12 +319,17 @@ func (s spendCase) run(ctx context.Context) (string, error) {
 	if used > 0 {
 		ratio = fmt.Sprintf("%.3f", float64(billed)/float64(used))
 	}
+	held = used <= *limit && billed <= used
+	verdict := "held"
+	if !held {
+		verdict = "BROKEN"
+	}
 	return fmt.Sprintf(rowFormat, s.format, apis[s.format].model, s.text, s.history,
-		fmt.Sprintf("%d of %d", firstWave, *clients), pct(spent), pct(used), ratio), nil
+		fmt.Sprintf("%d of %d", firstWave, *clients), pct(spent), pct(used), ratio, verdict), held, nil
 }
 
 // post sends one request for an answer of text and reads it whole.
-func (s spendCase) post(ctx context.Context, url, body, text string) (int, error) {
+func (s spendCase) post(ctx context.Context, url, body, text string, headers map[string]string) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		return 0, err
@@ -280,6 +337,9 @@ func (s spendCase) post(ctx context.Context, url, body, text string) (int, error
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer spend")
 	req.Header.Set("X-Fake-Text", text)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	resp, err := s.c.client.Do(req)
 	if err != nil {
 		return 0, err

@@ -29,7 +29,8 @@ type Billed struct {
 	ChunkBytes int
 	Interval   time.Duration
 	// Input, when above 0, is the input every answer reports and bills,
-	// whatever the prompt (input the body does not show).
+	// whatever the prompt (input the body does not show); X-Fake-Input sets
+	// it for one request.
 	Input int64
 	// HiddenOutput is billed as output on top of the text, which the stream
 	// does not show (reasoning); X-Fake-Hidden-Output sets it for one
@@ -148,6 +149,9 @@ func (b *Billed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	tokens := b.tokensOf(req.Model)
 	input := b.Input
+	if n, err := strconv.ParseInt(r.Header.Get("X-Fake-Input"), 10, 64); err == nil {
+		input = n
+	}
 	if input <= 0 {
 		input = tokens(string(req.Messages) + string(req.Input) + string(req.Prompt) + string(req.Contents))
 	}
