@@ -38,13 +38,18 @@ func BenchmarkStreamThroughLLMBudget(b *testing.B) {
 		}
 		return nil
 	})
-	const body = `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go"}]}`
-	for _, leases := range []bool{true, false} {
-		name := "lease"
-		if !leases {
-			name = "cap"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, tc := range []struct {
+		name, model string
+		leases      bool
+	}{
+		{"lease", "gpt-4o", true},
+		{"cap", "gpt-4o", false},
+		// Counted by o200k as a proxy (from its fifth answer on).
+		{"lease-proxy", "claude-sonnet-4-5", true},
+	} {
+		body := `{"model":"` + tc.model + `","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go"}]}`
+		leases := tc.leases
+		b.Run(tc.name, func(b *testing.B) {
 			h := directHandler(b)
 			h.Budgets[0].Limit = 1e15
 			h.OutputLeases = &leases
