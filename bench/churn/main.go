@@ -1,0 +1,377 @@
+// Command churn measures fleetlimit through real Caddy processes while some
+// of them restart: -instances Caddy processes built from this checkout on one
+// throwaway redis-server, each serving two sites with a fleetlimit zone keyed
+// on X-Key (-events per -window, and a tiny zone of -tiny-events), and
+// clients that send each request to a random live instance, as a load
+// balancer would (a refused connection goes to another at once). The last
+// -restarts instances are stopped and started again every -every: with
+// SIGTERM (Caddy's graceful stop: fleetlimit pushes what it counted and
+// leaves the membership) and with SIGKILL (nothing pushed, no word), one case
+// each. Keys are offered at 4×, 90% and 50% of the limit, and the tiny
+// zone's key at 3× its limit.
+//
+// Per key it prints the worst sliding window of the admits, from the
+// clients' timestamps (each admit when its response came back), and the
+// denials; a key offered below its limit in every window should have none.
+//
+//	go run ./bench/churn [-instances 4] [-restarts 2] [-every 1.5s] [-duration 30s] [-cases graceful,kill]
+//
+// CHURN_KEEP=1 keeps the scratch folder with every Caddy's log.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/window"
+)
+
+var (
+	instances  = flag.Int("instances", 4, "Caddy processes")
+	restarts   = flag.Int("restarts", 2, "the last this many instances restart every -every")
+	every      = flag.Duration("every", 1500*time.Millisecond, "how often the restarting instances restart")
+	duration   = flag.Duration("duration", 30*time.Second, "the load's length, each case")
+	events     = flag.Int64("events", 100, "the zone's limit: events per -window")
+	tinyEvents = flag.Int64("tiny-events", 3, "the tiny zone's limit: events per -window")
+	win        = flag.Duration("window", 10*time.Second, "the zones' window")
+	cases      = flag.String("cases", "graceful,kill", "the cases, comma-separated: graceful (SIGTERM), kill (SIGKILL)")
+	caddyBin   = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
+)
+
+// flow is one key's load.
+type flow struct {
+	name   string
+	tiny   bool    // on the tiny zone's site
+	factor float64 // of the zone's limit per window
+}
+
+var flows = []flow{{"4x", false, 4}, {"90%", false, 0.9}, {"50%", false, 0.5}, {"tiny 3x", true, 3}}
+
+func main() {
+	flag.Parse()
+	log.SetFlags(log.Ltime)
+	log.SetPrefix("churn: ")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "churn-")
+	if err != nil {
+		return err
+	}
+	if os.Getenv("CHURN_KEEP") == "" {
+		defer os.RemoveAll(dir)
+	} else {
+		log.Printf("keeping %s", dir)
+	}
+	bin := *caddyBin
+	if bin == "" {
+		if bin, err = buildCaddy(ctx, dir); err != nil {
+			return err
+		}
+	}
+	rs, err := redistest.Launch()
+	if err != nil {
+		return err
+	}
+	defer rs.Stop()
+	fmt.Printf("churn: %d Caddy processes on one redis-server, the last %d restarted every %s; zones of %d and %d per %s keyed on X-Key; random balancing; %s a case\n",
+		*instances, *restarts, *every, *events, *tinyEvents, *win, *duration)
+	fmt.Printf("%-9s %-8s %8s %8s %8s %14s %8s %9s\n", "case", "key", "offered", "admitted", "denied", "worst window", "limit", "restarts")
+	for i, name := range strings.Split(*cases, ",") {
+		var sig syscall.Signal
+		switch name {
+		case "graceful":
+			sig = syscall.SIGTERM
+		case "kill":
+			sig = syscall.SIGKILL
+		default:
+			return fmt.Errorf("-cases: unknown case %q", name)
+		}
+		c := &churnCase{name: name, sig: sig, bin: bin, dir: filepath.Join(dir, name), redis: rs.URL(), prefix: fmt.Sprintf("churn%d", i)}
+		if err := c.run(ctx); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// churnCase is one run: its fleet and what its clients saw.
+type churnCase struct {
+	name          string
+	sig           syscall.Signal
+	bin, dir      string
+	redis, prefix string
+	insts         []*instance
+	restarted     atomic.Int64
+}
+
+// instance is one Caddy process slot: its ports, config and the process
+// running now (nil while it is down).
+type instance struct {
+	n            int
+	site, tiny   int // ports
+	admin        int
+	config, logf string
+	mu           sync.Mutex
+	cmd          *exec.Cmd
+}
+
+func (c *churnCase) run(ctx context.Context) error {
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		return err
+	}
+	for n := range *instances {
+		in := &instance{n: n}
+		var err error
+		for _, p := range []*int{&in.site, &in.tiny, &in.admin} {
+			if *p, err = freePort(); err != nil {
+				return err
+			}
+		}
+		in.config, in.logf = filepath.Join(c.dir, fmt.Sprintf("Caddyfile%d", n)), filepath.Join(c.dir, fmt.Sprintf("caddy%d.log", n))
+		if err := os.WriteFile(in.config, []byte(c.caddyfile(in)), 0o644); err != nil {
+			return err
+		}
+		c.insts = append(c.insts, in)
+	}
+	for _, in := range c.insts {
+		if err := c.start(ctx, in); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		for _, in := range c.insts {
+			c.stop(in, syscall.SIGTERM)
+		}
+	}()
+	// Founders take their floor shares a heartbeat lifetime after the
+	// fleet's founding; the load starts once they have.
+	time.Sleep(2500 * time.Millisecond)
+
+	loadCtx, cancel := context.WithTimeout(ctx, *duration)
+	defer cancel()
+	var churn sync.WaitGroup
+	churn.Go(func() { c.churn(loadCtx) })
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
+	results := make([]keyResult, len(flows))
+	var load sync.WaitGroup
+	for i, f := range flows {
+		load.Go(func() { results[i] = c.drive(loadCtx, hc, f, fmt.Sprintf("%s-%s-%d", c.prefix, strings.ReplaceAll(f.name, " ", ""), i)) })
+	}
+	load.Wait()
+	churn.Wait()
+	for i, f := range flows {
+		r := results[i]
+		limit := *events
+		if f.tiny {
+			limit = *tinyEvents
+		}
+		slices.Sort(r.admits)
+		fmt.Printf("%-9s %-8s %8d %8d %8d %14d %8d %9d\n", c.name, f.name, r.offered, len(r.admits), r.denied,
+			window.MostInAny(r.admits, *win), limit, c.restarted.Load())
+		if r.errors > 0 {
+			fmt.Printf("%-9s %-8s %d requests found no live instance or failed\n", c.name, f.name, r.errors)
+		}
+	}
+	return nil
+}
+
+// keyResult is what the clients of one key saw.
+type keyResult struct {
+	admits                  []int64 // Unix ns, each admitted response
+	offered, denied, errors int
+}
+
+// drive offers one key its load, evenly spaced, each request to a random
+// live instance, until ctx ends.
+func (c *churnCase) drive(ctx context.Context, hc *http.Client, f flow, key string) keyResult {
+	limit := *events
+	if f.tiny {
+		limit = *tinyEvents
+	}
+	gap := time.Duration(float64(*win) / (f.factor * float64(limit)))
+	var r keyResult
+	tick := time.NewTicker(gap)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return r
+		case <-tick.C:
+		}
+		r.offered++
+		switch code := c.send(ctx, hc, f.tiny, key); code {
+		case http.StatusOK:
+			r.admits = append(r.admits, time.Now().UnixNano())
+		case http.StatusTooManyRequests:
+			r.denied++
+		default:
+			if ctx.Err() == nil {
+				r.errors++
+			}
+		}
+	}
+}
+
+// send posts one request to a random instance, and to the next ones while
+// they refuse the connection (down, or not yet up), as a balancer retries.
+func (c *churnCase) send(ctx context.Context, hc *http.Client, tiny bool, key string) int {
+	first := rand.IntN(len(c.insts))
+	for i := range c.insts {
+		in := c.insts[(first+i)%len(c.insts)]
+		port := in.site
+		if tiny {
+			port = in.tiny
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+		req.Header.Set("X-Key", key)
+		resp, err := hc.Do(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return 0
+			}
+			continue // down: the next instance
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	return 0
+}
+
+// churn restarts the last -restarts instances every -every until ctx ends.
+func (c *churnCase) churn(ctx context.Context) {
+	tick := time.NewTicker(*every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, in := range c.insts[len(c.insts)-*restarts:] {
+			c.stop(in, c.sig)
+			if err := c.start(ctx, in); err != nil && ctx.Err() == nil {
+				log.Printf("restarting instance %d: %v", in.n, err)
+			}
+			c.restarted.Add(1)
+		}
+	}
+}
+
+func (c *churnCase) start(ctx context.Context, in *instance) error {
+	logf, err := os.OpenFile(in.logf, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(c.bin, "run", "--config", in.config, "--adapter", "caddyfile")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	in.cmd = cmd
+	in.mu.Unlock()
+	// Up once its site accepts connections.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", in.tiny)); err == nil {
+			conn.Close()
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return errors.New("its site did not come up in 10 s")
+		}
+	}
+}
+
+func (c *churnCase) stop(in *instance, sig syscall.Signal) {
+	in.mu.Lock()
+	cmd := in.cmd
+	in.cmd = nil
+	in.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	_ = cmd.Wait()
+}
+
+func (c *churnCase) caddyfile(in *instance) string {
+	return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	fleetguard {
+		redis %s
+		prefix %s
+		sync_interval 100ms
+	}
+}
+http://127.0.0.1:%d {
+	fleetlimit {
+		zone per_key {
+			key {http.request.header.X-Key}
+			events %d
+			window %s
+		}
+	}
+	respond "instance %d"
+}
+http://127.0.0.1:%d {
+	fleetlimit {
+		zone tiny {
+			key {http.request.header.X-Key}
+			events %d
+			window %s
+		}
+	}
+	respond "instance %d"
+}
+`, in.admin, c.redis, c.prefix, in.site, *events, *win, in.n, in.tiny, *tinyEvents, *win, in.n)
+}
+
+func buildCaddy(ctx context.Context, dir string) (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	gomod := strings.TrimSpace(string(out))
+	if err != nil || gomod == "" || gomod == os.DevNull {
+		return "", errors.New("run it inside the fleetguard module")
+	}
+	bin := filepath.Join(dir, "caddy")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/caddy")
+	build.Dir, build.Stdout, build.Stderr = filepath.Dir(gomod), os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return "", fmt.Errorf("building caddy: %w", err)
+	}
+	return bin, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
