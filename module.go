@@ -5,6 +5,9 @@
 // The engines live in the ratelimit and budget packages, which know nothing of
 // Caddy; this package turns Caddyfile and JSON into their values and their
 // decisions into HTTP responses, placeholders, logs and metrics.
+//
+// docs/architecture.md lays out the packages and their files, walks each
+// handler's ServeHTTP in phases, and lists what lives in the store.
 package fleetguard
 
 import (

@@ -8,4 +8,8 @@
 // at the real usage; Release settles to zero. Budgets use fixed windows aligned
 // to the Unix epoch whose index is part of the store key, so a window resets
 // without a sweeper.
+//
+// docs/architecture.md states the invariants (reserve and settle atomic
+// across budgets; a lost reply never charges twice) and the Redis keys the
+// scripts in redis_store.go write, with their TTLs.
 package budget

@@ -21,4 +21,8 @@
 // unreachable the ring still holds this instance's own admits, so the limit
 // degrades to exactly Events per window per instance instead of failing
 // requests.
+//
+// docs/architecture.md states these invariants with the functions that keep
+// them, and the Redis keys (hash tags, TTLs) that sync.lua and heartbeat.lua
+// write.
 package ratelimit
