@@ -183,7 +183,9 @@ func (c *churnCase) run(ctx context.Context) error {
 	results := make([]keyResult, len(flows))
 	var load sync.WaitGroup
 	for i, f := range flows {
-		load.Go(func() { results[i] = c.drive(loadCtx, hc, f, fmt.Sprintf("%s-%s-%d", c.prefix, strings.ReplaceAll(f.name, " ", ""), i)) })
+		load.Go(func() {
+			results[i] = c.drive(loadCtx, hc, f, fmt.Sprintf("%s-%s-%d", c.prefix, strings.ReplaceAll(f.name, " ", ""), i))
+		})
 	}
 	load.Wait()
 	churn.Wait()
