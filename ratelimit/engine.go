@@ -366,15 +366,7 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 	en.flags &^= flagReserved
 	events := l.Events
 	if near {
-		if en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
-			// Idle for so long that its registration has lapsed, and its
-			// read is stale: it reads again before it syncs again, or goes
-			// on its floor share.
-			en.flags &^= flagSynced | flagLeaving
-		}
-		if en.flags&flagFloor == 0 {
-			events -= e.setAside(c.Zone, s, c.Key, en, l.Events, now)
-		}
+		events -= e.nearSetAside(c, s, en, now, staleAfter)
 	}
 	en.lastSeen = now
 	en.demand++
@@ -417,6 +409,29 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 			v.RetryAfter = time.Duration(e.interval.Load())
 		}
 	}
+	v.settle(g, left)
+	return g.newTAT, oldest
+}
+
+// nearSetAside is what a key not on its floor share leaves aside for the
+// floor admits of others it cannot see (see setAside), after it forgets a
+// registration that has lapsed.
+func (e *Engine) nearSetAside(c *Check, s *shard, en *entry, now, staleAfter int64) int64 {
+	if en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
+		// Idle for so long that its registration has lapsed, and its read
+		// is stale: it reads again before it syncs again, or goes on its
+		// floor share.
+		en.flags &^= flagSynced | flagLeaving
+	}
+	if en.flags&flagFloor != 0 {
+		return 0
+	}
+	return e.setAside(c.Zone, s, c.Key, en, c.Limit.Events, now)
+}
+
+// settle completes a verdict the fleet did not refuse by the key's GCRA
+// check, with what this instance may still admit of the key (left).
+func (v *Verdict) settle(g gcra, left int64) {
 	switch {
 	case v.Fleet:
 	case !g.allowed:
@@ -425,7 +440,6 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 		v.Allowed = true
 		v.Remaining = max(min(g.remaining, left), 0)
 	}
-	return g.newTAT, oldest
 }
 
 // floorIf is this instance's floor share of c's key when the near-limit

@@ -19,7 +19,7 @@ import "github.com/fleetguard/fleetguard/window"
 type entry struct {
 	tat      int64 // GCRA theoretical arrival time, Unix ns
 	lastSeen int64 // last request for the key, Unix ns
-	readAt   int64 // last successful read of the fleet's counts, Unix ns; before the first, minus the first request's time
+	readAt   int64 // last successful read of the fleet's counts, Unix ns; 0 before the first
 	leftAt   int64 // when the key deregistered (flagLeaving), Unix ns
 	head     int64 // the slot of ring's newest count
 
@@ -74,7 +74,7 @@ func (e *entry) fresh(now, staleAfter int64) bool {
 }
 
 func (e *entry) init(now int64, s window.Slots) {
-	*e = entry{lastSeen: now, readAt: -now, head: s.Of(now)}
+	*e = entry{lastSeen: now, head: s.Of(now)}
 }
 
 // advance moves the ring's head to slot, clearing the slots that left the

@@ -226,52 +226,17 @@ func (e *Engine) see(f Fleet, now int64) {
 		e.markLost()
 	}
 	for _, z := range *e.zones.Load() {
-		windowMs := z.slots.N * z.slots.Len / int64(time.Millisecond)
-		var claims, known, others, holders, dead int64
-		var deadSeen []int64
-		holdersSeen := int64(math.MaxInt64)
-		for _, r := range f.Members {
-			eligibleAt := r.Joined + windowMs + staleMs
-			founder := r.Joined <= f.Founded+staleMs/2
-			if founder {
-				eligibleAt = f.Founded + staleMs
-			}
-			knownToAll := r.Joined <= nowMs-staleMs || founder && nowMs >= eligibleAt
-			switch {
-			case r.Member == e.member:
-				claims++
-				if knownToAll {
-					known++
-				}
-				if nowMs >= eligibleAt {
-					z.fleet.eligible.Store(true)
-				}
-			case r.Until > nowMs:
-				claims++
-				others++
-				if knownToAll {
-					known++
-				}
-				if nowMs+staleMs >= eligibleAt {
-					holders++
-					holdersSeen = min(holdersSeen, r.Seen*int64(time.Millisecond))
-				}
-			case r.Seen >= eligibleAt && nowMs < r.Until+windowMs:
-				// Gone, having known itself eligible: what it admitted
-				// on its floor share counts until a window after its end.
-				claims++
-				dead++
-				known++
-				deadSeen = append(deadSeen, r.Seen*int64(time.Millisecond))
-			}
+		v := e.countFleet(f, z.slots.N*z.slots.Len/int64(time.Millisecond), staleMs, nowMs)
+		if v.eligible {
+			z.fleet.eligible.Store(true)
 		}
 		prev := z.fleet.claims.Load()
-		if refounded && prev > claims {
+		if refounded && prev > v.claims {
 			// A store that restarted empty forgot the records of those
 			// gone: keep their claims for a window.
-			claims = prev
+			v.claims = prev
 		}
-		if prev > 0 && claims > prev && nowMs >= f.Founded+staleMs {
+		if prev > 0 && v.claims > prev && nowMs >= f.Founded+staleMs {
 			// A join, once shares are held: the others may go on with
 			// their larger shares until they hear of it, and so may this
 			// one (see claimsAt); the one who joined takes none for far
@@ -279,14 +244,62 @@ func (e *Engine) see(f Fleet, now int64) {
 			z.fleet.graceClaims.Store(prev)
 			z.fleet.graceUntil.Store(now + e.staleAfter()/2)
 		}
-		z.fleet.known.Store(known)
-		z.fleet.claims.Store(claims)
-		z.fleet.others.Store(others)
-		z.fleet.holders.Store(holders)
-		z.fleet.holdersSeen.Store(holdersSeen)
-		z.fleet.dead.Store(dead)
-		z.fleet.deadSeen.Store(&deadSeen)
+		z.fleet.known.Store(v.known)
+		z.fleet.claims.Store(v.claims)
+		z.fleet.others.Store(v.others)
+		z.fleet.holders.Store(v.holders)
+		z.fleet.holdersSeen.Store(v.holdersSeen)
+		z.fleet.dead.Store(v.dead)
+		z.fleet.deadSeen.Store(&v.deadSeen)
 	}
+}
+
+// fleetCount is what the membership's records say of a zone's floor
+// shares (see fleetView, which keeps it).
+type fleetCount struct {
+	claims, known, others, holders, dead int64
+	holdersSeen                          int64 // Unix ns: the earliest last heartbeat of the holders
+	deadSeen                             []int64
+	eligible                             bool // this instance may take its floor share
+}
+
+// countFleet counts the records for a zone of the window given.
+func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount {
+	c := fleetCount{holdersSeen: math.MaxInt64}
+	for _, r := range f.Members {
+		eligibleAt := r.Joined + windowMs + staleMs
+		founder := r.Joined <= f.Founded+staleMs/2
+		if founder {
+			eligibleAt = f.Founded + staleMs
+		}
+		knownToAll := r.Joined <= nowMs-staleMs || founder && nowMs >= eligibleAt
+		switch {
+		case r.Member == e.member:
+			c.claims++
+			if knownToAll {
+				c.known++
+			}
+			c.eligible = nowMs >= eligibleAt
+		case r.Until > nowMs:
+			c.claims++
+			c.others++
+			if knownToAll {
+				c.known++
+			}
+			if nowMs+staleMs >= eligibleAt {
+				c.holders++
+				c.holdersSeen = min(c.holdersSeen, r.Seen*int64(time.Millisecond))
+			}
+		case r.Seen >= eligibleAt && nowMs < r.Until+windowMs:
+			// Gone, having known itself eligible: what it admitted
+			// on its floor share counts until a window after its end.
+			c.claims++
+			c.dead++
+			c.known++
+			c.deadSeen = append(c.deadSeen, r.Seen*int64(time.Millisecond))
+		}
+	}
+	return c
 }
 
 // announce lists the keys this instance syncs because they are busy here:
@@ -560,29 +573,37 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 		Oldest: z.slots.Oldest(now),
 		TTL:    time.Duration(2 * z.slots.N * z.slots.Len),
 	}
+	// Every step but an unregistered key's names this instance; one that
+	// registers (or renews) it as syncing the key gives its TTL.
+	register := true
 	switch {
 	case en.flags&flagFloor != 0:
 		p.join = true
 		st.Adds = [2]SlotCount{}
 		en.advance(ring, z.slots.Of(now))
 		st.Window = en.window(ring)
-		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 	case en.flags&flagSynced == 0 && en.readAt > 0 && floor > 0 && busy(en, ring, z, now, floor):
 		// Tracked before it could go on a floor share (the fleet's size
 		// not known yet), and found busy by a read: sync it. One found
 		// idle goes on its floor share when this step's reply is merged.
 		p.join = true
-		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 	case en.flags&flagLeaving != 0:
 		// Deregistered, and still pushing its admits until the others have
 		// read that it left (see leaveAfter).
+		register = false
 		st.Member, st.Now = e.member, now/int64(time.Millisecond)
 	case en.flags&flagSynced != 0:
-		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 		en.advance(ring, z.slots.Of(now))
 		if used, _ := en.scan(ring); used*4 < floor && en.fresh(now, e.staleAfter()) {
-			p.leave, st.MemberTTL = true, 0
+			p.leave = true // (a TTL of 0 deregisters it)
+			register = false
+			st.Member, st.Now = e.member, now/int64(time.Millisecond)
 		}
+	default:
+		register = false
+	}
+	if register {
+		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 	}
 	if mv, ok := s.claimMoved(h); ok {
 		st.Window = append(st.Window, mv)
@@ -599,11 +620,9 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	return p, st
 }
 
-// merge folds a step's reply into the key's ring: each slot keeps the larger
-// of what this instance knew and what the store holds plus this instance's
-// admits since the claim. Merging by maximum never forgets this instance's
-// own admits (a push that failed, a store that restarted empty) and never
-// counts an admit the store already holds twice.
+// merge folds a step's reply into the key: its registration, the ring's
+// counts, the demand's rates, and, for a key read before it could go on a
+// floor share, that share.
 func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	z := p.zone
 	s := z.shardOf(p.hash)
@@ -627,10 +646,29 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	} else {
 		s.checkReserved(p.hash, r.Slots)
 	}
+	mergeSlots(en, ring, r.Slots)
+	mergeDemand(en, p, r.Demand, now, interval)
+	en.readAt = now
+	if en.flags&(flagFloor|flagSynced) == 0 {
+		// Read before it could go on a floor share: it goes there now if
+		// the fleet's count is small, as for a leave (it never registered,
+		// so the others already hold its share back for it).
+		if used, _ := en.scan(ring); used*4 < e.floorOf(z, z.events.Load(), now) && e.mayGoOnFloor(z, s, p.hash, used, now) {
+			z.toFloor(s, p.hash, en, ring)
+		}
+	}
+}
+
+// mergeSlots sets each slot of the ring to the larger of what this instance
+// knew and what the store holds plus this instance's admits since the
+// claim. Merging by maximum never forgets this instance's own admits (a
+// push that failed, a store that restarted empty) and never counts an admit
+// the store already holds twice.
+func mergeSlots(en *entry, ring []uint32, slots []SlotCount) {
 	n := int64(len(ring))
 	lost := en.flags&flagLost != 0
 	en.flags &^= flagLost
-	for _, sc := range r.Slots {
+	for _, sc := range slots {
 		if sc.Slot > en.head || sc.Slot <= en.head-n {
 			continue
 		}
@@ -651,12 +689,14 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 		ring[i] = max(ring[i], uint32(min(v, math.MaxUint32)))
 	}
 	en.sinceRead = en.pendCur + en.pendPrev
+}
 
-	// The demand since the previous read: what this instance pushed, and
-	// what the store's counter grew by for the fleet. The first read has
-	// nothing to take the counter's growth from: the rates start at the
-	// second.
-	fleet := uint32(r.Demand) - en.fleetDemand
+// mergeDemand averages the demand since the previous read into the key's
+// rates: what this instance pushed, and what the store's counter (demand, the
+// fleet's) grew by. The first read has nothing to take the counter's growth
+// from: the rates start at the second.
+func mergeDemand(en *entry, p *plan, demand, now, interval int64) {
+	fleet := uint32(demand) - en.fleetDemand
 	if fleet < p.demand || fleet > math.MaxInt32 {
 		fleet = p.demand // the counter restarted (expired, or a store restart)
 	}
@@ -672,16 +712,7 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 			en.fleetRate = float32(keep*float64(en.fleetRate) + (1-keep)*all)
 		}
 	}
-	en.fleetDemand = uint32(r.Demand)
-	en.readAt = now
-	if en.flags&(flagFloor|flagSynced) == 0 {
-		// Read before it could go on a floor share: it goes there now if
-		// the fleet's count is small, as for a leave (it never registered,
-		// so the others already hold its share back for it).
-		if used, _ := en.scan(ring); used*4 < e.floorOf(z, z.events.Load(), now) && e.mayGoOnFloor(z, s, p.hash, used, now) {
-			z.toFloor(s, p.hash, en, ring)
-		}
-	}
+	en.fleetDemand = uint32(demand)
 }
 
 func (e *Engine) storeFailed(err error) {
