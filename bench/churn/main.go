@@ -11,7 +11,9 @@
 // zone's key at 3× its limit.
 //
 // Per key it prints the worst sliding window of the admits, from the
-// clients' timestamps (each admit when its response came back), and the
+// clients' timestamps (each admit by when its request was sent / by when
+// its response came back: it happened in between), the slowest response,
+// and the
 // denials; a key offered below its limit in every window should have none
 // but in the window after the first restart (and a heartbeat lifetime):
 // the instances that stop then were founders holding floor shares, and what
@@ -103,7 +105,7 @@ func run(ctx context.Context) error {
 	defer rs.Stop()
 	fmt.Printf("churn: %d Caddy processes on one redis-server, the last %d restarted every %s; zones of %d and %d per %s keyed on X-Key; random balancing; %s a case\n",
 		*instances, *restarts, *every, *events, *tinyEvents, *win, *duration)
-	fmt.Printf("%-9s %-8s %8s %8s %8s %14s %14s %8s %9s\n", "case", "key", "offered", "admitted", "denied", "(first window)", "worst window", "limit", "restarts")
+	fmt.Printf("%-9s %-8s %8s %8s %8s %14s %14s %8s %9s %9s\n", "case", "key", "offered", "admitted", "denied", "(first window)", "worst window", "limit", "restarts", "slowest")
 	for i, name := range strings.Split(*cases, ",") {
 		var sig syscall.Signal
 		switch name {
@@ -196,8 +198,11 @@ func (c *churnCase) run(ctx context.Context) error {
 			limit = *tinyEvents
 		}
 		// (Each key's admits come in time order from one goroutine.)
-		fmt.Printf("%-9s %-8s %8d %8d %8d %14d %14d %8d %9d\n", c.name, f.name, r.offered, len(r.admits), r.denied, r.early,
-			window.MostInAny(r.admits, *win), limit, c.restarted.Load())
+		// An admit happened between its request's sending and its
+		// response: the worst window by each.
+		worst := fmt.Sprintf("%d/%d", window.MostInAny(r.sent, *win), window.MostInAny(r.admits, *win))
+		fmt.Printf("%-9s %-8s %8d %8d %8d %14d %14s %8d %9d %9s\n", c.name, f.name, r.offered, len(r.admits), r.denied, r.early,
+			worst, limit, c.restarted.Load(), r.slowest.Round(time.Millisecond))
 		if os.Getenv("CHURN_WHO") != "" {
 			fmt.Printf("%-9s %-8s worst window by instance: %v\n", c.name, f.name, worstBy(r.admits, r.by, *win, len(c.insts)))
 		}
@@ -211,7 +216,9 @@ func (c *churnCase) run(ctx context.Context) error {
 // keyResult is what the clients of one key saw.
 type keyResult struct {
 	admits                  []int64 // Unix ns, each admitted response
+	sent                    []int64 // Unix ns, when each admitted request was sent
 	by                      []int   // the instance of each admit
+	slowest                 time.Duration
 	offered, denied, errors int
 	early                   int // denials in the window after the first restart
 }
@@ -235,9 +242,13 @@ func (c *churnCase) drive(ctx context.Context, hc *http.Client, f flow, key stri
 		case <-tick.C:
 		}
 		r.offered++
-		switch code, n := c.send(ctx, hc, f.tiny, key); code {
+		sent := time.Now()
+		code, n := c.send(ctx, hc, f.tiny, key)
+		r.slowest = max(r.slowest, time.Since(sent))
+		switch code {
 		case http.StatusOK:
 			r.admits = append(r.admits, time.Now().UnixNano())
+			r.sent = append(r.sent, sent.UnixNano())
 			r.by = append(r.by, n)
 		case http.StatusTooManyRequests:
 			if time.Now().Before(settled) {
