@@ -145,23 +145,29 @@ func await(t *testing.T, timeout time.Duration, what string, cond func() bool) t
 // sentinelStoreHealthy reads /fleetguard/status for the Sentinel store of
 // prefix.
 func sentinelStoreHealthy(admin, prefix string) (healthy, found bool) {
+	st, found := sentinelStoreStatus(admin, prefix)
+	return st.Healthy, found
+}
+
+// sentinelStoreStatus reads the status of the Sentinel store of prefix.
+func sentinelStoreStatus(admin, prefix string) (storeStatus, bool) {
 	resp, err := http.Get("http://" + admin + "/fleetguard/status")
 	if err != nil {
-		return false, false
+		return storeStatus{}, false
 	}
 	defer resp.Body.Close()
 	var status struct {
 		Stores []storeStatus `json:"stores"`
 	}
 	if json.NewDecoder(resp.Body).Decode(&status) != nil {
-		return false, false
+		return storeStatus{}, false
 	}
 	for _, st := range status.Stores {
 		if strings.HasPrefix(st.Store, "sentinel|") && strings.Contains(st.Store, "|"+prefix+"|") {
-			return st.Healthy, true
+			return st, true
 		}
 	}
-	return false, false
+	return storeStatus{}, false
 }
 
 // fleetSlots reads the slot counts of the one fleet-limit key under prefix
@@ -268,8 +274,11 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 		return tr.count(func(a answer) bool { return a.status == http.StatusTooManyRequests }) > 0
 	})
 
-	// Watch the status through the outage.
-	var unhealthy atomic.Int64 // polls that saw the store unhealthy
+	// Watch the status through the outage: failed syncs, and whether the
+	// instance gave up on the fleet (only once nothing reached the store
+	// for 2 s: a quick failover need not show it).
+	before, _ := sentinelStoreStatus(tc.admin, prefix)
+	var unhealthy, failed atomic.Int64 // polls that saw the store unhealthy; failed syncs since the kill
 	watchDone := make(chan struct{})
 	stopWatch := make(chan struct{})
 	go func() {
@@ -280,8 +289,11 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 				return
 			case <-time.After(25 * time.Millisecond):
 			}
-			if healthy, found := sentinelStoreHealthy(tc.admin, prefix); found && !healthy {
-				unhealthy.Add(1)
+			if st, found := sentinelStoreStatus(tc.admin, prefix); found {
+				if !st.Healthy {
+					unhealthy.Add(1)
+				}
+				failed.Store(int64(st.ReconcileErrors - before.ReconcileErrors))
 			}
 		}
 	}()
@@ -340,8 +352,8 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 			}
 		}
 	}
-	if unhealthy.Load() == 0 {
-		t.Fatal("the status never showed the store unhealthy: the kill did not cut the store off")
+	if failed.Load() == 0 {
+		t.Fatal("the status never showed a failed sync: the kill did not cut the store off")
 	}
 	if duringOutage == 0 {
 		t.Fatal("nothing was admitted while the store was away: the limit must hold per instance, not fail closed")
@@ -349,9 +361,9 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 	if worst := worstWindow(admitted, window); worst > events {
 		t.Fatalf("%d admitted in one window of %s, limit %d", worst, window, events)
 	} else {
-		t.Logf("%d requests, %d admitted (%d during the outage), worst window %d of %d; failover %s, store back %s after the kill, unhealthy for %d status polls; the new master holds %d for the slots of the outage, where %d were admitted",
+		t.Logf("%d requests, %d admitted (%d during the outage), worst window %d of %d; failover %s, store back %s after the kill, %d failed syncs, unhealthy for %d status polls; the new master holds %d for the slots of the outage, where %d were admitted",
 			len(answers), len(admitted), duringOutage, worst, events, promotedAt.Sub(killed).Round(time.Millisecond),
-			recovered.Sub(killed).Round(time.Millisecond), unhealthy.Load(), storedOutage, inOutageSlots)
+			recovered.Sub(killed).Round(time.Millisecond), failed.Load(), unhealthy.Load(), storedOutage, inOutageSlots)
 	}
 
 	// The window at readAt lies wholly after the recovery: the new master

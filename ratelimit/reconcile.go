@@ -715,8 +715,17 @@ func mergeDemand(en *entry, p *plan, demand, now, interval int64) {
 	en.fleetDemand = uint32(demand)
 }
 
+// storeFailed counts a failed call to the store, and gives up on the fleet
+// once nothing has reached the store for staleAfter: a single slow or
+// failed call (a busy machine's read past its timeout, a failover) is not
+// an outage, and limiting per instance admits up to the limit on each, so
+// until then the fleet's reads stand (they age as the request path reads
+// them) and floor shares hold.
 func (e *Engine) storeFailed(err error) {
 	e.syncErrors.Add(1)
+	if time.Now().UnixNano()-e.lastSync.Load() < e.staleAfter() {
+		return
+	}
 	if e.healthy.Swap(false) {
 		e.log.Warn("fleet counter store unreachable; limiting per instance until it returns",
 			zap.Error(err))
