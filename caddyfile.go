@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -298,6 +299,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		hidden_input       hold|refuse
 //		context_window     <n>
 //		settle_wait        <duration>
+//		ratelimit_scopes   key|team|model|global... | none
 //		usd_denial_status  429|402
 //		fail_open
 //		shadow
@@ -431,6 +433,10 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(h.ReasoningModels) == 0 {
 				return d.Errf("llmbudget: reasoning_models takes one or more model patterns (* matches any characters)")
 			}
+		case "ratelimit_scopes":
+			if err := parseRateLimitScopes(d, h); err != nil {
+				return err
+			}
 		case "tokenizer":
 			// The first line replaces the default table; "off" empties it.
 			args := d.RemainingArgs()
@@ -491,7 +497,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, hidden_input, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only
@@ -499,6 +505,29 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := h.compile(); err != nil {
 		return d.Err(err.Error())
 	}
+	return nil
+}
+
+// parseRateLimitScopes reads the scopes whose budgets RateLimit names, or
+// none. Each is checked here, so the error points at the line.
+func parseRateLimitScopes(d *caddyfile.Dispenser, h *LLMBudget) error {
+	args := d.RemainingArgs()
+	if len(args) == 1 && args[0] == "none" {
+		h.RateLimitScopes = []string{}
+		return nil
+	}
+	if len(args) == 0 {
+		return d.Errf("llmbudget: ratelimit_scopes takes one or more of key, team, model and global, or none")
+	}
+	for i, a := range args {
+		if _, err := budget.ParseScope(a); err != nil || a == "none" {
+			return d.Errf("llmbudget: ratelimit_scopes: %q: want key, team, model or global (or none alone)", a)
+		}
+		if slices.Contains(args[:i], a) {
+			return d.Errf("llmbudget: ratelimit_scopes: %s is listed twice", a)
+		}
+	}
+	h.RateLimitScopes = args
 	return nil
 }
 

@@ -200,6 +200,13 @@ type LLMBudget struct {
 	// back within an answer's length. It tries again at each settle of this
 	// instance and every 100ms. 0 turns it off. Default 2s.
 	SettleWait *caddy.Duration `json:"settle_wait,omitempty"`
+	// RateLimitScopes are the scopes whose budgets a response's RateLimit
+	// and RateLimit-Policy items name: of "key", "team", "model" and
+	// "global". A client reads its own budgets' room; the global and model
+	// budgets' items would show it every other tenant's traffic, so they
+	// are named only when listed here. An empty list names none (and the
+	// headers are left out). Default ["key", "team"].
+	RateLimitScopes []string `json:"ratelimit_scopes,omitzero"`
 
 	budgets          []budget.Budget
 	defaultMaxTokens int64
@@ -211,7 +218,8 @@ type LLMBudget struct {
 	hasUSD           bool
 	format           usage.Format
 	chatCapField     usage.ChatCapField
-	policy           string
+	policy           string   // RateLimit-Policy of the shown budgets
+	shownScopes      scopeSet // the scopes whose budgets RateLimit names
 	outputLeases     bool
 	outputLeaseMin   int64
 	reasoningModels  []string
@@ -421,6 +429,9 @@ func (h *LLMBudget) compile() error {
 		}
 		h.format = f
 	}
+	if err := h.compileRateLimitScopes(); err != nil {
+		return err
+	}
 	seen := make(map[string]bool)
 	h.budgets = h.budgets[:0]
 	h.hasUSD = false
@@ -440,7 +451,9 @@ func (h *LLMBudget) compile() error {
 		}
 		h.hasUSD = h.hasUSD || b.Unit == budget.USD
 		h.budgets = append(h.budgets, b)
-		policies = append(policies, policyItem(b.Name, b.Limit, b.NominalWindow()))
+		if h.shownScopes.has(b.Scope) {
+			policies = append(policies, policyItem(b.Name, b.Limit, b.NominalWindow()))
+		}
 	}
 	h.policy = joinItems(policies)
 	if h.hasUSD && len(h.Prices) == 0 && h.PricesFile == "" {

@@ -210,13 +210,45 @@ func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Di
 }
 
 // setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per
-// budget.
+// budget of a shown scope (RateLimitScopes), and nothing when none is shown.
 func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
 	buf := make([]byte, 0, 48*len(holds))
 	for _, hold := range holds {
-		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.LimitNow()-hold.Used, hold.WindowEnd.Sub(now))
+		if h.shownScopes.has(hold.Budget.Scope) {
+			buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.LimitNow()-hold.Used, hold.WindowEnd.Sub(now))
+		}
 	}
-	setRateLimitHeaders(hdr, h.policy, string(buf))
+	if len(buf) > 0 {
+		setRateLimitHeaders(hdr, h.policy, string(buf))
+	}
+}
+
+// scopeSet is a set of budget scopes, a bit each.
+type scopeSet uint8
+
+func (s scopeSet) has(sc budget.Scope) bool { return s&(1<<sc) != 0 }
+
+// defaultRateLimitScopes are RateLimitScopes' default: a client's own.
+var defaultRateLimitScopes = []string{"key", "team"}
+
+// compileRateLimitScopes reads RateLimitScopes; the error names the field.
+func (h *LLMBudget) compileRateLimitScopes() error {
+	names := h.RateLimitScopes
+	if names == nil {
+		names = defaultRateLimitScopes
+	}
+	h.shownScopes = 0
+	for _, name := range names {
+		sc, err := budget.ParseScope(name)
+		if err != nil {
+			return fmt.Errorf("llmbudget: ratelimit_scopes: %w", err)
+		}
+		if h.shownScopes.has(sc) {
+			return fmt.Errorf("llmbudget: ratelimit_scopes: %s is listed twice", name)
+		}
+		h.shownScopes |= 1 << sc
+	}
+	return nil
 }
 
 // Errors are written in the shape of the API being called, so that each
