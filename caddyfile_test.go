@@ -106,6 +106,10 @@ func TestLLMBudgetConfigErrors(t *testing.T) {
 		{"usd without a price", "budget d {\nunit usd\nlimit 25.00\nwindow 720h\n}", "a usd budget needs the price", ""},
 		{"bad format", "budget b {\nlimit 10\nwindow 1h\n}\nformat bedrock", `format "bedrock"`, ""},
 		{"duplicate budget", "budget b {\nlimit 10\nwindow 1h\n}\nbudget b {\nlimit 10\nwindow 1h\n}", "defined twice", ""},
+		{"ratelimit_scopes with an unknown scope", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key galaxy", `ratelimit_scopes: "galaxy"`, "Caddyfile:7"},
+		{"ratelimit_scopes with a repeat", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key key", "key is listed twice", "Caddyfile:7"},
+		{"ratelimit_scopes none with a scope", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes none key", `ratelimit_scopes: "none"`, "Caddyfile:7"},
+		{"ratelimit_scopes twice", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key\nratelimit_scopes team", "ratelimit_scopes is set twice", "Caddyfile:8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
