@@ -92,6 +92,19 @@ type Budget struct {
 	// definition of the budget (a reload) may have changed since Limit
 	// was read: reservations made before it extend under it.
 	Live *atomic.Int64
+	// Fixed are limits of single scope values known ahead (the config's
+	// limit_for), by ScopeID: they win over Limit, and a limit set at run
+	// time (Engine.SetLimit) wins over them. Default: none.
+	Fixed map[string]int64
+}
+
+// configuredLimit is the limit the config gives the scope value scopeID:
+// its Fixed limit, else the limit in force; fixed reports a Fixed one.
+func (b *Budget) configuredLimit(scopeID string) (limit int64, fixed bool) {
+	if n, ok := b.Fixed[scopeID]; ok {
+		return n, true
+	}
+	return b.LimitNow(), false
 }
 
 // LimitNow is the limit in force: Live's, else Limit.

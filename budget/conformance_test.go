@@ -330,6 +330,75 @@ func TestStoreConformance(t *testing.T) {
 				t.Fatalf("standing %+v %v, want 120 used", st, err)
 			}
 		}},
+		{"a limit set at run time applies to its scope value at the next reserve, on every engine", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e, other := NewEngine(s, "c15"), NewEngine(s, "c15") // two instances of a fleet
+			b := []Budget{tokenBudget("k", PerKey, 100), tokenBudget("t", PerTeam, 100), tokenBudget("m", PerModel, 100)}
+			dims := Dims{Principal: "alice", Team: "red", Model: "gpt-4o"}
+			for i, limit := range []int64{300, 50, 200} {
+				if err := e.SetLimit(ctx, &b[i], ScopeID(&b[i], dims), limit); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, d, err := other.Reserve(ctx, b, dims, Spend{Tokens: 60})
+			if err != nil || d == nil || d.Budget.Name != "t" || d.Limit != 50 {
+				t.Fatalf("60 against team red's 50: %+v %v, want a denial by t at its limit 50", d, err)
+			}
+			r := mustReserve(t, other, b, dims, 50)
+			for i, want := range []int64{300, 50, 200} {
+				if r.Holds[i].Limit != want {
+					t.Fatalf("hold %s: limit %d, want %d", b[i].Name, r.Holds[i].Limit, want)
+				}
+			}
+			// An extension keeps the key's own limit, 300, not the budget's 100.
+			rk := mustReserve(t, other, b[:1], dims, 50)
+			if d, err := other.Extend(ctx, rk, Spend{Tokens: 200}); err != nil || d != nil {
+				t.Fatalf("alice's key to 300 of her 300: %+v %v, want admitted", d, err)
+			}
+			// Another value of the same scopes keeps the budget's limit.
+			if _, d, _ := other.Reserve(ctx, b, Dims{Principal: "bob", Team: "blue", Model: "o3"}, Spend{Tokens: 101}); d == nil || d.Limit != 100 {
+				t.Fatalf("bob, blue, o3 at 101: %+v, want a denial at the budget's 100", d)
+			}
+			if n, from, err := other.Limit(ctx, &b[0], ScopeID(&b[0], dims)); err != nil || n != 300 || from != LimitFromAdmin {
+				t.Fatalf("alice's limit: %d from %q (%v), want 300 from admin", n, from, err)
+			}
+			// Cleared, the team's limit is the budget's again.
+			if err := e.SetLimit(ctx, &b[1], ScopeID(&b[1], dims), 0); err != nil {
+				t.Fatal(err)
+			}
+			if n, from, err := other.Limit(ctx, &b[1], ScopeID(&b[1], dims)); err != nil || n != 100 || from != LimitFromBudget {
+				t.Fatalf("red's limit after the clear: %d from %q (%v), want 100 from budget", n, from, err)
+			}
+			r = mustReserve(t, other, b[1:2], dims, 50) // red: 100 of 100
+			if r.Holds[0].Limit != 100 {
+				t.Fatalf("red's hold after the clear: limit %d, want 100", r.Holds[0].Limit)
+			}
+			if err := e.SetLimit(ctx, &Budget{Name: "g", Scope: Global, Limit: 1, Window: time.Hour}, "global", 5); err == nil {
+				t.Fatal("a global budget's limit was set at run time")
+			}
+		}},
+		{"a fixed limit of the config holds for its value, and one set at run time wins over it", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e := NewEngine(s, "c16")
+			research := Dims{Team: "research"}
+			b := tokenBudget("t", PerTeam, 100)
+			b.Fixed = map[string]int64{ScopeID(&b, research): 2000}
+			if r := mustReserve(t, e, []Budget{b}, research, 1500); r.Holds[0].Limit != 2000 {
+				t.Fatalf("research's hold: limit %d, want its fixed 2000", r.Holds[0].Limit)
+			}
+			if _, d, _ := e.Reserve(ctx, []Budget{b}, Dims{Team: "ops"}, Spend{Tokens: 101}); d == nil {
+				t.Fatal("ops has the budget's 100: 101 must be denied")
+			}
+			if n, from, _ := e.Limit(ctx, &b, ScopeID(&b, research)); n != 2000 || from != LimitFromConfig {
+				t.Fatalf("research's limit: %d from %q, want 2000 from config", n, from)
+			}
+			if err := e.SetLimit(ctx, &b, ScopeID(&b, research), 1500); err != nil {
+				t.Fatal(err)
+			}
+			if _, d, _ := e.Reserve(ctx, []Budget{b}, research, Spend{Tokens: 1}); d == nil || d.Limit != 1500 {
+				t.Fatalf("research at 1500 of the 1500 set at run time: %+v, want a denial at 1500", d)
+			}
+		}},
 		{"usd budgets count micro-dollars", func(t *testing.T, s Store) {
 			e := NewEngine(s, "c8")
 			b := []Budget{{Name: "spend", Scope: Global, Unit: USD, Limit: USDToMicros(1), Window: time.Hour}, tokenBudget("tok", Global, 1<<40)}

@@ -130,7 +130,14 @@ type Hold struct {
 	Key       string
 	Amount    int64 // reserved, in the budget's unit
 	Used      int64 // the counter right after the reservation
+	// Limit is the limit in force for the hold's scope value when it was
+	// reserved: a limit set at run time, a Fixed one, or the budget's.
+	Limit     int64
 	WindowEnd time.Time
+	// overridden: Limit is the scope value's own (set at run time or
+	// Fixed), which extensions keep; else they follow the budget's limit
+	// in force, which a reload may change.
+	overridden bool
 }
 
 // Reservation is an admitted request's claim on its budgets, to be settled.
@@ -158,8 +165,9 @@ const (
 // Denial says which budget refused a request.
 type Denial struct {
 	Budget *Budget
-	// Amount is what the request would have charged it; Used what it holds.
-	Amount, Used int64
+	// Amount is what the request would have charged it; Used what it
+	// holds; Limit its limit in force for the request's scope value.
+	Amount, Used, Limit int64
 	WindowEnd    time.Time
 	// Holds has every budget's standing, for response headers.
 	Holds []Hold
@@ -193,8 +201,9 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	charges := make([]Charge, len(budgets))
 	for i := range budgets {
 		b := &budgets[i]
-		r.Holds[i] = Hold{Budget: b, Key: e.counterKey(b, &dims, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
-		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: r.limitOf(b), TTL: b.KeyTTL()}
+		scopeID := ScopeID(b, dims)
+		r.Holds[i] = Hold{Budget: b, Key: e.scopedKey(b, scopeID, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
+		charges[i] = e.chargeOf(r, &r.Holds[i], scopeID)
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if e.failed(err) != nil {
@@ -207,12 +216,34 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		return nil, nil, errors.New("budget reserve: the reservation was released before it ran")
 	}
 	for i := range r.Holds {
-		r.Holds[i].Used = res.Used[i]
+		h := &r.Holds[i]
+		h.Used = res.Used[i]
+		if i < len(res.Limits) && res.Limits[i] != charges[i].Limit {
+			h.Limit, h.overridden = res.Limits[i], true
+		}
 	}
 	if !res.Admitted {
 		return nil, r.denial(res.Denied, r.Holds[res.Denied].Amount), nil
 	}
 	return r, nil, nil
+}
+
+// chargeOf is h's charge in r's reserve: within the limit the config gives
+// its scope value, unless the override table holds one (read by the
+// store's reserve, in the same step). A reservation over the limits (shadow
+// mode) has none, and a global budget no scope value to override.
+func (e *Engine) chargeOf(r *Reservation, h *Hold, scopeID string) Charge {
+	c := Charge{Key: h.Key, Amount: h.Amount, TTL: h.Budget.KeyTTL()}
+	h.Limit, h.overridden = h.Budget.configuredLimit(scopeID)
+	c.Limit = h.Limit
+	switch {
+	case r.overLimit:
+		// Shadow mode's hold shows the limit it would have had.
+		c.Limit = math.MaxInt64
+	case h.Budget.Scope != Global:
+		c.Overrides, c.Override = e.overridesKey(), overrideField(h.Budget, scopeID)
+	}
+	return c
 }
 
 // limitOf is the limit a charge of r to b must fit: none for a reservation
@@ -224,10 +255,19 @@ func (r *Reservation) limitOf(b *Budget) int64 {
 	return b.LimitNow()
 }
 
+// extendLimit is the limit an extension of h must fit: the scope value's
+// own limit found by the reserve, else the budget's limit in force now.
+func (r *Reservation) extendLimit(h *Hold) int64 {
+	if h.overridden && !r.overLimit {
+		return h.Limit
+	}
+	return r.limitOf(h.Budget)
+}
+
 // denial says that r's i-th budget could not take amount more.
 func (r *Reservation) denial(i int, amount int64) *Denial {
 	h := r.Holds[i]
-	return &Denial{Budget: h.Budget, Amount: amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}
+	return &Denial{Budget: h.Budget, Amount: amount, Used: h.Used, Limit: h.Limit, WindowEnd: h.WindowEnd, Holds: r.Holds}
 }
 
 // extendAttempts bounds the tries of one extension: a retry is safe, the
@@ -250,7 +290,7 @@ func (e *Engine) Extend(ctx context.Context, r *Reservation, more Spend) (*Denia
 	charges := make([]Charge, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
-		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: r.limitOf(h.Budget), TTL: h.Budget.KeyTTL()}
+		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: r.extendLimit(h), TTL: h.Budget.KeyTTL()}
 	}
 	var res ExtendResult
 	var err error
@@ -467,6 +507,54 @@ func (e *Engine) Reset(ctx context.Context, b *Budget, scopeID string) (Standing
 		return Standing{}, err
 	}
 	return st, nil
+}
+
+// Where a scope value's limit in force comes from (see Engine.Limit).
+const (
+	LimitFromBudget = "budget" // the budget's own limit
+	LimitFromConfig = "config" // the budget's Fixed limit of the value (limit_for)
+	LimitFromAdmin  = "admin"  // set at run time, by SetLimit
+)
+
+// Limit is the limit in force for b's scope value scopeID (see ScopeID), and
+// where it comes from: LimitFromAdmin, LimitFromConfig or LimitFromBudget.
+func (e *Engine) Limit(ctx context.Context, b *Budget, scopeID string) (int64, string, error) {
+	limit, fixed := b.configuredLimit(scopeID)
+	from := map[bool]string{true: LimitFromConfig, false: LimitFromBudget}[fixed]
+	if b.Scope == Global {
+		return limit, from, nil
+	}
+	n, err := e.store.Override(ctx, e.overridesKey(), overrideField(b, scopeID))
+	if e.failed(err) != nil {
+		return 0, "", err
+	}
+	if n > 0 {
+		return n, LimitFromAdmin, nil
+	}
+	return limit, from, nil
+}
+
+// SetLimit sets the limit of b's scope value scopeID in the store, for every
+// instance's next reserve; a limit of 0 deletes it, so the config's limit
+// holds again. A global budget has no scope value: its limit is the config's.
+func (e *Engine) SetLimit(ctx context.Context, b *Budget, scopeID string, limit int64) error {
+	if b.Scope == Global {
+		return errors.New("a global budget's limit is the config's: it has no scope value to set one for")
+	}
+	return e.failed(e.store.SetOverride(ctx, e.overridesKey(), overrideField(b, scopeID), max(limit, 0)))
+}
+
+// overridesKey names the override table, <prefix>:bg:{b}:limits, a hash of
+// limits set at run time without a TTL, in the budgets' hash tag so the
+// reserve script reads it on the counters' Cluster slot.
+func (e *Engine) overridesKey() string {
+	return e.prefix + ":bg:{b}:limits"
+}
+
+// overrideField names b's scope value scopeID in the override table:
+// <budget>:<scope id>, which carries a hash, never a raw value.
+func overrideField(b *Budget, scopeID string) string {
+	return b.Name + ":" + scopeID
 }
 
 // recordKey names the reservation's record: <prefix>:bg:{b}:res:<id>, in the

@@ -14,6 +14,8 @@ type MemoryStore struct {
 	keys   map[string]memoryValue
 	now    func() time.Time
 	lastGC time.Time
+	// overrides are the override tables: table -> field -> limit.
+	overrides map[string]map[string]int64
 }
 
 // memoryValue is a counter, or a reservation's record, whose value is its
@@ -37,7 +39,7 @@ var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{keys: make(map[string]memoryValue), now: time.Now}
+	return &MemoryStore{keys: make(map[string]memoryValue), now: time.Now, overrides: make(map[string]map[string]int64)}
 }
 
 // get reads a live value; callers hold m.mu.
@@ -57,8 +59,8 @@ func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.D
 	if _, exists := m.get(record, now); exists {
 		return ReserveResult{Cancelled: true, Denied: -1}, nil
 	}
-	res := ReserveResult{Denied: -1}
-	if res.Used, res.Denied = m.fit(charges, now); res.Denied >= 0 {
+	res := ReserveResult{Denied: -1, Limits: m.limits(charges)}
+	if res.Used, res.Denied = m.fitWithin(charges, res.Limits, now); res.Denied >= 0 {
 		return res, nil
 	}
 	held := make([]int64, len(charges))
@@ -93,13 +95,36 @@ func (m *MemoryStore) Extend(_ context.Context, record string, seq int, charges 
 	return res, nil
 }
 
+// limits is the limit in force of each charge: its override, else its
+// Limit. Callers hold m.mu.
+func (m *MemoryStore) limits(charges []Charge) []int64 {
+	out := make([]int64, len(charges))
+	for i, c := range charges {
+		out[i] = c.Limit
+		if n := m.overrides[c.Overrides][c.Override]; c.Override != "" && n > 0 {
+			out[i] = n
+		}
+	}
+	return out
+}
+
 // fit reads the counters of charges and finds the first that does not fit
-// (-1: all do); callers hold m.mu.
+// its Limit (-1: all do); callers hold m.mu.
 func (m *MemoryStore) fit(charges []Charge, now time.Time) (used []int64, denied int) {
+	return m.fitWithin(charges, nil, now)
+}
+
+// fitWithin is fit against limits[i] instead of each charge's Limit (when
+// limits is not nil); callers hold m.mu.
+func (m *MemoryStore) fitWithin(charges []Charge, limits []int64, now time.Time) (used []int64, denied int) {
 	used, denied = make([]int64, len(charges)), -1
 	for i, c := range charges {
+		limit := c.Limit
+		if limits != nil {
+			limit = limits[i]
+		}
 		used[i], _ = m.get(c.Key, now)
-		if denied < 0 && used[i]+c.Amount > c.Limit {
+		if denied < 0 && used[i]+c.Amount > limit {
 			denied = i
 		}
 	}
@@ -153,6 +178,28 @@ func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration
 
 // Ping implements Store.
 func (m *MemoryStore) Ping(context.Context) error { return nil }
+
+// SetOverride implements Store.
+func (m *MemoryStore) SetOverride(_ context.Context, table, field string, limit int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if limit <= 0 {
+		delete(m.overrides[table], field)
+		return nil
+	}
+	if m.overrides[table] == nil {
+		m.overrides[table] = make(map[string]int64)
+	}
+	m.overrides[table][field] = limit
+	return nil
+}
+
+// Override implements Store.
+func (m *MemoryStore) Override(_ context.Context, table, field string) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.overrides[table][field], nil
+}
 
 // Get implements Store.
 func (m *MemoryStore) Get(_ context.Context, keys []string) ([]int64, error) {

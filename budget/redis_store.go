@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -15,42 +16,77 @@ import (
 // moves each counter from what is held, whatever extensions applied, to what
 // was used.
 
-// reserveScript checks every counter, then charges every counter and writes
-// the reservation's record, in one server-side step: no other client can run
-// between the check and the charge, and a denial charges nothing. A record
-// that exists already means the reservation was released before this script
-// ran: nothing is charged. A charge of 0 writes no counter.
+// reserveScript checks every counter against its limit in force, then
+// charges every counter and writes the reservation's record, in one
+// server-side step: no other client can run between the check and the
+// charge, and a denial charges nothing. A counter's limit in force is its
+// field of the override table when the table holds one, read here so that an
+// override set on any instance applies at the next reserve of every other
+// without a call of its own. A record that exists already means the
+// reservation was released before this script ran: nothing is charged. A
+// charge of 0 writes no counter.
 //
-// KEYS[1]: the record; KEYS[2..]: the counters. ARGV[1]: record ttl_ms; then
-// amount, limit, ttl_ms for each counter in order. Returns {admitted (0|1|-1
-// cancelled), denied index (1-based, 0 if admitted), used...}.
+// KEYS[1]: the record; KEYS[2..n+1]: the counters; KEYS[n+2], if given: the
+// override table. ARGV[1]: record ttl_ms; then amount, limit, ttl_ms and
+// override field ("" for none) for each counter in order. Returns {admitted
+// (0|1|-1 cancelled), denied index (1-based, 0 if admitted), used..., limits
+// in force...}.
 var reserveScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-1, 0}
 end
+local n = (#ARGV - 1) / 4
+local limits = {}
+for i = 1, n do
+  limits[i] = tonumber(ARGV[4*i-1])
+end
+if KEYS[n+2] then
+  local fields, at = {}, {}
+  for i = 1, n do
+    if ARGV[4*i+1] ~= '' then
+      fields[#fields+1] = ARGV[4*i+1]
+      at[#fields] = i
+    end
+  end
+  if #fields > 0 then
+    local set = redis.call('HMGET', KEYS[n+2], unpack(fields))
+    for j = 1, #fields do
+      if set[j] then
+        limits[at[j]] = tonumber(set[j])
+      end
+    end
+  end
+end
 local used = {}
 local denied = 0
-for i = 2, #KEYS do
-  used[i-1] = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if denied == 0 and used[i-1] + tonumber(ARGV[3*i-4]) > tonumber(ARGV[3*i-3]) then
-    denied = i-1
+for i = 1, n do
+  used[i] = tonumber(redis.call('GET', KEYS[i+1]) or '0')
+  if denied == 0 and used[i] + tonumber(ARGV[4*i-2]) > limits[i] then
+    denied = i
   end
 end
-if denied > 0 then
-  return {0, denied, unpack(used)}
-end
-local record = {'s', 'r'}
-for i = 2, #KEYS do
-  if tonumber(ARGV[3*i-4]) ~= 0 then
-    used[i-1] = redis.call('INCRBY', KEYS[i], ARGV[3*i-4])
-    redis.call('PEXPIRE', KEYS[i], ARGV[3*i-2])
+local out = {0, denied}
+if denied == 0 then
+  local record = {'s', 'r'}
+  for i = 1, n do
+    if tonumber(ARGV[4*i-2]) ~= 0 then
+      used[i] = redis.call('INCRBY', KEYS[i+1], ARGV[4*i-2])
+      redis.call('PEXPIRE', KEYS[i+1], ARGV[4*i])
+    end
+    record[#record+1] = 'h' .. i
+    record[#record+1] = ARGV[4*i-2]
   end
-  record[#record+1] = 'h' .. (i-1)
-  record[#record+1] = ARGV[3*i-4]
+  redis.call('HSET', KEYS[1], unpack(record))
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  out[1] = 1
 end
-redis.call('HSET', KEYS[1], unpack(record))
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return {1, 0, unpack(used)}
+for i = 1, n do
+  out[#out+1] = used[i]
+end
+for i = 1, n do
+  out[#out+1] = limits[i]
+end
+return out
 `)
 
 // extendScript adds an extension to a reserved record's counters if each
@@ -169,9 +205,33 @@ func chargesInput(record string, first any, charges []Charge) ([]string, []any) 
 	return keys, args
 }
 
+// reserveInput is the KEYS and ARGV of reserveScript: the record, each
+// counter, and the override table the charges name, if any.
+func reserveInput(record string, recordTTL time.Duration, charges []Charge) ([]string, []any, error) {
+	keys, args := scriptInput(record, recordTTL.Milliseconds(), len(charges)+1, 4)
+	table := ""
+	for _, c := range charges {
+		keys = append(keys, c.Key)
+		args = append(args, c.Amount, c.Limit, c.TTL.Milliseconds(), c.Override)
+		if c.Overrides != "" {
+			if table != "" && table != c.Overrides {
+				return nil, nil, fmt.Errorf("budget reserve: charges name two override tables, %s and %s", table, c.Overrides)
+			}
+			table = c.Overrides
+		}
+	}
+	if table != "" {
+		keys = append(keys, table)
+	}
+	return keys, args, nil
+}
+
 // Reserve implements Store.
 func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
-	keys, args := chargesInput(record, recordTTL.Milliseconds(), charges)
+	keys, args, err := reserveInput(record, recordTTL, charges)
+	if err != nil {
+		return ReserveResult{}, err
+	}
 	vals, err := reserveScript.Run(ctx, r.client, keys, args...).Int64Slice()
 	if err != nil {
 		return ReserveResult{}, fmt.Errorf("budget reserve script: %w", err)
@@ -179,10 +239,37 @@ func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.
 	if len(vals) == 2 && vals[0] == -1 {
 		return ReserveResult{Cancelled: true, Denied: -1}, nil
 	}
-	if len(vals) != 2+len(charges) {
-		return ReserveResult{}, fmt.Errorf("budget reserve script: %d values for %d budgets", len(vals), len(charges))
+	n := len(charges)
+	if len(vals) != 2+2*n {
+		return ReserveResult{}, fmt.Errorf("budget reserve script: %d values for %d budgets", len(vals), n)
 	}
-	return ReserveResult{Admitted: vals[0] == 1, Denied: int(vals[1]) - 1, Used: vals[2:]}, nil
+	return ReserveResult{Admitted: vals[0] == 1, Denied: int(vals[1]) - 1, Used: vals[2 : 2+n], Limits: vals[2+n:]}, nil
+}
+
+// SetOverride implements Store.
+func (r *RedisStore) SetOverride(ctx context.Context, table, field string, limit int64) error {
+	var err error
+	if limit > 0 {
+		err = r.client.HSet(ctx, table, field, limit).Err()
+	} else {
+		err = r.client.HDel(ctx, table, field).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("budget override: %w", err)
+	}
+	return nil
+}
+
+// Override implements Store.
+func (r *RedisStore) Override(ctx context.Context, table, field string) (int64, error) {
+	n, err := r.client.HGet(ctx, table, field).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("budget override: %w", err)
+	}
+	return n, nil
 }
 
 // Settle implements Store.

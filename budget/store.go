@@ -9,8 +9,17 @@ import (
 type Charge struct {
 	Key    string
 	Amount int64
-	Limit  int64
-	TTL    time.Duration
+	// Limit is the limit of the counter unless the override table holds
+	// one for Override.
+	Limit int64
+	TTL   time.Duration
+	// Overrides and Override name the limit set at run time for this
+	// counter's scope value: the field Override of the table Overrides (see
+	// SetOverride). Reserve reads it in its atomic step, so an override
+	// costs no call of its own. Empty: Limit holds. The charges of one
+	// Reserve name one table. Extend does not read them: an extension's
+	// charges carry the limit the reserve found.
+	Overrides, Override string
 }
 
 // ReserveResult is the answer of Store.Reserve.
@@ -23,6 +32,9 @@ type ReserveResult struct {
 	Denied int
 	// Used is each counter after the reservation, or as it stands when denied.
 	Used []int64
+	// Limits is each counter's limit in force: its override, else its
+	// charge's Limit.
+	Limits []int64
 }
 
 // ExtendResult is the answer of Store.Extend.
@@ -82,4 +94,10 @@ type Store interface {
 	Reset(ctx context.Context, keys []string) error
 	// Ping checks that the store answers.
 	Ping(ctx context.Context) error
+	// SetOverride sets the limit of field in the override table (kept until
+	// changed, without a TTL); a limit of 0 or less deletes the field, so
+	// the charge's own Limit holds again.
+	SetOverride(ctx context.Context, table, field string, limit int64) error
+	// Override reads field of the override table; 0 when there is none.
+	Override(ctx context.Context, table, field string) (int64, error)
 }
