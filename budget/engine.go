@@ -126,10 +126,10 @@ func (d *Dims) Value(s Scope) string {
 
 // Hold is one budget's part of a reservation.
 type Hold struct {
-	Budget    *Budget
-	Key       string
-	Amount    int64 // reserved, in the budget's unit
-	Used      int64 // the counter right after the reservation
+	Budget *Budget
+	Key    string
+	Amount int64 // reserved, in the budget's unit
+	Used   int64 // the counter right after the reservation
 	// Limit is the limit in force for the hold's scope value when it was
 	// reserved: a limit set at run time, a Fixed one, or the budget's.
 	Limit     int64
@@ -168,7 +168,7 @@ type Denial struct {
 	// Amount is what the request would have charged it; Used what it
 	// holds; Limit its limit in force for the request's scope value.
 	Amount, Used, Limit int64
-	WindowEnd    time.Time
+	WindowEnd           time.Time
 	// Holds has every budget's standing, for response headers.
 	Holds []Hold
 }
