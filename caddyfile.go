@@ -1,6 +1,7 @@
 package fleetguard
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net/http"
@@ -279,6 +280,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			scope  global|key|model|team
 //			unit   tokens|usd
 //			limit  <number>
+//			limit_for <scope>|<scope>_hash <value> <number>
 //			window <duration>
 //		}
 //		price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>]
@@ -542,13 +544,20 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 	at := position(d) // the budget's line, for what it lacks
 	var decimalLimit string
 	seen := make(map[string]bool)
+	var limitFor []limitForLine
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
-		if seen[field] {
+		if seen[field] && field != "limit_for" {
 			return bc, d.Errf("llmbudget: budget %q: %s is set twice", bc.Name, field)
 		}
 		seen[field] = true
 		switch field {
+		case "limit_for":
+			lf, err := parseLimitFor(d, bc.Name)
+			if err != nil {
+				return bc, err
+			}
+			limitFor = append(limitFor, lf)
 		case "scope":
 			if !d.AllArgs(&bc.Scope) {
 				return bc, d.Errf("llmbudget: budget %q: scope takes one value", bc.Name)
@@ -592,8 +601,14 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 				return bc, d.Errf("llmbudget: budget %q: timezone takes an IANA zone name (America/New_York)", bc.Name)
 			}
 		default:
-			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, window or timezone)", bc.Name, field)
+			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, window or timezone)", bc.Name, field)
 		}
+	}
+	for _, lf := range limitFor {
+		if scope := cmp.Or(bc.Scope, "global"); !strings.EqualFold(lf.scope, scope) {
+			return bc, fmt.Errorf("llmbudget: budget %q: limit_for %s: the budget is kept per %s, at %s", bc.Name, lf.scope, scope, lf.at)
+		}
+		bc.LimitFor = append(bc.LimitFor, lf.LimitForConfig)
 	}
 	for _, required := range []string{"limit", "window"} {
 		if !seen[required] {
@@ -607,6 +622,37 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 		return bc, fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
 	}
 	return bc, nil
+}
+
+// limitForLine is a budget's limit_for line, checked against the budget's
+// scope once the whole block is read.
+type limitForLine struct {
+	LimitForConfig
+	scope, at string
+}
+
+// parseLimitFor reads `limit_for <scope>|<scope>_hash <value> <limit>`.
+func parseLimitFor(d *caddyfile.Dispenser, name string) (limitForLine, error) {
+	var word, value, limit string
+	if !d.AllArgs(&word, &value, &limit) {
+		return limitForLine{}, d.Errf("llmbudget: budget %q: limit_for takes <scope> <value> <limit>, or <scope>_hash <hash> <limit> (limit_for team research 2000)", name)
+	}
+	lf := limitForLine{at: position(d)}
+	lf.scope = strings.TrimSuffix(word, "_hash")
+	if _, err := budget.ParseScope(lf.scope); err != nil || lf.scope == "global" {
+		return lf, d.Errf("llmbudget: budget %q: limit_for %q: want key, team or model (or key_hash, team_hash, model_hash)", name, word)
+	}
+	if lf.scope != word {
+		lf.ValueHash = value
+	} else {
+		lf.Value = value
+	}
+	v, err := strconv.ParseFloat(limit, 64)
+	if err != nil || !(v > 0) {
+		return lf, d.Errf("llmbudget: budget %q: limit_for %s: limit %q is not a number > 0", name, word, limit)
+	}
+	lf.Limit = v
+	return lf, nil
 }
 
 // position is where the dispenser's current token is, as Caddy's errors

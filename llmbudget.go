@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
 
 func init() {
@@ -257,6 +259,25 @@ type BudgetConfig struct {
 	// Timezone is the IANA time zone of a calendar window
 	// ("America/New_York"). Default UTC.
 	Timezone string `json:"timezone,omitempty"`
+	// LimitFor are the limits of single scope values known ahead (a team's
+	// own budget), which win over Limit for their value; a limit set at run
+	// time through the admin API wins over them. Not for a global budget.
+	// Default: none.
+	LimitFor []LimitForConfig `json:"limit_for,omitempty"`
+}
+
+// LimitForConfig is the limit of one scope value of a budget.
+type LimitForConfig struct {
+	// Value is the scope value as the handler resolves it: a team, a model,
+	// a principal. One of Value and ValueHash is required.
+	Value string `json:"value,omitempty"`
+	// ValueHash is the value's hash instead (32 hex digits, the scope_hash
+	// of the admin API and the principal_hash of the logs), so an API key
+	// need not be written in a config.
+	ValueHash string `json:"value_hash,omitempty"`
+	// Limit is in the budget's unit: tokens (a whole number) or dollars.
+	// Required, > 0.
+	Limit float64 `json:"limit,omitempty"`
 }
 
 // PriceConfig is a model's price in USD per one million tokens (per call
@@ -520,17 +541,14 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 		}
 	}
-	switch {
-	case bc.Limit == 0:
+	if bc.Limit == 0 {
 		return b, fmt.Errorf("llmbudget: budget %q: limit is required (a number > 0)", bc.Name)
-	case bc.Limit < 0 || bc.Limit != bc.Limit:
-		return b, fmt.Errorf("llmbudget: budget %q: limit must be > 0", bc.Name)
-	case b.Unit == budget.Tokens && bc.Limit != float64(int64(bc.Limit)):
-		return b, fmt.Errorf("llmbudget: budget %q: a token limit must be a whole number", bc.Name)
-	case b.Unit == budget.USD:
-		b.Limit = budget.USDToMicros(bc.Limit)
-	default:
-		b.Limit = int64(bc.Limit)
+	}
+	if b.Limit, err = limitIn(b.Unit, bc.Limit); err != nil {
+		return b, fmt.Errorf("llmbudget: budget %q: limit %w", bc.Name, err)
+	}
+	if b.Fixed, err = bc.compileLimitFor(&b); err != nil {
+		return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 	}
 	switch {
 	case bc.Calendar != "" && bc.Window != 0:
@@ -551,4 +569,49 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 		return b, fmt.Errorf("llmbudget: %w", err)
 	}
 	return b, nil
+}
+
+// limitIn is a limit of the config in the store's unit u: tokens, or
+// micro-dollars for dollars. Its error completes "limit ...".
+func limitIn(u budget.Unit, v float64) (int64, error) {
+	switch {
+	case !(v > 0) || v > float64(math.MaxInt64)/budget.MicrosPerUSD:
+		return 0, errors.New("must be > 0")
+	case u == budget.Tokens && v != float64(int64(v)):
+		return 0, errors.New("must be a whole number of tokens (a token limit)")
+	case u == budget.USD:
+		return budget.USDToMicros(v), nil
+	}
+	return int64(v), nil
+}
+
+// compileLimitFor turns LimitFor into b's Fixed limits, by scope id.
+func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, error) {
+	if len(bc.LimitFor) == 0 {
+		return nil, nil
+	}
+	if b.Scope == budget.Global {
+		return nil, errors.New("limit_for: a global budget has no scope value; its limit is limit")
+	}
+	fixed := make(map[string]int64, len(bc.LimitFor))
+	for i, lf := range bc.LimitFor {
+		hash := lf.ValueHash
+		if (lf.Value == "") == (hash == "") {
+			return nil, fmt.Errorf("limit_for[%d]: give value or value_hash, one of them", i)
+		}
+		if lf.Value != "" {
+			hash = keyhash.Of(lf.Value).String()
+		}
+		id, err := budget.HashedScopeID(b.Scope, hash)
+		if err != nil {
+			return nil, fmt.Errorf("limit_for[%d]: value_hash: %w", i, err)
+		}
+		if _, dup := fixed[id]; dup {
+			return nil, fmt.Errorf("limit_for[%d]: the value is given a limit twice", i)
+		}
+		if fixed[id], err = limitIn(b.Unit, lf.Limit); err != nil {
+			return nil, fmt.Errorf("limit_for[%d]: limit %w", i, err)
+		}
+	}
+	return fixed, nil
 }

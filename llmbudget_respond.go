@@ -117,7 +117,7 @@ func (h *LLMBudget) shadowDenied(r *http.Request, d *budget.Denial, dims budget.
 		zap.String("scope", d.Budget.Scope.String()),
 		zap.Int64("requested", d.Amount),
 		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Budget.LimitNow()))
+		zap.Int64("limit", d.Limit))
 	h.emitDenied(r, d, dims, true)
 }
 
@@ -140,28 +140,28 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 		zap.String("model", ref.dims.Model),
 		zap.Int64("requested", d.Amount),
 		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Budget.LimitNow()))
+		zap.Int64("limit", d.Limit))
 	amount := func(n int64) string { return formatAmount(d.Budget.Unit, n) }
 	window := d.Budget.Period()
 	switch {
-	case d.Amount > d.Budget.LimitNow():
+	case d.Amount > d.Limit:
 		// No window will ever admit it: say what to lower, and tell SDKs not
 		// to retry (they would sleep Retry-After and fail again).
 		ref.code, ref.noRetry = "request_exceeds_budget", true
 		ref.message = fmt.Sprintf("this request alone needs up to %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%s per %s): lower max_tokens or shorten the prompt",
-			amount(d.Amount), d.Budget.Name, amount(d.Budget.LimitNow()), window)
+			amount(d.Amount), d.Budget.Name, amount(d.Limit), window)
 		if ref.note != "" {
 			ref.message += " " + ref.note
 		}
 		return
-	case d.Used >= d.Budget.LimitNow():
+	case d.Used >= d.Limit:
 		ref.message = fmt.Sprintf("budget %q (%s, per %s) is exhausted for this window: %s of %s used; it resets in %ds",
-			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Budget.LimitNow()), retry)
+			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Limit), retry)
 	default:
 		// Headroom remains, but not enough: the request does not fit. It may
 		// once requests in flight settle below what they reserved.
 		ref.message = fmt.Sprintf("this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s); it may fit once requests in flight settle, or when the window resets in %ds",
-			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Budget.LimitNow()-d.Used), amount(d.Budget.LimitNow()), amount(d.Used), retry)
+			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Limit-d.Used), amount(d.Limit), amount(d.Used), retry)
 	}
 	if ref.note != "" {
 		ref.message += " " + ref.note
@@ -203,7 +203,7 @@ func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Di
 		"unit":       d.Budget.Unit.String(),
 		"requested":  d.Amount,
 		"used":       d.Used,
-		"limit":      d.Budget.LimitNow(),
+		"limit":      d.Limit,
 		"shadow":     shadow,
 		"path":       r.URL.Path,
 	})
@@ -213,14 +213,35 @@ func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Di
 // budget of a shown scope (RateLimitScopes), and nothing when none is shown.
 func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
 	buf := make([]byte, 0, 48*len(holds))
+	policy := h.policy
 	for _, hold := range holds {
 		if h.shownScopes.has(hold.Budget.Scope) {
-			buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.LimitNow()-hold.Used, hold.WindowEnd.Sub(now))
+			buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Limit-hold.Used, hold.WindowEnd.Sub(now))
+			if hold.Limit != hold.Budget.Limit {
+				policy = "" // the client's own limit, which the config's policy does not say
+			}
 		}
 	}
-	if len(buf) > 0 {
-		setRateLimitHeaders(hdr, h.policy, string(buf))
+	if len(buf) == 0 {
+		return
 	}
+	if policy == "" {
+		policy = h.policyOf(holds)
+	}
+	setRateLimitHeaders(hdr, policy, string(buf))
+}
+
+// policyOf is RateLimit-Policy for holds of the shown scopes, each with the
+// limit in force for the request's scope value: for a response whose limit
+// is the value's own (set at run time, limit_for) or a reload's.
+func (h *LLMBudget) policyOf(holds []budget.Hold) string {
+	items := make([]string, 0, len(holds))
+	for _, hold := range holds {
+		if h.shownScopes.has(hold.Budget.Scope) {
+			items = append(items, policyItem(hold.Budget.Name, hold.Limit, hold.Budget.NominalWindow()))
+		}
+	}
+	return joinItems(items)
 }
 
 // scopeSet is a set of budget scopes, a bit each.
