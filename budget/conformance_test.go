@@ -1,7 +1,10 @@
 package budget
 
 import (
+	"cmp"
 	"context"
+	"math/rand/v2"
+	"slices"
 	"errors"
 	"fmt"
 	"strings"
@@ -399,6 +402,66 @@ func TestStoreConformance(t *testing.T) {
 				t.Fatalf("research at 1500 of the 1500 set at run time: %+v, want a denial at 1500", d)
 			}
 		}},
+		{"top is exact against a replay of the settles", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e := NewEngine(s, "c17")
+			b := []Budget{tokenBudget("k", PerKey, 1<<40), tokenBudget("t", PerTeam, 1<<40), tokenBudget("g", Global, 1<<40)}
+			want := [2]map[string]int64{{}, {}} // the replay: each value's settled total
+			rng := rand.New(rand.NewPCG(17, 31))
+			for i := range 600 {
+				dims := Dims{Principal: fmt.Sprint("sk-", rng.IntN(60)), Team: fmt.Sprint("team-", rng.IntN(7))}
+				r := mustReserve(t, e, b, dims, 500)
+				var used int64
+				var err error
+				switch i % 10 {
+				case 0: // released: an upstream's error
+					err = e.Release(ctx, r)
+				case 1: // kept: usage unknown
+					used, err = 500, e.Keep(ctx, r)
+				default:
+					used = int64(1 + rng.IntN(499))
+					err = e.Settle(ctx, r, Spend{Tokens: used})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				want[0][ScopeID(&b[0], dims)] += used
+				want[1][ScopeID(&b[1], dims)] += used
+			}
+			for i := range 2 {
+				top, st, err := e.Top(ctx, &b[i], 20)
+				if err != nil || !time.Now().Before(st.End) {
+					t.Fatalf("top of %s: %v, window %+v", b[i].Name, err, st)
+				}
+				if exp := replayTop(want[i], 20); fmt.Sprint(top) != fmt.Sprint(exp) {
+					t.Fatalf("top of %s:\n got %v\nwant %v", b[i].Name, top, exp)
+				}
+			}
+			if _, _, err := e.Top(ctx, &b[2], 20); err == nil {
+				t.Fatal("a global budget has no top")
+			}
+		}},
+		{"a top set holds at most TopSize members", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e := NewEngine(s, "c18")
+			b := []Budget{tokenBudget("k", PerKey, 1<<40)}
+			want := map[string]int64{}
+			for i := range TopSize + 50 {
+				dims := Dims{Principal: fmt.Sprint("sk-", i)}
+				// The late keys spend most: the first 50 are dropped.
+				if err := e.Settle(ctx, mustReserve(t, e, b, dims, 10), Spend{Tokens: int64(i + 1)}); err != nil {
+					t.Fatal(err)
+				}
+				want[ScopeID(&b[0], dims)] = int64(i + 1)
+			}
+			if n := topMembers(t, s, e.topKey(&b[0], time.Now())); n != TopSize {
+				t.Fatalf("the top set holds %d members, want TopSize %d", n, TopSize)
+			}
+			top, _, err := e.Top(ctx, &b[0], MaxTop)
+			if err != nil || fmt.Sprint(top) != fmt.Sprint(replayTop(want, MaxTop)) {
+				t.Fatalf("top %d after %d spenders: %v %v", MaxTop, TopSize+50, top, err)
+			}
+		}},
 		{"usd budgets count micro-dollars", func(t *testing.T, s Store) {
 			e := NewEngine(s, "c8")
 			b := []Budget{{Name: "spend", Scope: Global, Unit: USD, Limit: USDToMicros(1), Window: time.Hour}, tokenBudget("tok", Global, 1<<40)}
@@ -574,4 +637,35 @@ func stored(t *testing.T, s Store, key string) bool {
 	}
 	t.Fatalf("stored: a store of type %T", s)
 	return false
+}
+
+// replayTop is the top n of used, as Store.Top orders it.
+func replayTop(used map[string]int64, n int) []TopEntry {
+	out := make([]TopEntry, 0, len(used))
+	for m, u := range used {
+		if u > 0 {
+			out = append(out, TopEntry{Member: m, Used: u})
+		}
+	}
+	slices.SortFunc(out, func(x, y TopEntry) int { return cmp.Or(cmp.Compare(y.Used, x.Used), cmp.Compare(y.Member, x.Member)) })
+	return out[:min(n, len(out))]
+}
+
+// topMembers is how many members the store keeps in the top set top.
+func topMembers(t *testing.T, s Store, top string) int {
+	t.Helper()
+	switch s := s.(type) {
+	case *MemoryStore:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.tops[top].used)
+	case *RedisStore:
+		n, err := s.client.ZCard(context.Background(), top).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(n)
+	}
+	t.Fatalf("topMembers: a store of type %T", s)
+	return 0
 }

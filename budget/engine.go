@@ -138,6 +138,9 @@ type Hold struct {
 	// Fixed), which extensions keep; else they follow the budget's limit
 	// in force, which a reload may change.
 	overridden bool
+	// top and member name the hold's scope value in its window's top set
+	// (member "": a global budget, which has one value and no top).
+	top, member string
 }
 
 // Reservation is an admitted request's claim on its budgets, to be settled.
@@ -203,6 +206,9 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		b := &budgets[i]
 		scopeID := ScopeID(b, dims)
 		r.Holds[i] = Hold{Budget: b, Key: e.scopedKey(b, scopeID, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
+		if b.Scope != Global {
+			r.Holds[i].top, r.Holds[i].member = e.topKey(b, now), scopeID
+		}
 		charges[i] = e.chargeOf(r, &r.Holds[i], scopeID)
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
@@ -397,7 +403,7 @@ func adjustments(r *Reservation, amount func(h *Hold) int64) []Adjustment {
 	adjs := make([]Adjustment, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
-		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: h.Budget.KeyTTL()}
+		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: h.Budget.KeyTTL(), Top: h.top, Member: h.member}
 	}
 	return adjs
 }
@@ -571,11 +577,44 @@ func (e *Engine) counterKey(b *Budget, dims *Dims, now time.Time) string {
 }
 
 func (e *Engine) scopedKey(b *Budget, scopeID string, now time.Time) string {
+	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeID + ":" + windowID(b, now)
+}
+
+// windowID names the window of b containing now in store keys.
+func windowID(b *Budget, now time.Time) string {
 	window := strconv.FormatInt(b.WindowIndex(now), 10)
 	if b.Calendar != Fixed {
 		window = b.Calendar.String()[:1] + window // d, w or m: apart from fixed windows' numbers
 	}
-	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeID + ":" + window
+	return window
+}
+
+// topKey names b's top set of the window containing now:
+// <prefix>:bg:{b}:top:<budget>:<window>, in the counters' hash tag so the
+// settle script writes it on their Cluster slot.
+func (e *Engine) topKey(b *Budget, now time.Time) string {
+	return e.prefix + ":bg:{b}:top:" + b.Name + ":" + windowID(b, now)
+}
+
+// MaxTop is the most spenders Top lists.
+const MaxTop = 100
+
+// Top lists b's scope values that spent most in the current window, at most
+// n (1 to MaxTop), largest first: each value's counter as its last settle
+// left it (reservations still in flight are not in it), exact among the
+// TopSize largest. Scope values are named by ScopeID. A global budget has
+// one value and no list.
+func (e *Engine) Top(ctx context.Context, b *Budget, n int) ([]TopEntry, Standing, error) {
+	now := e.now()
+	st := Standing{Start: b.WindowStart(now), End: b.WindowEnd(now)}
+	if b.Scope == Global {
+		return nil, st, errors.New("a global budget has one scope value: its window is GET of the budget")
+	}
+	if n < 1 || n > MaxTop {
+		return nil, st, fmt.Errorf("n: %d is not within 1 and %d", n, MaxTop)
+	}
+	top, err := e.store.Top(ctx, e.topKey(b, now), n)
+	return top, st, e.failed(err)
 }
 
 // ScopeID names, in store keys and logs, the scope value of b that dims fall

@@ -1,7 +1,10 @@
 package budget
 
 import (
+	"cmp"
 	"context"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 )
@@ -16,6 +19,14 @@ type MemoryStore struct {
 	lastGC time.Time
 	// overrides are the override tables: table -> field -> limit.
 	overrides map[string]map[string]int64
+	// tops are the top sets, by key.
+	tops map[string]*memoryTop
+}
+
+// memoryTop is a top set: members' counters, kept while it is written.
+type memoryTop struct {
+	used    map[string]int64
+	expires time.Time
 }
 
 // memoryValue is a counter, or a reservation's record, whose value is its
@@ -39,7 +50,7 @@ var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{keys: make(map[string]memoryValue), now: time.Now, overrides: make(map[string]map[string]int64)}
+	return &MemoryStore{keys: make(map[string]memoryValue), now: time.Now, overrides: make(map[string]map[string]int64), tops: make(map[string]*memoryTop)}
 }
 
 // get reads a live value; callers hold m.mu.
@@ -160,20 +171,65 @@ func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration
 	rec := m.keys[record]
 	delete(m.keys, record)
 	for i, a := range adjs {
-		if a.Amount == KeepHeld {
-			continue
+		v, _ := m.get(a.Key, now)
+		if a.Amount != KeepHeld {
+			var held int64
+			if i < len(rec.held) {
+				held = rec.held[i]
+			}
+			if v += a.Amount - held; v > 0 {
+				m.keys[a.Key] = memoryValue{value: v, expires: now.Add(a.TTL)}
+			} else {
+				delete(m.keys, a.Key)
+			}
 		}
-		var held int64
-		if i < len(rec.held) {
-			held = rec.held[i]
-		}
-		if v, _ := m.get(a.Key, now); v+a.Amount-held > 0 {
-			m.keys[a.Key] = memoryValue{value: v + a.Amount - held, expires: now.Add(a.TTL)}
-		} else {
-			delete(m.keys, a.Key)
+		if a.Member != "" {
+			m.keepTop(a, v, now)
 		}
 	}
 	return true, nil
+}
+
+// keepTop makes v, a's counter after its settle, a.Member's in a's top set,
+// which keeps the TopSize largest. Callers hold m.mu.
+func (m *MemoryStore) keepTop(a Adjustment, v int64, now time.Time) {
+	t := m.tops[a.Top]
+	if t == nil || !now.Before(t.expires) {
+		t = &memoryTop{used: make(map[string]int64)}
+		m.tops[a.Top] = t
+	}
+	if v <= 0 {
+		delete(t.used, a.Member)
+		return
+	}
+	t.used[a.Member], t.expires = v, now.Add(a.TTL)
+	if len(t.used) > TopSize {
+		least := slices.MinFunc(slices.Collect(maps.Keys(t.used)), func(x, y string) int { return compareTop(t.used, y, x) })
+		delete(t.used, least)
+	}
+}
+
+// compareTop orders members of a top set as Redis's ZREVRANGE does: the
+// larger counter first, then the greater member.
+func compareTop(used map[string]int64, x, y string) int {
+	return cmp.Or(cmp.Compare(used[y], used[x]), cmp.Compare(y, x))
+}
+
+// Top implements Store.
+func (m *MemoryStore) Top(_ context.Context, top string, n int) ([]TopEntry, error) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.tops[top]
+	if t == nil || !now.Before(t.expires) {
+		return []TopEntry{}, nil
+	}
+	members := slices.SortedFunc(maps.Keys(t.used), func(x, y string) int { return compareTop(t.used, x, y) })
+	out := make([]TopEntry, 0, min(n, len(members)))
+	for _, mb := range members[:min(n, len(members))] {
+		out = append(out, TopEntry{Member: mb, Used: t.used[mb]})
+	}
+	return out, nil
 }
 
 // Ping implements Store.
@@ -233,6 +289,11 @@ func (m *MemoryStore) collect(now time.Time) {
 	for k, v := range m.keys {
 		if !now.Before(v.expires) {
 			delete(m.keys, k)
+		}
+	}
+	for k, t := range m.tops {
+		if !now.Before(t.expires) {
+			delete(m.tops, k)
 		}
 	}
 }

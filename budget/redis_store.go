@@ -137,15 +137,20 @@ return {1, 0, unpack(used)}
 // repeat after a lost reply finds none and is a no-op, and a release that
 // arrives before its reserve leaves a tombstone that cancels the reserve. A
 // counter that falls to 0 is deleted, so a released request (an upstream's
-// 401 to a stranger) leaves no key behind.
+// 401 to a stranger) leaves no key behind. A counter with a member keeps its
+// value as the member's score in its window's top set, which holds the
+// TopSize largest: so the top spenders are read without a scan, exactly,
+// from a set as small as that and gone with the window.
 //
-// KEYS[1]: the record; KEYS[2..]: its counters, in the reserve's order.
-// ARGV[1]: ttl_ms of a tombstone; then amount (-1: keep what is held),
-// ttl_ms for each counter. Returns 1 if applied, 0 otherwise.
+// KEYS[1]: the record; KEYS[2..n+1]: its counters, in the reserve's order;
+// then the top set of each counter that has a member, in order. ARGV[1]:
+// ttl_ms of a tombstone; then amount (-1: keep what is held), ttl_ms and
+// member ("" for none) for each counter. Returns 1 if applied, 0 otherwise.
 var settleScript = redis.NewScript(`
+local n = (#ARGV - 1) / 3
 local fields = {'s'}
-for i = 2, #KEYS do
-  fields[i] = 'h' .. (i-1)
+for i = 1, n do
+  fields[i+1] = 'h' .. i
 end
 local rec = redis.call('HMGET', KEYS[1], unpack(fields))
 if rec[1] ~= 'r' then
@@ -155,15 +160,31 @@ if rec[1] ~= 'r' then
   end
   return 0
 end
-for i = 2, #KEYS do
-  local amount = tonumber(ARGV[2*i-2])
+local top = n + 1
+for i = 1, n do
+  local amount = tonumber(ARGV[3*i-1])
+  local v
   if amount >= 0 then
-    local held = tonumber(rec[i] or '0')
-    local v = redis.call('INCRBY', KEYS[i], amount - held)
+    local held = tonumber(rec[i+1] or '0')
+    v = redis.call('INCRBY', KEYS[i+1], amount - held)
     if v <= 0 then
-      redis.call('DEL', KEYS[i])
+      redis.call('DEL', KEYS[i+1])
     else
-      redis.call('PEXPIRE', KEYS[i], ARGV[2*i-1])
+      redis.call('PEXPIRE', KEYS[i+1], ARGV[3*i])
+    end
+  else
+    v = tonumber(redis.call('GET', KEYS[i+1]) or '0')
+  end
+  if ARGV[3*i+1] ~= '' then
+    top = top + 1
+    if v > 0 then
+      redis.call('ZADD', KEYS[top], v, ARGV[3*i+1])
+      if redis.call('ZCARD', KEYS[top]) > `+strconv.Itoa(TopSize)+` then
+        redis.call('ZREMRANGEBYRANK', KEYS[top], 0, -`+strconv.Itoa(TopSize+1)+`)
+      end
+      redis.call('PEXPIRE', KEYS[top], ARGV[3*i])
+    else
+      redis.call('ZREM', KEYS[top], ARGV[3*i+1])
     end
   end
 end
@@ -274,10 +295,15 @@ func (r *RedisStore) Override(ctx context.Context, table, field string) (int64, 
 
 // Settle implements Store.
 func (r *RedisStore) Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
-	keys, args := scriptInput(record, ttl.Milliseconds(), len(adjs), 2)
+	keys, args := scriptInput(record, ttl.Milliseconds(), 2*len(adjs), 3)
 	for _, a := range adjs {
 		keys = append(keys, a.Key)
-		args = append(args, a.Amount, a.TTL.Milliseconds())
+		args = append(args, a.Amount, a.TTL.Milliseconds(), a.Member)
+	}
+	for _, a := range adjs {
+		if a.Member != "" {
+			keys = append(keys, a.Top)
+		}
 	}
 	n, err := settleScript.Run(ctx, r.client, keys, args...).Int64()
 	if err != nil {
@@ -340,4 +366,17 @@ func (r *RedisStore) Reset(ctx context.Context, keys []string) error {
 		return fmt.Errorf("budget reset: %w", err)
 	}
 	return nil
+}
+
+// Top implements Store.
+func (r *RedisStore) Top(ctx context.Context, top string, n int) ([]TopEntry, error) {
+	zs, err := r.client.ZRevRangeWithScores(ctx, top, 0, int64(n)-1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("budget top: %w", err)
+	}
+	out := make([]TopEntry, len(zs))
+	for i, z := range zs {
+		out[i] = TopEntry{Member: z.Member.(string), Used: int64(z.Score)}
+	}
+	return out, nil
 }

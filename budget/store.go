@@ -57,6 +57,20 @@ type Adjustment struct {
 	Key    string
 	Amount int64
 	TTL    time.Duration
+	// Top and Member, when Member is set, keep the counter's value after
+	// the settle as Member's score in the sorted set Top (see Store.Top):
+	// the spenders of a budget's window. Top takes the counter's TTL.
+	Top, Member string
+}
+
+// TopSize bounds a Top set: past it, a settle drops the lowest members. A
+// dropped member comes back with its whole counter at its next settle.
+const TopSize = 1000
+
+// TopEntry is one member of a Top set and its counter.
+type TopEntry struct {
+	Member string
+	Used   int64
 }
 
 // KeepHeld is the Adjustment amount that charges what a reservation holds.
@@ -100,4 +114,7 @@ type Store interface {
 	SetOverride(ctx context.Context, table, field string, limit int64) error
 	// Override reads field of the override table; 0 when there is none.
 	Override(ctx context.Context, table, field string) (int64, error)
+	// Top reads the n members of the sorted set top with the largest
+	// counters, largest first (ties: the greater member first).
+	Top(ctx context.Context, top string, n int) ([]TopEntry, error)
 }
