@@ -3,10 +3,10 @@ package budget
 import (
 	"cmp"
 	"context"
-	"math/rand/v2"
-	"slices"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"

@@ -179,8 +179,8 @@ for i = 1, n do
     top = top + 1
     if v > 0 then
       redis.call('ZADD', KEYS[top], v, ARGV[3*i+1])
-      if redis.call('ZCARD', KEYS[top]) > `+strconv.Itoa(TopSize)+` then
-        redis.call('ZREMRANGEBYRANK', KEYS[top], 0, -`+strconv.Itoa(TopSize+1)+`)
+      if redis.call('ZCARD', KEYS[top]) > ` + strconv.Itoa(TopSize) + ` then
+        redis.call('ZREMRANGEBYRANK', KEYS[top], 0, -` + strconv.Itoa(TopSize+1) + `)
       end
       redis.call('PEXPIRE', KEYS[top], ARGV[3*i])
     else
