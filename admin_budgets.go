@@ -27,6 +27,7 @@ import (
 //	POST   /fleetguard/budgets/<name>/reset?<scope>=<value>  zero it
 //	PUT    /fleetguard/budgets/<name>/limit?<scope>=<value>  set the value's limit, {"limit": <n>}
 //	DELETE /fleetguard/budgets/<name>/limit?<scope>=<value>  restore the config's
+//	GET    /fleetguard/budgets/<name>/top?n=<1..100>         who spent most this window
 //
 // <scope> is the budget's scope: key, team or model (none for a global
 // budget). The value is the raw one, exactly as the handler resolves it (for
@@ -145,6 +146,7 @@ func parseBudgetPath(path string) (budgetAction, bool) {
 		act.method = http.MethodPost
 	case "limit":
 		act.method = http.MethodPut + ", " + http.MethodDelete
+	case "top":
 	default:
 		return act, false
 	}
@@ -157,7 +159,7 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 	}
 	act, ok := parseBudgetPath(r.URL.Path)
 	if !ok {
-		return apiErrorf(http.StatusNotFound, "no such endpoint %s: use GET %s<budget>, POST %s<budget>/reset or PUT and DELETE %s<budget>/limit", r.URL.Path, budgetsPath, budgetsPath, budgetsPath)
+		return apiErrorf(http.StatusNotFound, "no such endpoint %s: use GET %s<budget>, GET %s<budget>/top, POST %s<budget>/reset or PUT and DELETE %s<budget>/limit", r.URL.Path, budgetsPath, budgetsPath, budgetsPath, budgetsPath)
 	}
 	if !slices.Contains(strings.Split(act.method, ", "), r.Method) {
 		w.Header().Set("Allow", act.method)
@@ -169,6 +171,9 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 		return apiErrorf(http.StatusNotFound, "%v", err)
 	case err != nil:
 		return apiErrorf(http.StatusConflict, "%v", err)
+	}
+	if act.kind == "top" {
+		return writeTop(w, r, eng, &b)
 	}
 	scope, err := scopeFromQuery(&b, r.URL.Query())
 	if err != nil {
@@ -336,4 +341,62 @@ func amountJSON(u budget.Unit, v int64) json.Number {
 
 func apiErrorf(status int, format string, args ...any) error {
 	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf(format, args...)}
+}
+
+// budgetTop is the answer of GET .../top: the scope values that spent most
+// in the current window, largest first.
+type budgetTop struct {
+	Budget      string     `json:"budget"`
+	Scope       string     `json:"scope"`
+	Unit        string     `json:"unit"`
+	WindowStart time.Time  `json:"window_start"`
+	WindowEnd   time.Time  `json:"window_end"`
+	Top         []topEntry `json:"top"`
+}
+
+// topEntry is one scope value of a top list.
+type topEntry struct {
+	// ScopeHash names the value, as <scope>_hash= takes it.
+	ScopeHash string `json:"scope_hash"`
+	// Value is the raw value where the config names it (limit_for of a team
+	// or a model); absent otherwise, and always for a key.
+	Value string `json:"value,omitempty"`
+	// Used is the value's counter as its last settle left it, in the
+	// budget's unit.
+	Used json.Number `json:"used"`
+}
+
+// defaultTopN is how many spenders GET .../top lists without n.
+const defaultTopN = 20
+
+// writeTop answers GET /fleetguard/budgets/<name>/top?n=<n>.
+func writeTop(w http.ResponseWriter, r *http.Request, eng *store, b *budget.Budget) error {
+	n := defaultTopN
+	for name, vals := range r.URL.Query() {
+		v, err := strconv.Atoi(vals[0])
+		if name != "n" || len(vals) != 1 || err != nil {
+			return apiErrorf(http.StatusBadRequest, "the top list takes one parameter, n=<1..%d> (default %d)", budget.MaxTop, defaultTopN)
+		}
+		n = v
+	}
+	switch {
+	case n < 1 || n > budget.MaxTop:
+		return apiErrorf(http.StatusBadRequest, "n=%d: the top list is 1 to %d long", n, budget.MaxTop)
+	case b.Scope == budget.Global:
+		return apiErrorf(http.StatusBadRequest, "budget %q is global: it has one scope value, whose window is GET %s%s", b.Name, budgetsPath, b.Name)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminStoreTimeout)
+	defer cancel()
+	top, st, err := eng.budgets.Top(ctx, b, n)
+	if err != nil {
+		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
+	}
+	out := budgetTop{Budget: b.Name, Scope: b.Scope.String(), Unit: b.Unit.String(),
+		WindowStart: st.Start.UTC(), WindowEnd: st.End.UTC(), Top: make([]topEntry, len(top))}
+	for i, e := range top {
+		_, hash, _ := strings.Cut(e.Member, "-")
+		out.Top[i] = topEntry{ScopeHash: hash, Value: b.Names[e.Member], Used: amountJSON(b.Unit, e.Used)}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(out)
 }

@@ -513,3 +513,46 @@ func TestAdminLimitSetOnOneInstanceAppliesOnTheOther(t *testing.T) {
 		t.Fatalf("a POST of a limit: %d Allow %q, want 405 with PUT, DELETE", resp.StatusCode, resp.Header.Get("Allow"))
 	}
 }
+
+// GET .../top lists the scope values that spent most in the window, largest
+// first, with the raw value of those the config names; n bounds it.
+func TestAdminTopListsTheLargestSpenders(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	tc := startCaddy(t, llmCaddyfile(port, up.URL, "", `budget per_team {
+			scope team
+			limit 100000
+			limit_for team research 200000
+			window 1h
+		}
+		budget all {
+			limit 100000000
+			window 1h
+		}`))
+	for team, n := range map[string]int{"research": 3, "green": 2, "blue": 1} {
+		for range n {
+			if resp, body := chat(t, url, chatBody, "X-Team: "+team); resp.StatusCode != http.StatusOK {
+				t.Fatalf("team %s: %d %s", team, resp.StatusCode, body)
+			}
+		}
+	}
+	waitSettles()
+	resp, body := get(t, "http://"+tc.admin+"/fleetguard/budgets/per_team/top?n=2")
+	var top budgetTop
+	if err := json.Unmarshal([]byte(body), &top); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s: %v", resp.StatusCode, body, err)
+	}
+	want := []topEntry{
+		{ScopeHash: keyhash.Of("research").String(), Value: "research", Used: "300"},
+		{ScopeHash: keyhash.Of("green").String(), Used: "200"},
+	}
+	if fmt.Sprint(top.Top) != fmt.Sprint(want) || top.Scope != "team" || !time.Now().Before(top.WindowEnd) {
+		t.Fatalf("top %s, want %v in the current window", body, want)
+	}
+	for _, bad := range []string{"per_team/top?n=0", "per_team/top?n=101", "per_team/top?team=green", "all/top"} {
+		if resp, body := get(t, "http://"+tc.admin+"/fleetguard/budgets/"+bad); resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("GET %s: %d %s, want 400", bad, resp.StatusCode, body)
+		}
+	}
+}

@@ -547,7 +547,7 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 	if b.Limit, err = limitIn(b.Unit, bc.Limit); err != nil {
 		return b, fmt.Errorf("llmbudget: budget %q: limit %w", bc.Name, err)
 	}
-	if b.Fixed, err = bc.compileLimitFor(&b); err != nil {
+	if b.Fixed, b.Names, err = bc.compileLimitFor(&b); err != nil {
 		return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 	}
 	switch {
@@ -585,33 +585,37 @@ func limitIn(u budget.Unit, v float64) (int64, error) {
 	return int64(v), nil
 }
 
-// compileLimitFor turns LimitFor into b's Fixed limits, by scope id.
-func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, error) {
+// compileLimitFor turns LimitFor into b's Fixed limits and the Names of the
+// values it names (a key's is not kept: it is a secret), by scope id.
+func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, map[string]string, error) {
 	if len(bc.LimitFor) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if b.Scope == budget.Global {
-		return nil, errors.New("limit_for: a global budget has no scope value; its limit is limit")
+		return nil, nil, errors.New("limit_for: a global budget has no scope value; its limit is limit")
 	}
-	fixed := make(map[string]int64, len(bc.LimitFor))
+	fixed, names := make(map[string]int64, len(bc.LimitFor)), make(map[string]string)
 	for i, lf := range bc.LimitFor {
 		hash := lf.ValueHash
 		if (lf.Value == "") == (hash == "") {
-			return nil, fmt.Errorf("limit_for[%d]: give value or value_hash, one of them", i)
+			return nil, nil, fmt.Errorf("limit_for[%d]: give value or value_hash, one of them", i)
 		}
 		if lf.Value != "" {
 			hash = keyhash.Of(lf.Value).String()
 		}
 		id, err := budget.HashedScopeID(b.Scope, hash)
 		if err != nil {
-			return nil, fmt.Errorf("limit_for[%d]: value_hash: %w", i, err)
+			return nil, nil, fmt.Errorf("limit_for[%d]: value_hash: %w", i, err)
 		}
 		if _, dup := fixed[id]; dup {
-			return nil, fmt.Errorf("limit_for[%d]: the value is given a limit twice", i)
+			return nil, nil, fmt.Errorf("limit_for[%d]: the value is given a limit twice", i)
 		}
 		if fixed[id], err = limitIn(b.Unit, lf.Limit); err != nil {
-			return nil, fmt.Errorf("limit_for[%d]: limit %w", i, err)
+			return nil, nil, fmt.Errorf("limit_for[%d]: limit %w", i, err)
+		}
+		if lf.Value != "" && b.Scope != budget.PerKey {
+			names[id] = lf.Value
 		}
 	}
-	return fixed, nil
+	return fixed, names, nil
 }

@@ -96,6 +96,10 @@ type Budget struct {
 	// limit_for), by ScopeID: they win over Limit, and a limit set at run
 	// time (Engine.SetLimit) wins over them. Default: none.
 	Fixed map[string]int64
+	// Names are the raw values of scope values the config names (a team's,
+	// a model's; never a key's), by ScopeID, for the admin API to show
+	// beside their hashes. Default: none.
+	Names map[string]string
 }
 
 // configuredLimit is the limit the config gives the scope value scopeID:
