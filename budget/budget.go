@@ -3,6 +3,7 @@ package budget
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -100,6 +101,10 @@ type Budget struct {
 	// a model's; never a key's), by ScopeID, for the admin API to show
 	// beside their hashes. Default: none.
 	Names map[string]string
+	// AlertAt are percentages of the limit (1 to 100, ascending) at which
+	// each scope value is reported once per window, fleet-wide (see
+	// Reservation.Crossings). Default: none.
+	AlertAt []int
 }
 
 // configuredLimit is the limit the config gives the scope value scopeID:
@@ -134,6 +139,10 @@ func (b *Budget) Validate() error {
 		return fmt.Errorf("budget %q: name must be non-empty without braces, colons, quotes or spaces", b.Name)
 	case b.Limit <= 0:
 		return fmt.Errorf("budget %q: limit must be > 0", b.Name)
+	case !slices.IsSorted(b.AlertAt) || len(slices.Compact(slices.Clone(b.AlertAt))) != len(b.AlertAt):
+		return fmt.Errorf("budget %q: alert_at: each percentage once, in ascending order", b.Name)
+	case len(b.AlertAt) > 0 && (b.AlertAt[0] < 1 || b.AlertAt[len(b.AlertAt)-1] > 100):
+		return fmt.Errorf("budget %q: alert_at: percentages of the limit, 1%% to 100%%", b.Name)
 	case b.Calendar != Fixed:
 	case b.Window < time.Second:
 		return fmt.Errorf("budget %q: window must be at least 1s", b.Name)

@@ -462,6 +462,57 @@ func TestStoreConformance(t *testing.T) {
 				t.Fatalf("top %d after %d spenders: %v %v", MaxTop, TopSize+50, top, err)
 			}
 		}},
+		{"each alert is reached first by exactly one settle of the fleet", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			engines := []*Engine{NewEngine(s, "c19"), NewEngine(s, "c19")} // two instances
+			b := []Budget{tokenBudget("k", PerKey, 1000), tokenBudget("t", PerTeam, 1000), tokenBudget("g", Global, 1000)}
+			for i := range b {
+				b[i].AlertAt = []int{50, 80, 95}
+			}
+			dims := Dims{Principal: "alice", Team: "red"}
+			var mu sync.Mutex
+			seen := map[string]int{}
+			var wg sync.WaitGroup
+			for i := range 50 { // 50 × 20 = the whole 1000
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					e := engines[i%2]
+					r, d, err := e.Reserve(ctx, b, dims, Spend{Tokens: 20})
+					if err != nil || d != nil {
+						t.Errorf("reserve %d: %+v %v", i, d, err)
+						return
+					}
+					if err := e.Settle(ctx, r, Spend{Tokens: 20}); err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					for _, c := range r.Crossings() {
+						if c.Used < c.Limit*int64(c.Percent)/100 || c.Limit != 1000 || c.ScopeID != ScopeID(c.Budget, dims) {
+							t.Errorf("crossing %+v: below its threshold, or not the scope value's", c)
+						}
+						seen[fmt.Sprint(c.Budget.Name, " ", c.Percent)]++
+					}
+				}()
+			}
+			wg.Wait()
+			want := map[string]int{}
+			for _, name := range []string{"k", "t", "g"} {
+				for _, pct := range []int{50, 80, 95} {
+					want[fmt.Sprint(name, " ", pct)] = 1
+				}
+			}
+			if fmt.Sprint(seen) != fmt.Sprint(want) {
+				t.Fatalf("crossings %v, want each budget's 50, 80 and 95 once", seen)
+			}
+			// Past every threshold, a settle in the same window reaches none.
+			r := mustReserve(t, engines[0], b, dims, 0)
+			if err := engines[0].Settle(ctx, r, Spend{}); err != nil || len(r.Crossings()) != 0 {
+				t.Fatalf("a settle after the crossings: %v %v, want none", r.Crossings(), err)
+			}
+		}},
 		{"usd budgets count micro-dollars", func(t *testing.T, s Store) {
 			e := NewEngine(s, "c8")
 			b := []Budget{{Name: "spend", Scope: Global, Unit: USD, Limit: USDToMicros(1), Window: time.Hour}, tokenBudget("tok", Global, 1<<40)}

@@ -138,9 +138,9 @@ type Hold struct {
 	// Fixed), which extensions keep; else they follow the budget's limit
 	// in force, which a reload may change.
 	overridden bool
-	// top and member name the hold's scope value in its window's top set
-	// (member "": a global budget, which has one value and no top).
-	top, member string
+	// scopeID and window name the hold's scope value and window in store
+	// keys (its top set, its alerts).
+	scopeID, window string
 }
 
 // Reservation is an admitted request's claim on its budgets, to be settled.
@@ -156,6 +156,8 @@ type Reservation struct {
 	// settle that found no record is only lost if none was applied or left
 	// unsure before it.
 	settle atomic.Uint32
+	// crossings are the alerts its settle reached first (see Crossings).
+	crossings []Crossing
 }
 
 // What an engine knows of a reservation's settle.
@@ -206,15 +208,13 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		b := &budgets[i]
 		scopeID := ScopeID(b, dims)
 		r.Holds[i] = Hold{Budget: b, Key: e.scopedKey(b, scopeID, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
-		if b.Scope != Global {
-			r.Holds[i].top, r.Holds[i].member = e.topKey(b, now), scopeID
-		}
+		r.Holds[i].scopeID, r.Holds[i].window = scopeID, windowID(b, now)
 		charges[i] = e.chargeOf(r, &r.Holds[i], scopeID)
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if e.failed(err) != nil {
 		e.trip()
-		e.resolve(r, releaseOf(r), "reserve", "released", "cancelled")
+		e.resolve(r, e.releaseOf(r), "reserve", "released", "cancelled")
 		return nil, nil, err
 	}
 	if res.Cancelled {
@@ -393,19 +393,54 @@ func (e *Engine) trip() {
 }
 
 // releaseOf returns every counter of r to what it was before r.
-func releaseOf(r *Reservation) []Adjustment {
-	return adjustments(r, func(*Hold) int64 { return 0 })
+func (e *Engine) releaseOf(r *Reservation) []Adjustment {
+	return e.adjustments(r, func(*Hold) int64 { return 0 })
 }
 
 // adjustments names every counter of r in the reserve's order, each settled
-// at amount(h).
-func adjustments(r *Reservation, amount func(h *Hold) int64) []Adjustment {
+// at amount(h), with its top set and its alerts.
+func (e *Engine) adjustments(r *Reservation, amount func(h *Hold) int64) []Adjustment {
 	adjs := make([]Adjustment, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
-		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: h.Budget.KeyTTL(), Top: h.top, Member: h.member}
+		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: h.Budget.KeyTTL()}
+		if h.Budget.Scope != Global {
+			adjs[i].Top, adjs[i].Member = e.windowKey("top", h), h.scopeID
+		}
+		if len(h.Budget.AlertAt) > 0 {
+			adjs[i].Alerted, adjs[i].Alerts = e.windowKey("alerted", h), make([]Alert, len(h.Budget.AlertAt))
+			for j, pct := range h.Budget.AlertAt {
+				// At pct% of the limit, rounded up: at 80% of 999, 800 reaches it.
+				at := (h.Limit*int64(pct) + 99) / 100
+				adjs[i].Alerts[j] = Alert{At: at, Field: h.scopeID + ":" + strconv.Itoa(pct)}
+			}
+		}
 	}
 	return adjs
+}
+
+// Crossing is a threshold of a budget's AlertAt that a settle was the first
+// of the fleet to reach, for one scope value in one window.
+type Crossing struct {
+	Budget  *Budget
+	ScopeID string
+	Percent int
+	// Used is the counter after the settle; Limit the limit in force when
+	// the reservation was made.
+	Used, Limit int64
+}
+
+// Crossings are the thresholds r's settle was the first to reach.
+func (r *Reservation) Crossings() []Crossing { return r.crossings }
+
+// crossings collects, after an applied settle, what adjs reached first.
+func (r *Reservation) collectCrossings(adjs []Adjustment) {
+	for i := range adjs {
+		for _, j := range adjs[i].Crossed {
+			h := &r.Holds[i]
+			r.crossings = append(r.crossings, Crossing{Budget: h.Budget, ScopeID: h.scopeID, Percent: h.Budget.AlertAt[j], Used: adjs[i].After, Limit: h.Limit})
+		}
+	}
 }
 
 // ErrDrift wraps a settle that failed after every retry: the counters keep the
@@ -427,14 +462,14 @@ var ErrReservationLost = errors.New("budget settle: the reservation's record is 
 func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error {
 	// The store moves each counter from what the record holds, so a settle
 	// is right whatever extensions applied, even one whose reply was lost.
-	return e.settle(ctx, r, adjustments(r, func(h *Hold) int64 { return max(h.Budget.Amount(actual), 0) }))
+	return e.settle(ctx, r, e.adjustments(r, func(h *Hold) int64 { return max(h.Budget.Amount(actual), 0) }))
 }
 
 // Keep settles a reservation at what it holds (its reserve and every
 // extension), in every budget: for a response whose usage is unknown, which
 // the upstream still bills. It ends the reservation's record like any settle.
 func (e *Engine) Keep(ctx context.Context, r *Reservation) error {
-	return e.settle(ctx, r, adjustments(r, func(*Hold) int64 { return KeepHeld }))
+	return e.settle(ctx, r, e.adjustments(r, func(*Hold) int64 { return KeepHeld }))
 }
 
 func (e *Engine) settle(ctx context.Context, r *Reservation, adjs []Adjustment) error {
@@ -455,6 +490,7 @@ func (e *Engine) settle(ctx context.Context, r *Reservation, adjs []Adjustment) 
 		}
 		if applied {
 			r.settle.Store(settleApplied)
+			r.collectCrossings(adjs)
 		} else if r.settle.Load() == settleNone {
 			return ErrReservationLost
 		}
@@ -594,6 +630,12 @@ func windowID(b *Budget, now time.Time) string {
 // settle script writes it on their Cluster slot.
 func (e *Engine) topKey(b *Budget, now time.Time) string {
 	return e.prefix + ":bg:{b}:top:" + b.Name + ":" + windowID(b, now)
+}
+
+// windowKey is the key of kind ("top", "alerted") of h's budget and window:
+// <prefix>:bg:{b}:<kind>:<budget>:<window>.
+func (e *Engine) windowKey(kind string, h *Hold) string {
+	return e.prefix + ":bg:{b}:" + kind + ":" + h.Budget.Name + ":" + h.window
 }
 
 // MaxTop is the most spenders Top lists.

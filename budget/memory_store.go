@@ -186,8 +186,24 @@ func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration
 		if a.Member != "" {
 			m.keepTop(a, v, now)
 		}
+		adjs[i].Crossed, adjs[i].After = m.cross(a, v, now), v
 	}
 	return true, nil
+}
+
+// cross marks each of a's alerts that v reaches and none marked before,
+// and returns their indexes. A mark is a value of the keyspace named by
+// the alerted hash and the field. Callers hold m.mu.
+func (m *MemoryStore) cross(a Adjustment, v int64, now time.Time) []int {
+	var crossed []int
+	for j, al := range a.Alerts {
+		mark := a.Alerted + "\x00" + al.Field
+		if _, marked := m.get(mark, now); v >= al.At && !marked {
+			m.keys[mark] = memoryValue{value: v, expires: now.Add(a.TTL)}
+			crossed = append(crossed, j)
+		}
+	}
+	return crossed
 }
 
 // keepTop makes v, a's counter after its settle, a.Member's in a's top set,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -137,17 +138,25 @@ return {1, 0, unpack(used)}
 // repeat after a lost reply finds none and is a no-op, and a release that
 // arrives before its reserve leaves a tombstone that cancels the reserve. A
 // counter that falls to 0 is deleted, so a released request (an upstream's
-// 401 to a stranger) leaves no key behind. A counter with a member keeps its
+// 401 to a stranger) leaves no key behind.
+//
+// Two things ride on the settle, which is where a counter's value is known
+// for sure (a reserve's may be released): a counter with a member keeps its
 // value as the member's score in its window's top set, which holds the
-// TopSize largest: so the top spenders are read without a scan, exactly,
-// from a set as small as that and gone with the window.
+// TopSize largest, so the top spenders are read without a scan, exactly,
+// from a set as small as that and gone with the window; and a counter with
+// alerts marks, in its window's alerted hash, each alert amount it reached
+// first (HSETNX): the one settle of the whole fleet that does reports it.
 //
 // KEYS[1]: the record; KEYS[2..n+1]: its counters, in the reserve's order;
-// then the top set of each counter that has a member, in order. ARGV[1]:
-// ttl_ms of a tombstone; then amount (-1: keep what is held), ttl_ms and
-// member ("" for none) for each counter. Returns 1 if applied, 0 otherwise.
+// then, for each counter in order, its top set if it has a member and its
+// alerted hash if it has alerts. ARGV[1]: ttl_ms of a tombstone; then, for
+// each counter, amount (-1: keep what is held), ttl_ms, member ("" for
+// none) and alerts ("<amount> <field> ...", "" for none). Returns {0} if
+// not applied, else {1, then each counter's alerts reached first (a bit
+// each, in order) and value after}.
 var settleScript = redis.NewScript(`
-local n = (#ARGV - 1) / 3
+local n = (#ARGV - 1) / 4
 local fields = {'s'}
 for i = 1, n do
   fields[i+1] = 'h' .. i
@@ -158,11 +167,12 @@ if rec[1] ~= 'r' then
     redis.call('HSET', KEYS[1], 's', 'x')
     redis.call('PEXPIRE', KEYS[1], ARGV[1])
   end
-  return 0
+  return {0}
 end
-local top = n + 1
+local out = {1}
+local k = n + 1
 for i = 1, n do
-  local amount = tonumber(ARGV[3*i-1])
+  local amount, ttl, member, alerts = tonumber(ARGV[4*i-2]), ARGV[4*i-1], ARGV[4*i], ARGV[4*i+1]
   local v
   if amount >= 0 then
     local held = tonumber(rec[i+1] or '0')
@@ -170,26 +180,40 @@ for i = 1, n do
     if v <= 0 then
       redis.call('DEL', KEYS[i+1])
     else
-      redis.call('PEXPIRE', KEYS[i+1], ARGV[3*i])
+      redis.call('PEXPIRE', KEYS[i+1], ttl)
     end
   else
     v = tonumber(redis.call('GET', KEYS[i+1]) or '0')
   end
-  if ARGV[3*i+1] ~= '' then
-    top = top + 1
+  if member ~= '' then
+    k = k + 1
     if v > 0 then
-      redis.call('ZADD', KEYS[top], v, ARGV[3*i+1])
-      if redis.call('ZCARD', KEYS[top]) > ` + strconv.Itoa(TopSize) + ` then
-        redis.call('ZREMRANGEBYRANK', KEYS[top], 0, -` + strconv.Itoa(TopSize+1) + `)
+      redis.call('ZADD', KEYS[k], v, member)
+      if redis.call('ZCARD', KEYS[k]) > ` + strconv.Itoa(TopSize) + ` then
+        redis.call('ZREMRANGEBYRANK', KEYS[k], 0, -` + strconv.Itoa(TopSize+1) + `)
       end
-      redis.call('PEXPIRE', KEYS[top], ARGV[3*i])
+      redis.call('PEXPIRE', KEYS[k], ttl)
     else
-      redis.call('ZREM', KEYS[top], ARGV[3*i+1])
+      redis.call('ZREM', KEYS[k], member)
     end
   end
+  local crossed = 0
+  if alerts ~= '' then
+    k = k + 1
+    local bit = 1
+    for at, field in string.gmatch(alerts, '(%d+) (%S+)') do
+      if v >= tonumber(at) and redis.call('HSETNX', KEYS[k], field, v) == 1 then
+        crossed = crossed + bit
+        redis.call('PEXPIRE', KEYS[k], ttl)
+      end
+      bit = bit * 2
+    end
+  end
+  out[#out+1] = crossed
+  out[#out+1] = v
 end
 redis.call('DEL', KEYS[1])
-return 1
+return out
 `)
 
 // RedisStore keeps budget counters in Redis. All keys of one call must share a
@@ -293,23 +317,64 @@ func (r *RedisStore) Override(ctx context.Context, table, field string) (int64, 
 	return n, nil
 }
 
-// Settle implements Store.
-func (r *RedisStore) Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
-	keys, args := scriptInput(record, ttl.Milliseconds(), 2*len(adjs), 3)
+// settleInput is the KEYS and ARGV of settleScript.
+func settleInput(record string, ttl time.Duration, adjs []Adjustment) ([]string, []any) {
+	keys, args := scriptInput(record, ttl.Milliseconds(), 3*len(adjs), 4)
 	for _, a := range adjs {
 		keys = append(keys, a.Key)
-		args = append(args, a.Amount, a.TTL.Milliseconds(), a.Member)
+		args = append(args, a.Amount, a.TTL.Milliseconds(), a.Member, alertsArg(a.Alerts))
 	}
 	for _, a := range adjs {
 		if a.Member != "" {
 			keys = append(keys, a.Top)
 		}
+		if len(a.Alerts) > 0 {
+			keys = append(keys, a.Alerted)
+		}
 	}
-	n, err := settleScript.Run(ctx, r.client, keys, args...).Int64()
+	return keys, args
+}
+
+// alertsArg is alerts as settleScript reads them: "<amount> <field> ...".
+func alertsArg(alerts []Alert) string {
+	var b strings.Builder
+	for i, al := range alerts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.FormatInt(al.At, 10) + " " + al.Field)
+	}
+	return b.String()
+}
+
+// Settle implements Store.
+func (r *RedisStore) Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
+	keys, args := settleInput(record, ttl, adjs)
+	vals, err := settleScript.Run(ctx, r.client, keys, args...).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("budget settle script: %w", err)
 	}
-	return n == 1, nil
+	if len(vals) == 1 && vals[0] == 0 {
+		return false, nil
+	}
+	if len(vals) != 1+2*len(adjs) {
+		return false, fmt.Errorf("budget settle script: %d values for %d budgets", len(vals), len(adjs))
+	}
+	for i := range adjs {
+		adjs[i].Crossed, adjs[i].After = crossedOf(vals[1+2*i], len(adjs[i].Alerts)), vals[2+2*i]
+	}
+	return true, nil
+}
+
+// crossedOf is the indexes of the bits set in mask, of n.
+func crossedOf(mask int64, n int) []int {
+	var out []int
+	for j := range n {
+		if mask&(1<<j) != 0 {
+			out = append(out, j)
+		}
+	}
+	return out
 }
 
 // Extend implements Store.

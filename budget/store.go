@@ -61,6 +61,24 @@ type Adjustment struct {
 	// the settle as Member's score in the sorted set Top (see Store.Top):
 	// the spenders of a budget's window. Top takes the counter's TTL.
 	Top, Member string
+	// Alerts are counter values, ascending, at which the counter's scope
+	// value is told once per window, fleet-wide: the first settle to leave
+	// the counter at or past one marks it in the hash Alerted (which takes
+	// the counter's TTL) and reports it in Crossed.
+	Alerts  []Alert
+	Alerted string
+	// Crossed and After are written by Settle, when it applies: the
+	// indexes of the Alerts this settle was the first to reach, and the
+	// counter's value after it.
+	Crossed []int
+	After   int64
+}
+
+// Alert is one threshold of an Adjustment: a counter value, and the field
+// that marks it reached in the alerted hash.
+type Alert struct {
+	At    int64
+	Field string
 }
 
 // TopSize bounds a Top set: past it, a settle drops the lowest members. A
