@@ -281,6 +281,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			unit   tokens|usd
 //			limit  <number>
 //			limit_for <scope>|<scope>_hash <value> <number>
+//			alert_at <percent>...
 //			window <duration>
 //		}
 //		price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>]
@@ -545,6 +546,7 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 	var decimalLimit string
 	seen := make(map[string]bool)
 	var limitFor []limitForLine
+	var err error
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
 		if seen[field] && field != "limit_for" {
@@ -552,6 +554,10 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 		}
 		seen[field] = true
 		switch field {
+		case "alert_at":
+			if bc.AlertAt, err = parseAlertAt(d, bc.Name); err != nil {
+				return bc, err
+			}
 		case "limit_for":
 			lf, err := parseLimitFor(d, bc.Name)
 			if err != nil {
@@ -601,7 +607,7 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 				return bc, d.Errf("llmbudget: budget %q: timezone takes an IANA zone name (America/New_York)", bc.Name)
 			}
 		default:
-			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, window or timezone)", bc.Name, field)
+			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, alert_at, window or timezone)", bc.Name, field)
 		}
 	}
 	for _, lf := range limitFor {
@@ -622,6 +628,23 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 		return bc, fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
 	}
 	return bc, nil
+}
+
+// parseAlertAt reads `alert_at <percent>...`, each as 80% or 80, ascending.
+func parseAlertAt(d *caddyfile.Dispenser, name string) ([]int, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.Errf("llmbudget: budget %q: alert_at takes one or more percentages of the limit (alert_at 80%% 95%%)", name)
+	}
+	out := make([]int, len(args))
+	for i, a := range args {
+		n, err := strconv.Atoi(strings.TrimSuffix(a, "%"))
+		if err != nil || n < 1 || n > 100 || (i > 0 && n <= out[i-1]) {
+			return nil, d.Errf("llmbudget: budget %q: alert_at %q: want whole percentages from 1%% to 100%%, ascending, each once", name, a)
+		}
+		out[i] = n
+	}
+	return out, nil
 }
 
 // limitForLine is a budget's limit_for line, checked against the budget's

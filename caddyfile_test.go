@@ -117,6 +117,10 @@ func TestLLMBudgetConfigErrors(t *testing.T) {
 		{"limit_for a value twice", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o 5\nlimit_for model gpt-4o 6\n}", "given a limit twice", ""},
 		{"limit_for a bad hash", "budget b {\nscope key\nlimit 10\nwindow 1h\nlimit_for key_hash sk-raw 5\n}", "32 lowercase hex digits", ""},
 		{"limit_for in dollars on a token budget", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o 2.5\n}", "whole number", ""},
+		{"alert_at out of order", "budget b {\nlimit 10\nwindow 1h\nalert_at 95% 80%\n}", `alert_at "80%"`, "Caddyfile:6"},
+		{"alert_at over 100", "budget b {\nlimit 10\nwindow 1h\nalert_at 120%\n}", `alert_at "120%"`, "Caddyfile:6"},
+		{"alert_at empty", "budget b {\nlimit 10\nwindow 1h\nalert_at\n}", "alert_at takes one or more", "Caddyfile:6"},
+		{"alert_at twice", "budget b {\nlimit 10\nwindow 1h\nalert_at 80%\nalert_at 90%\n}", "alert_at is set twice", "Caddyfile:7"},
 		{"ratelimit_scopes twice", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key\nratelimit_scopes team", "ratelimit_scopes is set twice", "Caddyfile:8"},
 	}
 	for _, tt := range tests {

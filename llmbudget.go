@@ -264,6 +264,11 @@ type BudgetConfig struct {
 	// time through the admin API wins over them. Not for a global budget.
 	// Default: none.
 	LimitFor []LimitForConfig `json:"limit_for,omitempty"`
+	// AlertAt are percentages of the limit (1 to 100, ascending) at which
+	// each scope value is reported once per window across the whole fleet:
+	// the llmbudget_threshold event and
+	// fleetguard_llmbudget_threshold_crossings_total. Default: none.
+	AlertAt []int `json:"alert_at,omitempty"`
 }
 
 // LimitForConfig is the limit of one scope value of a budget.
@@ -529,7 +534,7 @@ func loadPricesFile(path string) (*budget.PriceBook, error) {
 }
 
 func (bc *BudgetConfig) compile() (budget.Budget, error) {
-	b := budget.Budget{Name: bc.Name, Window: time.Duration(bc.Window)}
+	b := budget.Budget{Name: bc.Name, Window: time.Duration(bc.Window), AlertAt: bc.AlertAt}
 	var err error
 	if bc.Scope != "" {
 		if b.Scope, err = budget.ParseScope(bc.Scope); err != nil {

@@ -31,6 +31,7 @@ var metrics = struct {
 	llmLeaseExtensions *prometheus.CounterVec
 	llmTruncations     prometheus.Counter
 	llmSettleWaits     prometheus.Counter
+	llmThresholds      *prometheus.CounterVec
 	panics             *prometheus.CounterVec
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -143,6 +144,12 @@ var metrics = struct {
 		Name:      "settle_waits_total",
 		Help:      "Refused requests that waited (up to settle_wait) for requests in flight to settle before their 429 or 402, since those hold more than they will be charged.",
 	}),
+	llmThresholds: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "threshold_crossings_total",
+		Help:      "Thresholds of a budget's alert_at that a scope value reached in a window, by budget and threshold (percent of the limit): counted once for the whole fleet, by the instance whose settle reached it first, which also emits llmbudget_threshold. Sum over instances.",
+	}, []string{"budget", "threshold"}),
 	panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Name:      "panics_total",
@@ -204,7 +211,7 @@ func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
 		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
-		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.panics}
+		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.llmThresholds, m.panics}
 }
 
 // observePass counts a reconcile pass.

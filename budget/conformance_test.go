@@ -513,6 +513,29 @@ func TestStoreConformance(t *testing.T) {
 				t.Fatalf("a settle after the crossings: %v %v, want none", r.Crossings(), err)
 			}
 		}},
+		{"a denied value is noted first once per window, fleet-wide; standings read counters and limits", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e, other := NewEngine(s, "c20"), NewEngine(s, "c20")
+			b := tokenBudget("k", PerKey, 100)
+			alice, bob := ScopeID(&b, Dims{Principal: "alice"}), ScopeID(&b, Dims{Principal: "bob"})
+			for i, tt := range []struct {
+				e     *Engine
+				id    string
+				first bool
+			}{{e, alice, true}, {other, alice, false}, {e, alice, false}, {other, bob, true}} {
+				if first, err := tt.e.NoteDenied(ctx, &b, tt.id); err != nil || first != tt.first {
+					t.Fatalf("note %d: first %v (%v), want %v", i, first, err, tt.first)
+				}
+			}
+			mustReserve(t, e, []Budget{b}, Dims{Principal: "bob"}, 40)
+			if err := e.SetLimit(ctx, &b, bob, 500); err != nil {
+				t.Fatal(err)
+			}
+			used, limits, err := other.Standings(ctx, &b, []string{alice, bob})
+			if err != nil || fmt.Sprint(used, limits) != "[0 40] [100 500]" {
+				t.Fatalf("standings %v %v (%v), want [0 40] [100 500]", used, limits, err)
+			}
+		}},
 		{"usd budgets count micro-dollars", func(t *testing.T, s Store) {
 			e := NewEngine(s, "c8")
 			b := []Budget{{Name: "spend", Scope: Global, Unit: USD, Limit: USDToMicros(1), Window: time.Hour}, tokenBudget("tok", Global, 1<<40)}

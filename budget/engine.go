@@ -428,6 +428,8 @@ type Crossing struct {
 	// Used is the counter after the settle; Limit the limit in force when
 	// the reservation was made.
 	Used, Limit int64
+	// WindowEnd is when the window it was reached in ends.
+	WindowEnd time.Time
 }
 
 // Crossings are the thresholds r's settle was the first to reach.
@@ -438,7 +440,7 @@ func (r *Reservation) collectCrossings(adjs []Adjustment) {
 	for i := range adjs {
 		for _, j := range adjs[i].Crossed {
 			h := &r.Holds[i]
-			r.crossings = append(r.crossings, Crossing{Budget: h.Budget, ScopeID: h.scopeID, Percent: h.Budget.AlertAt[j], Used: adjs[i].After, Limit: h.Limit})
+			r.crossings = append(r.crossings, Crossing{Budget: h.Budget, ScopeID: h.scopeID, Percent: h.Budget.AlertAt[j], Used: adjs[i].After, Limit: h.Limit, WindowEnd: h.WindowEnd})
 		}
 	}
 }
@@ -636,6 +638,37 @@ func (e *Engine) topKey(b *Budget, now time.Time) string {
 // <prefix>:bg:{b}:<kind>:<budget>:<window>.
 func (e *Engine) windowKey(kind string, h *Hold) string {
 	return e.prefix + ":bg:{b}:" + kind + ":" + h.Budget.Name + ":" + h.window
+}
+
+// NoteDenied marks that b denied its scope value scopeID in the current
+// window, and reports whether this was the fleet's first denial of it
+// there: counting the firsts counts the values denied, once each.
+func (e *Engine) NoteDenied(ctx context.Context, b *Budget, scopeID string) (bool, error) {
+	now := e.now()
+	key := e.prefix + ":bg:{b}:denied:" + b.Name + ":" + windowID(b, now)
+	first, err := e.store.MarkOnce(ctx, key, scopeID, b.KeyTTL())
+	return first, e.failed(err)
+}
+
+// Standings reads b's counters and limits in force for the scope values
+// scopeIDs in the current window: its counters in one call, and the limit
+// of each value a scope has (a global budget's is its own).
+func (e *Engine) Standings(ctx context.Context, b *Budget, scopeIDs []string) (used, limits []int64, err error) {
+	now := e.now()
+	keys := make([]string, len(scopeIDs))
+	for i, id := range scopeIDs {
+		keys[i] = e.scopedKey(b, id, now)
+	}
+	if used, err = e.store.Get(ctx, keys); e.failed(err) != nil {
+		return nil, nil, err
+	}
+	limits = make([]int64, len(scopeIDs))
+	for i, id := range scopeIDs {
+		if limits[i], _, err = e.Limit(ctx, b, id); err != nil {
+			return nil, nil, err
+		}
+	}
+	return used, limits, nil
 }
 
 // MaxTop is the most spenders Top lists.

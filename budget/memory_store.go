@@ -313,3 +313,17 @@ func (m *MemoryStore) collect(now time.Time) {
 		}
 	}
 }
+
+// MarkOnce implements Store. A mark is a value of the keyspace named by the
+// hash and the field, kept for ttl.
+func (m *MemoryStore) MarkOnce(_ context.Context, marks, field string, ttl time.Duration) (bool, error) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mark := marks + "\x00" + field
+	if _, marked := m.get(mark, now); marked {
+		return false, nil
+	}
+	m.keys[mark] = memoryValue{value: 1, expires: now.Add(ttl)}
+	return true, nil
+}

@@ -445,3 +445,25 @@ func (r *RedisStore) Top(ctx context.Context, top string, n int) ([]TopEntry, er
 	}
 	return out, nil
 }
+
+// markOnceScript sets a field of a hash if it is not set, and gives a new
+// hash its TTL, in one step. KEYS[1]: the hash; ARGV[1]: the field;
+// ARGV[2]: ttl_ms. Returns 1 if this call set it.
+var markOnceScript = redis.NewScript(`
+if redis.call('HSETNX', KEYS[1], ARGV[1], 1) == 0 then
+  return 0
+end
+if redis.call('PTTL', KEYS[1]) < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+`)
+
+// MarkOnce implements Store.
+func (r *RedisStore) MarkOnce(ctx context.Context, marks, field string, ttl time.Duration) (bool, error) {
+	n, err := markOnceScript.Run(ctx, r.client, []string{marks}, field, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("budget mark: %w", err)
+	}
+	return n == 1, nil
+}

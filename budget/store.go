@@ -135,4 +135,8 @@ type Store interface {
 	// Top reads the n members of the sorted set top with the largest
 	// counters, largest first (ties: the greater member first).
 	Top(ctx context.Context, top string, n int) ([]TopEntry, error)
+	// MarkOnce marks field in the hash marks (which is kept for ttl from
+	// its first mark) and reports whether this call was the first to: of
+	// all the fleet's calls, one is.
+	MarkOnce(ctx context.Context, marks, field string, ttl time.Duration) (bool, error)
 }
