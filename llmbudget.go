@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -476,7 +477,7 @@ func (h *LLMBudget) compile() error {
 			return fmt.Errorf("llmbudget: budget %q: scope team needs the handler's team option, e.g. team {http.request.header.X-Team}", b.Name)
 		}
 		h.hasUSD = h.hasUSD || b.Unit == budget.USD
-		h.budgets = append(h.budgets, b)
+		h.budgets = append(h.budgets, nameModels(b, h.Prices))
 		if h.shownScopes.has(b.Scope) {
 			policies = append(policies, policyItem(b.Name, b.Limit, b.NominalWindow()))
 		}
@@ -623,4 +624,24 @@ func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, map
 		}
 	}
 	return fixed, names, nil
+}
+
+// nameModels adds to a model budget's Names the models the price table
+// names exactly (a pattern with * names none): the bounded set of values
+// its metrics show. Other budgets are returned as they are.
+func nameModels(b budget.Budget, prices map[string]PriceConfig) budget.Budget {
+	if b.Scope != budget.PerModel {
+		return b
+	}
+	names := maps.Clone(b.Names)
+	if names == nil {
+		names = make(map[string]string)
+	}
+	for model := range prices {
+		if !strings.Contains(model, "*") {
+			names[budget.ScopeID(&b, budget.Dims{Model: model})] = model
+		}
+	}
+	b.Names = names
+	return b
 }

@@ -133,6 +133,7 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	repl.Set("http.llmbudget.budget", d.Budget.Name)
 	h.emitDenied(r, d, ref.dims, false)
+	h.noteDeniedKey(d, ref.dims)
 	h.logger.Debug("request denied by budget",
 		zap.String("budget", d.Budget.Name),
 		zap.String("scope", d.Budget.Scope.String()),
@@ -390,6 +391,12 @@ func (h *LLMBudget) bindCounters() {
 	// The series a dashboard queries, at 0 until the first settle.
 	for _, b := range h.budgets {
 		metrics.llmCharged.WithLabelValues(b.Name, b.Unit.String())
+		if b.Scope == budget.PerKey {
+			metrics.llmKeysDenied.WithLabelValues(b.Name)
+		}
+		for _, pct := range b.AlertAt {
+			metrics.llmThresholds.WithLabelValues(b.Name, strconv.Itoa(pct))
+		}
 	}
 	for model := range h.Prices {
 		metrics.llmCost.WithLabelValues(model)

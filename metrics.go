@@ -32,6 +32,8 @@ var metrics = struct {
 	llmTruncations     prometheus.Counter
 	llmSettleWaits     prometheus.Counter
 	llmThresholds      *prometheus.CounterVec
+	llmKeysDenied      *prometheus.CounterVec
+	budgetStandings    prometheus.Collector
 	panics             *prometheus.CounterVec
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -150,6 +152,13 @@ var metrics = struct {
 		Name:      "threshold_crossings_total",
 		Help:      "Thresholds of a budget's alert_at that a scope value reached in a window, by budget and threshold (percent of the limit): counted once for the whole fleet, by the instance whose settle reached it first, which also emits llmbudget_threshold. Sum over instances.",
 	}, []string{"budget", "threshold"}),
+	llmKeysDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "keys_denied_total",
+		Help:      "Keys a key budget denied, each once per window for the whole fleet (counted by the instance whose denial was the first), by budget. Sum over instances; its increase over a window is the number of keys that ran out.",
+	}, []string{"budget"}),
+	budgetStandings: budgetCollector{},
 	panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Name:      "panics_total",
@@ -211,7 +220,7 @@ func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
 		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
-		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.llmThresholds, m.panics}
+		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.llmThresholds, m.llmKeysDenied, m.budgetStandings, m.panics}
 }
 
 // observePass counts a reconcile pass.
