@@ -376,7 +376,6 @@ func TestGrafanaDashboardQueriesExistingMetrics(t *testing.T) {
 	if err := json.Unmarshal(raw, &dash); err != nil {
 		t.Fatalf("the dashboard is not JSON: %v", err)
 	}
-	labels := describedMetrics(t)
 	var exprs []string
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
@@ -386,6 +385,34 @@ func TestGrafanaDashboardQueriesExistingMetrics(t *testing.T) {
 	for _, v := range dash.Templating.List {
 		exprs = append(exprs, v.Definition)
 	}
+	if queried := checkQueries(t, exprs); queried < 15 {
+		t.Fatalf("the dashboard queries %d series; it should show every area", queried)
+	}
+}
+
+// The alerting rules of examples/prometheus-alerts.yml query metrics and
+// labels fleetguard exports.
+func TestPrometheusAlertsQueryExistingMetrics(t *testing.T) {
+	raw, err := os.ReadFile("examples/prometheus-alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exprs []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		if e, ok := strings.CutPrefix(strings.TrimSpace(line), "expr: "); ok {
+			exprs = append(exprs, e)
+		}
+	}
+	if len(exprs) < 5 || checkQueries(t, exprs) < 5 {
+		t.Fatalf("%d rules: want the budgets' and the store's", len(exprs))
+	}
+}
+
+// checkQueries fails t for each metric or label exprs query that fleetguard
+// does not export, and returns how many metric names they query.
+func checkQueries(t *testing.T, exprs []string) int {
+	t.Helper()
+	labels := describedMetrics(t)
 	metricName := regexp.MustCompile(`fleetguard_[a-z_]+`)
 	grouping := regexp.MustCompile(`by \(([a-z_, ]+)\)`)
 	matcher := regexp.MustCompile(`([a-z_]+)=~?"`)
@@ -425,9 +452,7 @@ func TestGrafanaDashboardQueriesExistingMetrics(t *testing.T) {
 			}
 		}
 	}
-	if queried < 15 {
-		t.Fatalf("the dashboard queries %d series; it should show every area", queried)
-	}
+	return queried
 }
 
 // describedMetrics maps every fleetguard metric name to its labels.
