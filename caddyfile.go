@@ -573,35 +573,13 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 				return bc, d.Errf("llmbudget: budget %q: unit takes one value", bc.Name)
 			}
 		case "limit":
-			var s string
-			if !d.AllArgs(&s) {
-				return bc, d.ArgErr()
-			}
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return bc, d.Errf("llmbudget: budget %q: limit %q is not a number", bc.Name, s)
-			}
-			if !(v > 0) {
-				return bc, d.Errf("llmbudget: budget %q: limit must be > 0", bc.Name)
-			}
-			bc.Limit = v
-			if strings.ContainsAny(s, ".eE") {
-				decimalLimit = position(d)
+			if decimalLimit, err = parseBudgetLimit(d, &bc); err != nil {
+				return bc, err
 			}
 		case "window":
-			var s string
-			if !d.AllArgs(&s) {
-				return bc, d.Errf("llmbudget: budget %q: window takes a duration, or day, week or month", bc.Name)
+			if err := parseBudgetWindow(d, &bc); err != nil {
+				return bc, err
 			}
-			if _, err := budget.ParseCalendar(s); err == nil {
-				bc.Calendar = strings.ToLower(s)
-				break
-			}
-			dur, err := caddy.ParseDuration(s)
-			if err != nil {
-				return bc, d.Errf("llmbudget: budget %q: window %q: want a duration (24h) or day, week or month", bc.Name, s)
-			}
-			bc.Window = caddy.Duration(dur)
 		case "timezone":
 			if !d.AllArgs(&bc.Timezone) {
 				return bc, d.Errf("llmbudget: budget %q: timezone takes an IANA zone name (America/New_York)", bc.Name)
@@ -610,24 +588,71 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, alert_at, window or timezone)", bc.Name, field)
 		}
 	}
+	return bc, finishBudget(&bc, seen, limitFor, at, decimalLimit)
+}
+
+// finishBudget checks what a budget's block says as a whole, once it is
+// read: limit_for against the scope, what is required, a decimal limit
+// (at is the budget's line, decimalLimit the limit's, "" if whole).
+func finishBudget(bc *BudgetConfig, seen map[string]bool, limitFor []limitForLine, at, decimalLimit string) error {
 	for _, lf := range limitFor {
 		if scope := cmp.Or(bc.Scope, "global"); !strings.EqualFold(lf.scope, scope) {
-			return bc, fmt.Errorf("llmbudget: budget %q: limit_for %s: the budget is kept per %s, at %s", bc.Name, lf.scope, scope, lf.at)
+			return fmt.Errorf("llmbudget: budget %q: limit_for %s: the budget is kept per %s, at %s", bc.Name, lf.scope, scope, lf.at)
 		}
 		bc.LimitFor = append(bc.LimitFor, lf.LimitForConfig)
 	}
 	for _, required := range []string{"limit", "window"} {
 		if !seen[required] {
-			return bc, fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
+			return fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
 		}
 	}
 	// "limit 25.00" reads as 25 once adapted to JSON: a token budget of 25
 	// that denies everything. Written with a decimal point, it was meant in
 	// dollars.
 	if decimalLimit != "" && !strings.EqualFold(bc.Unit, "usd") {
-		return bc, fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
+		return fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
 	}
-	return bc, nil
+	return nil
+}
+
+// parseBudgetLimit reads a budget's limit, and returns its position when it
+// is written with a decimal point or an exponent ("" otherwise).
+func parseBudgetLimit(d *caddyfile.Dispenser, bc *BudgetConfig) (string, error) {
+	var s string
+	if !d.AllArgs(&s) {
+		return "", d.ArgErr()
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return "", d.Errf("llmbudget: budget %q: limit %q is not a number", bc.Name, s)
+	}
+	if !(v > 0) {
+		return "", d.Errf("llmbudget: budget %q: limit must be > 0", bc.Name)
+	}
+	bc.Limit = v
+	if strings.ContainsAny(s, ".eE") {
+		return position(d), nil
+	}
+	return "", nil
+}
+
+// parseBudgetWindow reads a budget's window: a duration, or a calendar day,
+// week or month.
+func parseBudgetWindow(d *caddyfile.Dispenser, bc *BudgetConfig) error {
+	var s string
+	if !d.AllArgs(&s) {
+		return d.Errf("llmbudget: budget %q: window takes a duration, or day, week or month", bc.Name)
+	}
+	if _, err := budget.ParseCalendar(s); err == nil {
+		bc.Calendar = strings.ToLower(s)
+		return nil
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("llmbudget: budget %q: window %q: want a duration (24h) or day, week or month", bc.Name, s)
+	}
+	bc.Window = caddy.Duration(dur)
+	return nil
 }
 
 // parseAlertAt reads `alert_at <percent>...`, each as 80% or 80, ascending.
