@@ -75,6 +75,7 @@ func observedCaddyfile(port int, redisURL, upstream, logPath string) string {
 				unit usd
 				limit 100
 				window 1h
+				alert_at 80%% 95%%
 			}
 			price obsmodel* 2.50 10.00 1.25
 		}
