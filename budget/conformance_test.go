@@ -743,3 +743,44 @@ func topMembers(t *testing.T, s Store, top string) int {
 	t.Fatalf("topMembers: a store of type %T", s)
 	return 0
 }
+
+// Nothing the new keys hold names a principal: the limits table's fields,
+// the top sets' members and the marks of thresholds and denied keys carry
+// its hash, as the counters' keys do.
+func TestRedisLimitsTopsAndMarksHideThePrincipal(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	e := NewEngine(NewRedisStore(c), "hide")
+	b := []Budget{tokenBudget("daily", PerKey, 1000)}
+	b[0].AlertAt = []int{1}
+	dims := Dims{Principal: "Bearer sk-secret-123"}
+	id := ScopeID(&b[0], dims)
+	if err := e.SetLimit(ctx, &b[0], id, 2000); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Settle(ctx, mustReserve(t, e, b, dims, 50), Spend{Tokens: 40}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.NoteDenied(ctx, &b[0], id); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil || len(keys) != 5 {
+		t.Fatalf("keys %v %v, want the counter, the limits, the top set and the two marks", keys, err)
+	}
+	for _, k := range keys {
+		var held []string
+		switch c.Type(ctx, k).Val() {
+		case "hash":
+			held = c.HKeys(ctx, k).Val()
+		case "zset":
+			held = c.ZRange(ctx, k, 0, -1).Val()
+		}
+		for _, s := range append(held, k) {
+			if strings.Contains(s, "sk-secret") {
+				t.Fatalf("%s holds %q, which carries the principal", k, s)
+			}
+		}
+	}
+}
