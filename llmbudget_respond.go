@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -457,4 +458,32 @@ func (h *LLMBudget) denialOf(u budget.Unit) (status int, errType, code string) {
 		return http.StatusPaymentRequired, "budget_exceeded", "usd_budget_exceeded"
 	}
 	return http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota"
+}
+
+// deniedNotes bounds the store calls in flight that note denied keys: past
+// it, a denial goes unnoted (keys_denied_total counts a little low) rather
+// than pile up calls while the store is slow.
+var deniedNotes = make(chan struct{}, 16)
+
+// noteDeniedKey counts, off the request path, a key that a key budget
+// denied for the first time in its window, fleet-wide: the store says
+// which instance's denial was the first.
+func (h *LLMBudget) noteDeniedKey(d *budget.Denial, dims budget.Dims) {
+	if d.Budget.Scope != budget.PerKey {
+		return
+	}
+	select {
+	case deniedNotes <- struct{}{}:
+	default:
+		return
+	}
+	b, id, eng := d.Budget, budget.ScopeID(d.Budget, dims), h.store.budgets
+	go func() {
+		defer func() { <-deniedNotes }()
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		if first, err := eng.NoteDenied(ctx, b, id); err == nil && first {
+			metrics.llmKeysDenied.WithLabelValues(b.Name).Inc()
+		}
+	}()
 }
