@@ -436,10 +436,6 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(h.ReasoningModels) == 0 {
 				return d.Errf("llmbudget: reasoning_models takes one or more model patterns (* matches any characters)")
 			}
-		case "ratelimit_scopes":
-			if err := parseRateLimitScopes(d, h); err != nil {
-				return err
-			}
 		case "tokenizer":
 			// The first line replaces the default table; "off" empties it.
 			args := d.RemainingArgs()
@@ -473,6 +469,10 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return fmt.Errorf("llmbudget: %w", err)
 			}
 			h.SettleWait = &wait
+		case "ratelimit_scopes":
+			if err := parseRateLimitScopes(d, h); err != nil {
+				return err
+			}
 		case "context_window":
 			n, err := parseIntArg(d)
 			if err != nil {
