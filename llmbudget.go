@@ -459,6 +459,18 @@ func (h *LLMBudget) compile() error {
 	if err := h.compileRateLimitScopes(); err != nil {
 		return err
 	}
+	if err := h.compileBudgets(); err != nil {
+		return err
+	}
+	if err := h.compilePrices(); err != nil {
+		return err
+	}
+	return h.compileDeployments()
+}
+
+// compileBudgets turns Budgets into the engine's budgets and the
+// RateLimit-Policy of those a response shows.
+func (h *LLMBudget) compileBudgets() error {
 	seen := make(map[string]bool)
 	h.budgets = h.budgets[:0]
 	h.hasUSD = false
@@ -487,6 +499,11 @@ func (h *LLMBudget) compile() error {
 		// Every request would be refused as unpriced.
 		return errors.New("llmbudget: price: a usd budget needs the price of each model it admits (price <model>[*] <input> <output> [<cached_input>], USD per 1M tokens, or prices_file <path>)")
 	}
+	return nil
+}
+
+// compilePrices builds the price book: Prices over PricesFile's.
+func (h *LLMBudget) compilePrices() error {
 	prices := make(map[string]budget.Price, len(h.Prices))
 	for model, pc := range h.Prices {
 		p, err := pc.price()
@@ -507,6 +524,11 @@ func (h *LLMBudget) compile() error {
 		pb = pb.Under(file)
 	}
 	h.prices = pb
+	return nil
+}
+
+// compileDeployments reads Deployments, by lower-case name.
+func (h *LLMBudget) compileDeployments() error {
 	h.deployments = make(map[string]string, len(h.Deployments))
 	for name, model := range h.Deployments {
 		if name == "" || model == "" || strings.ContainsAny(name, "/") {
