@@ -392,9 +392,15 @@ func (e *Engine) trip() {
 	}()
 }
 
-// releaseOf returns every counter of r to what it was before r.
+// releaseOf returns every counter of r to what it was before r. It marks
+// no alert: it runs in the background, where a threshold it was first to
+// reach would be marked and never reported.
 func (e *Engine) releaseOf(r *Reservation) []Adjustment {
-	return e.adjustments(r, func(*Hold) int64 { return 0 })
+	adjs := e.adjustments(r, func(*Hold) int64 { return 0 })
+	for i := range adjs {
+		adjs[i].Alerts, adjs[i].Alerted = nil, ""
+	}
+	return adjs
 }
 
 // adjustments names every counter of r in the reserve's order, each settled
@@ -435,7 +441,9 @@ type Crossing struct {
 // Crossings are the thresholds r's settle was the first to reach.
 func (r *Reservation) Crossings() []Crossing { return r.crossings }
 
-// crossings collects, after an applied settle, what adjs reached first.
+// collectCrossings keeps, after an applied settle, the alerts adjs reached
+// first. (A settle whose reply was lost and that applied after all marks
+// its alerts without reporting them: the background resolution does not.)
 func (r *Reservation) collectCrossings(adjs []Adjustment) {
 	for i := range adjs {
 		for _, j := range adjs[i].Crossed {
