@@ -18,6 +18,7 @@ import (
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/safego"
 )
 
 // refusal is why llmbudget answers a request itself instead of forwarding it
@@ -477,12 +478,13 @@ func (h *LLMBudget) noteDeniedKey(d *budget.Denial, dims budget.Dims) {
 	default:
 		return
 	}
-	b, id, eng := d.Budget, budget.ScopeID(d.Budget, dims), h.store.budgets
+	b, id, st := d.Budget, budget.ScopeID(d.Budget, dims), h.store
 	go func() {
 		defer func() { <-deniedNotes }()
+		defer safego.Recover("llmbudget denied note", st.reportPanic)
 		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 		defer cancel()
-		if first, err := eng.NoteDenied(ctx, b, id); err == nil && first {
+		if first, err := st.budgets.NoteDenied(ctx, b, id); err == nil && first {
 			metrics.llmKeysDenied.WithLabelValues(b.Name).Inc()
 		}
 	}()
