@@ -138,9 +138,10 @@ type Hold struct {
 	// Fixed), which extensions keep; else they follow the budget's limit
 	// in force, which a reload may change.
 	overridden bool
-	// scopeID and window name the hold's scope value and window in store
-	// keys (its top set, its alerts).
-	scopeID, window string
+	// scopeID names the hold's scope value in store keys; top and alerted
+	// are its window's top set ("" for a global budget) and marks of
+	// alerts ("" without AlertAt).
+	scopeID, top, alerted string
 }
 
 // Reservation is an admitted request's claim on its budgets, to be settled.
@@ -208,13 +209,13 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		b := &budgets[i]
 		scopeID := ScopeID(b, dims)
 		r.Holds[i] = Hold{Budget: b, Key: e.scopedKey(b, scopeID, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
-		r.Holds[i].scopeID, r.Holds[i].window = scopeID, windowID(b, now)
+		e.nameWindowKeys(&r.Holds[i], scopeID, now)
 		charges[i] = e.chargeOf(r, &r.Holds[i], scopeID)
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if e.failed(err) != nil {
 		e.trip()
-		e.resolve(r, e.releaseOf(r), "reserve", "released", "cancelled")
+		e.resolve(r, releaseOf(r), "reserve", "released", "cancelled")
 		return nil, nil, err
 	}
 	if res.Cancelled {
@@ -395,8 +396,8 @@ func (e *Engine) trip() {
 // releaseOf returns every counter of r to what it was before r. It marks
 // no alert: it runs in the background, where a threshold it was first to
 // reach would be marked and never reported.
-func (e *Engine) releaseOf(r *Reservation) []Adjustment {
-	adjs := e.adjustments(r, func(*Hold) int64 { return 0 })
+func releaseOf(r *Reservation) []Adjustment {
+	adjs := adjustments(r, func(*Hold) int64 { return 0 })
 	for i := range adjs {
 		adjs[i].Alerts, adjs[i].Alerted = nil, ""
 	}
@@ -405,16 +406,16 @@ func (e *Engine) releaseOf(r *Reservation) []Adjustment {
 
 // adjustments names every counter of r in the reserve's order, each settled
 // at amount(h), with its top set and its alerts.
-func (e *Engine) adjustments(r *Reservation, amount func(h *Hold) int64) []Adjustment {
+func adjustments(r *Reservation, amount func(h *Hold) int64) []Adjustment {
 	adjs := make([]Adjustment, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
 		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: h.Budget.KeyTTL()}
-		if h.Budget.Scope != Global {
-			adjs[i].Top, adjs[i].Member = e.windowKey("top", h), h.scopeID
+		if h.top != "" {
+			adjs[i].Top, adjs[i].Member = h.top, h.scopeID
 		}
-		if len(h.Budget.AlertAt) > 0 {
-			adjs[i].Alerted, adjs[i].Alerts = e.windowKey("alerted", h), make([]Alert, len(h.Budget.AlertAt))
+		if h.alerted != "" {
+			adjs[i].Alerted, adjs[i].Alerts = h.alerted, make([]Alert, len(h.Budget.AlertAt))
 			for j, pct := range h.Budget.AlertAt {
 				// At pct% of the limit, rounded up: at 80% of 999, 800 reaches it.
 				at := (h.Limit*int64(pct) + 99) / 100
@@ -472,14 +473,14 @@ var ErrReservationLost = errors.New("budget settle: the reservation's record is 
 func (e *Engine) Settle(ctx context.Context, r *Reservation, actual Spend) error {
 	// The store moves each counter from what the record holds, so a settle
 	// is right whatever extensions applied, even one whose reply was lost.
-	return e.settle(ctx, r, e.adjustments(r, func(h *Hold) int64 { return max(h.Budget.Amount(actual), 0) }))
+	return e.settle(ctx, r, adjustments(r, func(h *Hold) int64 { return max(h.Budget.Amount(actual), 0) }))
 }
 
 // Keep settles a reservation at what it holds (its reserve and every
 // extension), in every budget: for a response whose usage is unknown, which
 // the upstream still bills. It ends the reservation's record like any settle.
 func (e *Engine) Keep(ctx context.Context, r *Reservation) error {
-	return e.settle(ctx, r, e.adjustments(r, func(*Hold) int64 { return KeepHeld }))
+	return e.settle(ctx, r, adjustments(r, func(*Hold) int64 { return KeepHeld }))
 }
 
 func (e *Engine) settle(ctx context.Context, r *Reservation, adjs []Adjustment) error {
@@ -642,10 +643,18 @@ func (e *Engine) topKey(b *Budget, now time.Time) string {
 	return e.prefix + ":bg:{b}:top:" + b.Name + ":" + windowID(b, now)
 }
 
-// windowKey is the key of kind ("top", "alerted") of h's budget and window:
-// <prefix>:bg:{b}:<kind>:<budget>:<window>.
-func (e *Engine) windowKey(kind string, h *Hold) string {
-	return e.prefix + ":bg:{b}:" + kind + ":" + h.Budget.Name + ":" + h.window
+// nameWindowKeys names, in h, its scope value and the keys of its window
+// that its settle writes besides the counter: the top set of a budget with
+// scope values, <prefix>:bg:{b}:top:<budget>:<window>, and the marks of a
+// budget's alerts, <prefix>:bg:{b}:alerted:<budget>:<window>.
+func (e *Engine) nameWindowKeys(h *Hold, scopeID string, now time.Time) {
+	h.scopeID = scopeID
+	if h.Budget.Scope != Global {
+		h.top = e.topKey(h.Budget, now)
+	}
+	if len(h.Budget.AlertAt) > 0 {
+		h.alerted = e.prefix + ":bg:{b}:alerted:" + h.Budget.Name + ":" + windowID(h.Budget, now)
+	}
 }
 
 // NoteDenied marks that b denied its scope value scopeID in the current
