@@ -22,9 +22,12 @@ import (
 
 // budgetsPath starts the admin API's budget endpoints:
 //
-//	GET  /fleetguard/budgets                               the running budgets
-//	GET  /fleetguard/budgets/<name>?<scope>=<value>        the current window
-//	POST /fleetguard/budgets/<name>/reset?<scope>=<value>  zero it
+//	GET    /fleetguard/budgets                               the running budgets
+//	GET    /fleetguard/budgets/<name>?<scope>=<value>        the current window
+//	POST   /fleetguard/budgets/<name>/reset?<scope>=<value>  zero it
+//	PUT    /fleetguard/budgets/<name>/limit?<scope>=<value>  set the value's limit, {"limit": <n>}
+//	DELETE /fleetguard/budgets/<name>/limit?<scope>=<value>  restore the config's
+//	GET    /fleetguard/budgets/<name>/top?n=<1..100>         who spent most this window
 //
 // <scope> is the budget's scope: key, team or model (none for a global
 // budget). The value is the raw one, exactly as the handler resolves it (for
@@ -52,10 +55,15 @@ type budgetWindow struct {
 	// ScopeHash is the hash of the scope value, as <scope>_hash= takes it,
 	// so that a caller who named the value once can name it again without
 	// sending it; absent for a global budget, which has no scope value.
-	ScopeHash string      `json:"scope_hash,omitempty"`
-	Unit      string      `json:"unit"`
-	Limit     json.Number `json:"limit"`
-	Used      json.Number `json:"used"`
+	ScopeHash string `json:"scope_hash,omitempty"`
+	Unit      string `json:"unit"`
+	// Limit is the limit in force for the scope value.
+	Limit json.Number `json:"limit"`
+	// LimitSource says where Limit comes from: "admin" (set through PUT
+	// .../limit, for the whole fleet), "config" (the budget's limit_for)
+	// or "budget" (its limit).
+	LimitSource string      `json:"limit_source"`
+	Used        json.Number `json:"used"`
 	// Remaining is Limit − Used, floored at 0 (a settle above its estimate
 	// can take Used past the limit).
 	Remaining   json.Number `json:"remaining"`
@@ -118,28 +126,54 @@ func handleBudgetList(w http.ResponseWriter, r *http.Request) error {
 	return json.NewEncoder(w).Encode(out)
 }
 
+// budgetAction is what a request to one budget's endpoints asks for.
+type budgetAction struct {
+	method string // the one method the endpoint takes (PUT/DELETE: both)
+	name   string // the budget
+	kind   string // "" (its window), "reset" or "limit"
+}
+
+// parseBudgetPath reads /fleetguard/budgets/<name>[/reset|/limit].
+func parseBudgetPath(path string) (budgetAction, bool) {
+	rest := strings.TrimPrefix(path, budgetsPath)
+	act := budgetAction{method: http.MethodGet, name: rest}
+	if name, sub, ok := strings.Cut(rest, "/"); ok {
+		act.name, act.kind = name, sub
+	}
+	switch act.kind {
+	case "":
+	case "reset":
+		act.method = http.MethodPost
+	case "limit":
+		act.method = http.MethodPut + ", " + http.MethodDelete
+	case "top":
+	default:
+		return act, false
+	}
+	return act, act.name != ""
+}
+
 func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 	if r.URL.Path == budgetsPath {
 		return handleBudgetList(w, r)
 	}
-	name, reset := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, budgetsPath), "/reset")
-	method := http.MethodGet
-	if reset {
-		method = http.MethodPost
+	act, ok := parseBudgetPath(r.URL.Path)
+	if !ok {
+		return apiErrorf(http.StatusNotFound, "no such endpoint %s: use GET %s<budget>, GET %s<budget>/top, POST %s<budget>/reset or PUT and DELETE %s<budget>/limit", r.URL.Path, budgetsPath, budgetsPath, budgetsPath, budgetsPath)
 	}
-	if r.Method != method {
-		w.Header().Set("Allow", method)
-		return apiErrorf(http.StatusMethodNotAllowed, "method %s not allowed on %s; use %s", r.Method, r.URL.Path, method)
+	if !slices.Contains(strings.Split(act.method, ", "), r.Method) {
+		w.Header().Set("Allow", act.method)
+		return apiErrorf(http.StatusMethodNotAllowed, "method %s not allowed on %s; use %s", r.Method, r.URL.Path, act.method)
 	}
-	if name == "" || strings.Contains(name, "/") {
-		return apiErrorf(http.StatusNotFound, "no such endpoint %s: use GET %s<budget> or POST %s<budget>/reset", r.URL.Path, budgetsPath, budgetsPath)
-	}
-	eng, b, err := lookupBudget(name)
+	eng, b, err := lookupBudget(act.name)
 	switch {
 	case errors.Is(err, errUnknownBudget):
 		return apiErrorf(http.StatusNotFound, "%v", err)
 	case err != nil:
 		return apiErrorf(http.StatusConflict, "%v", err)
+	}
+	if act.kind == "top" {
+		return writeTop(w, r, eng, &b)
 	}
 	scope, err := scopeFromQuery(&b, r.URL.Query())
 	if err != nil {
@@ -147,23 +181,85 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminStoreTimeout)
 	defer cancel()
-	var st budget.Standing
-	if reset {
-		st, err = eng.budgets.Reset(ctx, &b, scope.id)
-	} else {
-		st, err = eng.budgets.Standing(ctx, &b, scope.id)
+	switch {
+	case act.kind == "limit":
+		err = a.setLimit(ctx, r, eng, &b, scope)
+	case act.kind == "reset":
+		err = a.resetWindow(ctx, r, eng, &b, scope)
 	}
+	if err != nil {
+		return err
+	}
+	return writeBudgetWindow(ctx, w, eng, &b, scope)
+}
+
+// resetWindow zeroes the budget's counter for scope in the current window.
+func (a *AdminAPI) resetWindow(ctx context.Context, r *http.Request, eng *store, b *budget.Budget, scope budgetScope) error {
+	st, err := eng.budgets.Reset(ctx, b, scope.id)
 	if err != nil {
 		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
 	}
-	if reset {
-		a.logger.Info("budget window reset",
-			zap.String("budget", b.Name),
-			zap.String("scope", b.Scope.String()),
-			zap.String("scope_hash", scope.hash),
-			zap.Time("window_start", st.Start),
-			zap.Time("window_end", st.End),
-			zap.String("remote_addr", r.RemoteAddr))
+	a.logger.Info("budget window reset",
+		zap.String("budget", b.Name),
+		zap.String("scope", b.Scope.String()),
+		zap.String("scope_hash", scope.hash),
+		zap.Time("window_start", st.Start),
+		zap.Time("window_end", st.End),
+		zap.String("remote_addr", r.RemoteAddr))
+	return nil
+}
+
+// maxLimitBody bounds the body of a PUT of a limit ({"limit": <n>}).
+const maxLimitBody = 1 << 10
+
+// setLimit sets (PUT, {"limit": <n>} in the budget's unit) or clears
+// (DELETE) the limit of the budget's scope value in the store, where every
+// instance's next reserve reads it.
+func (a *AdminAPI) setLimit(ctx context.Context, r *http.Request, eng *store, b *budget.Budget, scope budgetScope) error {
+	var limit int64
+	if r.Method == http.MethodPut {
+		var body struct {
+			Limit json.Number `json:"limit"`
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxLimitBody))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil {
+			return apiErrorf(http.StatusBadRequest, `the body is {"limit": <number>} in the budget's unit (%s): %v`, b.Unit, err)
+		}
+		v, err := body.Limit.Float64()
+		if err == nil {
+			limit, err = limitIn(b.Unit, v)
+		}
+		if err != nil {
+			return apiErrorf(http.StatusBadRequest, "limit %q: %v", body.Limit, err)
+		}
+	}
+	if err := eng.budgets.SetLimit(ctx, b, scope.id, limit); err != nil {
+		if b.Scope == budget.Global {
+			return apiErrorf(http.StatusBadRequest, "budget %q: %v", b.Name, err)
+		}
+		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
+	}
+	a.logger.Info("budget limit set",
+		zap.String("budget", b.Name),
+		zap.String("scope", b.Scope.String()),
+		zap.String("scope_hash", scope.hash),
+		zap.Int64("limit", limit), // 0: cleared, the config's holds
+		zap.String("remote_addr", r.RemoteAddr))
+	return nil
+}
+
+// writeBudgetWindow answers the budget's current window for scope, with the
+// limit in force and where it comes from.
+func writeBudgetWindow(ctx context.Context, w http.ResponseWriter, eng *store, b *budget.Budget, scope budgetScope) error {
+	st, err := eng.budgets.Standing(ctx, b, scope.id)
+	var limit int64
+	var from string
+	if err == nil {
+		limit, from, err = eng.budgets.Limit(ctx, b, scope.id)
+	}
+	if err != nil {
+		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(budgetWindow{
@@ -171,9 +267,10 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 		Scope:       b.Scope.String(),
 		ScopeHash:   scope.hash,
 		Unit:        b.Unit.String(),
-		Limit:       amountJSON(b.Unit, b.Limit),
+		Limit:       amountJSON(b.Unit, limit),
+		LimitSource: from,
 		Used:        amountJSON(b.Unit, st.Used),
-		Remaining:   amountJSON(b.Unit, max(b.Limit-st.Used, 0)),
+		Remaining:   amountJSON(b.Unit, max(limit-st.Used, 0)),
 		WindowStart: st.Start.UTC(),
 		WindowEnd:   st.End.UTC(),
 	})
@@ -244,4 +341,62 @@ func amountJSON(u budget.Unit, v int64) json.Number {
 
 func apiErrorf(status int, format string, args ...any) error {
 	return caddy.APIError{HTTPStatus: status, Err: fmt.Errorf(format, args...)}
+}
+
+// budgetTop is the answer of GET .../top: the scope values that spent most
+// in the current window, largest first.
+type budgetTop struct {
+	Budget      string     `json:"budget"`
+	Scope       string     `json:"scope"`
+	Unit        string     `json:"unit"`
+	WindowStart time.Time  `json:"window_start"`
+	WindowEnd   time.Time  `json:"window_end"`
+	Top         []topEntry `json:"top"`
+}
+
+// topEntry is one scope value of a top list.
+type topEntry struct {
+	// ScopeHash names the value, as <scope>_hash= takes it.
+	ScopeHash string `json:"scope_hash"`
+	// Value is the raw value where the config names it (limit_for of a team
+	// or a model); absent otherwise, and always for a key.
+	Value string `json:"value,omitempty"`
+	// Used is the value's counter as its last settle left it, in the
+	// budget's unit.
+	Used json.Number `json:"used"`
+}
+
+// defaultTopN is how many spenders GET .../top lists without n.
+const defaultTopN = 20
+
+// writeTop answers GET /fleetguard/budgets/<name>/top?n=<n>.
+func writeTop(w http.ResponseWriter, r *http.Request, eng *store, b *budget.Budget) error {
+	n := defaultTopN
+	for name, vals := range r.URL.Query() {
+		v, err := strconv.Atoi(vals[0])
+		if name != "n" || len(vals) != 1 || err != nil {
+			return apiErrorf(http.StatusBadRequest, "the top list takes one parameter, n=<1..%d> (default %d)", budget.MaxTop, defaultTopN)
+		}
+		n = v
+	}
+	switch {
+	case n < 1 || n > budget.MaxTop:
+		return apiErrorf(http.StatusBadRequest, "n=%d: the top list is 1 to %d long", n, budget.MaxTop)
+	case b.Scope == budget.Global:
+		return apiErrorf(http.StatusBadRequest, "budget %q is global: it has one scope value, whose window is GET %s%s", b.Name, budgetsPath, b.Name)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminStoreTimeout)
+	defer cancel()
+	top, st, err := eng.budgets.Top(ctx, b, n)
+	if err != nil {
+		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
+	}
+	out := budgetTop{Budget: b.Name, Scope: b.Scope.String(), Unit: b.Unit.String(),
+		WindowStart: st.Start.UTC(), WindowEnd: st.End.UTC(), Top: make([]topEntry, len(top))}
+	for i, e := range top {
+		_, hash, _ := strings.Cut(e.Member, "-")
+		out.Top[i] = topEntry{ScopeHash: hash, Value: b.Names[e.Member], Used: amountJSON(b.Unit, e.Used)}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(out)
 }

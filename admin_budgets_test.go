@@ -398,3 +398,161 @@ func TestAdminBudgetList(t *testing.T) {
 		t.Fatalf("after the reload:\n got %+v\nwant %+v", got, want)
 	}
 }
+
+// limitsFleetCaddyfile is one instance of a two-Caddy fleet on one Redis: a
+// team budget of 1000 tokens with research's own 2000 and blue's 100000 in
+// the config, and a key budget of 1200.
+func limitsFleetCaddyfile(adminPort, port int, redisURL, upstream string) string {
+	return fmt.Sprintf(`{
+	admin localhost:%d
+	fleetguard {
+		redis %s
+		prefix limits
+	}
+}
+:%d {
+	llmbudget {
+		team {http.request.header.X-Team}
+		store_timeout 2s
+		settle_wait 0
+		budget per_team {
+			scope team
+			limit 1000
+			limit_for team research 2000
+			limit_for team blue 100000
+			window 1h
+		}
+		budget per_key {
+			scope key
+			limit 1200
+			window 1h
+		}
+	}
+	reverse_proxy %s
+}
+`, adminPort, redisURL, port, strings.TrimPrefix(upstream, "http://"))
+}
+
+// A limit set through one instance's admin API applies on the other at its
+// next request, for team, key and a team with a limit_for; a DELETE
+// restores the configured limit; GET says which limit holds and where it
+// comes from. Two Caddy processes share one Redis.
+func TestAdminLimitSetOnOneInstanceAppliesOnTheOther(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	adminA, adminB, portA, portB := freePort(t), freePort(t), freePort(t), freePort(t)
+	startCaddyProcess(t, limitsFleetCaddyfile(adminA, portA, srv.URL(), up.URL), fmt.Sprintf("127.0.0.1:%d", portA))
+	startCaddyProcess(t, limitsFleetCaddyfile(adminB, portB, srv.URL(), up.URL), fmt.Sprintf("127.0.0.1:%d", portB))
+	onA := fmt.Sprintf("http://localhost:%d/fleetguard/budgets/", adminA)
+	onB := fmt.Sprintf("http://localhost:%d/fleetguard/budgets/", adminB)
+	// A request of about 1100 tokens (1050 of output) is over a team's
+	// 1000 and within a key's 1200; one of 1300 over a key's 1200.
+	ask := func(key, team string) *http.Response {
+		out := map[bool]int{true: 1300, false: 1050}[team == "blue"]
+		body := fmt.Sprintf(`{"model":"gpt-4o","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, out)
+		resp, _ := chat(t, fmt.Sprintf("http://127.0.0.1:%d", portB), body, "Authorization: Bearer "+key, "X-Team: "+team)
+		return resp
+	}
+	keyHash := keyhash.Of("Bearer sk-alice").String()
+	for _, tt := range []struct {
+		name, budget, query string
+		key, team           string
+		configured          string // the limit GET shows after the DELETE
+		source              string // and where it comes from
+	}{
+		{"team", "per_team", "team=green", "sk-carol", "green", "1000", "budget"},
+		{"key", "per_key", "key_hash=" + keyHash, "sk-alice", "blue", "1200", "budget"},
+		{"team with limit_for", "per_team", "team=research", "sk-dave", "research", "2000", "config"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.source == "budget" {
+				if resp := ask(tt.key, tt.team); resp.StatusCode != http.StatusTooManyRequests {
+					t.Fatalf("before the PUT: %d, want 429 (1500 tokens over the limit 1000)", resp.StatusCode)
+				}
+			}
+			resp, body := do(t, http.MethodPut, onA+tt.budget+"/limit?"+tt.query, `{"limit": 300}`)
+			if resp.StatusCode != http.StatusOK || !strings.Contains(body, `"limit":300,"limit_source":"admin"`) {
+				t.Fatalf("PUT on A: %d %s", resp.StatusCode, body)
+			}
+			if resp := ask(tt.key, tt.team); resp.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("on B after a PUT of 300 on A: %d, want 429", resp.StatusCode)
+			}
+			do(t, http.MethodPut, onA+tt.budget+"/limit?"+tt.query, `{"limit": 3000}`)
+			resp = ask(tt.key, tt.team)
+			if resp.StatusCode != http.StatusOK || !strings.Contains(resp.Header.Get("RateLimit-Policy"), `"`+tt.budget+`";q=3000;`) {
+				t.Fatalf("on B after a PUT of 3000 on A: %d, RateLimit-Policy %q; want 200 under q=3000", resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
+			}
+			if bw := budgetWindowAt(t, http.MethodGet, onB+tt.budget+"?"+tt.query); bw.Limit != "3000" || bw.LimitSource != "admin" {
+				t.Fatalf("GET on B: limit %s from %q, want 3000 from admin", bw.Limit, bw.LimitSource)
+			}
+			// B settles after its answer: the next request must find 100 used.
+			eventually(t, 10*time.Second, "the settle of B's request", func() bool {
+				return budgetWindowAt(t, http.MethodGet, onB+tt.budget+"?"+tt.query).Used == "100"
+			})
+			if bw := budgetWindowAt(t, http.MethodDelete, onA+tt.budget+"/limit?"+tt.query); bw.Limit.String() != tt.configured || bw.LimitSource != tt.source {
+				t.Fatalf("DELETE on A: limit %s from %q, want %s from %s", bw.Limit, bw.LimitSource, tt.configured, tt.source)
+			}
+			resp = ask(tt.key+"-next", tt.team) // the same team, 100 of it spent
+			if tt.name == "key" {
+				resp = ask(tt.key, tt.team) // the same key, 100 of it spent
+			}
+			if want := map[string]int{"budget": http.StatusTooManyRequests, "config": http.StatusOK}[tt.source]; resp.StatusCode != want {
+				t.Fatalf("on B after the DELETE: %d, want %d under the configured %s", resp.StatusCode, want, tt.configured)
+			}
+		})
+	}
+	resp, body := do(t, http.MethodPut, onA+"per_team/limit?team=green", `{"limit": -5}`)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "must be") {
+		t.Fatalf("a PUT of -5: %d %s, want 400", resp.StatusCode, body)
+	}
+	resp, body = do(t, http.MethodPut, onA+"per_team/limit?team=green", `{"limit": 5, "window": "1h"}`)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "unknown field") {
+		t.Fatalf("a PUT with an unknown field: %d %s, want 400", resp.StatusCode, body)
+	}
+	if resp, _ := do(t, http.MethodPost, onA+"per_team/limit?team=green", `{"limit": 5}`); resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "PUT, DELETE" {
+		t.Fatalf("a POST of a limit: %d Allow %q, want 405 with PUT, DELETE", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+}
+
+// GET .../top lists the scope values that spent most in the window, largest
+// first, with the raw value of those the config names; n bounds it.
+func TestAdminTopListsTheLargestSpenders(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	tc := startCaddy(t, llmCaddyfile(port, up.URL, "", `budget per_team {
+			scope team
+			limit 100000
+			limit_for team research 200000
+			window 1h
+		}
+		budget all {
+			limit 100000000
+			window 1h
+		}`))
+	for team, n := range map[string]int{"research": 3, "green": 2, "blue": 1} {
+		for range n {
+			if resp, body := chat(t, url, chatBody, "X-Team: "+team); resp.StatusCode != http.StatusOK {
+				t.Fatalf("team %s: %d %s", team, resp.StatusCode, body)
+			}
+		}
+	}
+	waitSettles()
+	resp, body := get(t, "http://"+tc.admin+"/fleetguard/budgets/per_team/top?n=2")
+	var top budgetTop
+	if err := json.Unmarshal([]byte(body), &top); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s: %v", resp.StatusCode, body, err)
+	}
+	want := []topEntry{
+		{ScopeHash: keyhash.Of("research").String(), Value: "research", Used: "300"},
+		{ScopeHash: keyhash.Of("green").String(), Used: "200"},
+	}
+	if fmt.Sprint(top.Top) != fmt.Sprint(want) || top.Scope != "team" || !time.Now().Before(top.WindowEnd) {
+		t.Fatalf("top %s, want %v in the current window", body, want)
+	}
+	for _, bad := range []string{"per_team/top?n=0", "per_team/top?n=101", "per_team/top?team=green", "all/top"} {
+		if resp, body := get(t, "http://"+tc.admin+"/fleetguard/budgets/"+bad); resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("GET %s: %d %s, want 400", bad, resp.StatusCode, body)
+		}
+	}
+}

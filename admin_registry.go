@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -152,11 +153,13 @@ func resolveBudget(defs []placedDef) (rb runningBudget, ok bool) {
 	return rb, true
 }
 
-// sameBudget reports whether a and b define a budget alike (time zones by
-// name: each load makes its own *time.Location).
+// sameBudget reports whether a and b define a budget alike, the limits of
+// single values (limit_for) and the alerts included (time zones by name:
+// each load makes its own *time.Location).
 func sameBudget(a, b budget.Budget) bool {
 	return a.Name == b.Name && a.Scope == b.Scope && a.Unit == b.Unit && a.Limit == b.Limit &&
-		a.Window == b.Window && a.Calendar == b.Calendar && a.Period() == b.Period()
+		a.Window == b.Window && a.Calendar == b.Calendar && a.Period() == b.Period() &&
+		maps.Equal(a.Fixed, b.Fixed) && slices.Equal(a.AlertAt, b.AlertAt)
 }
 
 // lookupBudget finds the running definition of the budget called name, and
@@ -187,7 +190,14 @@ var (
 // describeBudget is a definition in the words of the config.
 func describeBudget(b budget.Budget) string {
 	limit := amountJSON(b.Unit, b.Limit).String()
-	return fmt.Sprintf("scope %s, limit %s %s per %s", b.Scope, limit, b.Unit, b.Period())
+	s := fmt.Sprintf("scope %s, limit %s %s per %s", b.Scope, limit, b.Unit, b.Period())
+	if len(b.Fixed) > 0 {
+		s += fmt.Sprintf(", %d limit_for", len(b.Fixed))
+	}
+	if len(b.AlertAt) > 0 {
+		s += fmt.Sprintf(", alert_at %v%%", b.AlertAt)
+	}
+	return s
 }
 
 // registerBudgets makes the handler's budgets known to the admin API until

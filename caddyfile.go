@@ -1,9 +1,11 @@
 package fleetguard
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -278,6 +280,8 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			scope  global|key|model|team
 //			unit   tokens|usd
 //			limit  <number>
+//			limit_for <scope>|<scope>_hash <value> <number>
+//			alert_at <percent>...
 //			window <duration>
 //		}
 //		price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>]
@@ -299,6 +303,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		hidden_input       hold|refuse
 //		context_window     <n>
 //		settle_wait        <duration>
+//		ratelimit_scopes   key|team|model|global... | none
 //		usd_denial_status  429|402
 //		fail_open
 //		shadow
@@ -460,6 +465,10 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return fmt.Errorf("llmbudget: %w", err)
 			}
 			h.SettleWait = &wait
+		case "ratelimit_scopes":
+			if err := parseRateLimitScopes(d, h); err != nil {
+				return err
+			}
 		case "context_window":
 			n, err := parseIntArg(d)
 			if err != nil {
@@ -487,7 +496,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.OverMaxOutputTokens = args[1]
 			}
 		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, context_window, settle_wait, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only
@@ -495,6 +504,29 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := h.compile(); err != nil {
 		return d.Err(err.Error())
 	}
+	return nil
+}
+
+// parseRateLimitScopes reads the scopes whose budgets RateLimit names, or
+// none. Each is checked here, so the error points at the line.
+func parseRateLimitScopes(d *caddyfile.Dispenser, h *LLMBudget) error {
+	args := d.RemainingArgs()
+	if len(args) == 1 && args[0] == "none" {
+		h.RateLimitScopes = []string{}
+		return nil
+	}
+	if len(args) == 0 {
+		return d.Errf("llmbudget: ratelimit_scopes takes one or more of key, team, model and global, or none")
+	}
+	for i, a := range args {
+		if _, err := budget.ParseScope(a); err != nil || a == "none" {
+			return d.Errf("llmbudget: ratelimit_scopes: %q: want key, team, model or global (or none alone)", a)
+		}
+		if slices.Contains(args[:i], a) {
+			return d.Errf("llmbudget: ratelimit_scopes: %s is listed twice", a)
+		}
+	}
+	h.RateLimitScopes = args
 	return nil
 }
 
@@ -509,13 +541,25 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 	at := position(d) // the budget's line, for what it lacks
 	var decimalLimit string
 	seen := make(map[string]bool)
+	var limitFor []limitForLine
+	var err error
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
-		if seen[field] {
+		if seen[field] && field != "limit_for" {
 			return bc, d.Errf("llmbudget: budget %q: %s is set twice", bc.Name, field)
 		}
 		seen[field] = true
 		switch field {
+		case "alert_at":
+			if bc.AlertAt, err = parseAlertAt(d, bc.Name); err != nil {
+				return bc, err
+			}
+		case "limit_for":
+			lf, err := parseLimitFor(d, bc.Name)
+			if err != nil {
+				return bc, err
+			}
+			limitFor = append(limitFor, lf)
 		case "scope":
 			if !d.AllArgs(&bc.Scope) {
 				return bc, d.Errf("llmbudget: budget %q: scope takes one value", bc.Name)
@@ -525,55 +569,134 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 				return bc, d.Errf("llmbudget: budget %q: unit takes one value", bc.Name)
 			}
 		case "limit":
-			var s string
-			if !d.AllArgs(&s) {
-				return bc, d.ArgErr()
-			}
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return bc, d.Errf("llmbudget: budget %q: limit %q is not a number", bc.Name, s)
-			}
-			if !(v > 0) {
-				return bc, d.Errf("llmbudget: budget %q: limit must be > 0", bc.Name)
-			}
-			bc.Limit = v
-			if strings.ContainsAny(s, ".eE") {
-				decimalLimit = position(d)
+			if decimalLimit, err = parseBudgetLimit(d, &bc); err != nil {
+				return bc, err
 			}
 		case "window":
-			var s string
-			if !d.AllArgs(&s) {
-				return bc, d.Errf("llmbudget: budget %q: window takes a duration, or day, week or month", bc.Name)
+			if err := parseBudgetWindow(d, &bc); err != nil {
+				return bc, err
 			}
-			if _, err := budget.ParseCalendar(s); err == nil {
-				bc.Calendar = strings.ToLower(s)
-				break
-			}
-			dur, err := caddy.ParseDuration(s)
-			if err != nil {
-				return bc, d.Errf("llmbudget: budget %q: window %q: want a duration (24h) or day, week or month", bc.Name, s)
-			}
-			bc.Window = caddy.Duration(dur)
 		case "timezone":
 			if !d.AllArgs(&bc.Timezone) {
 				return bc, d.Errf("llmbudget: budget %q: timezone takes an IANA zone name (America/New_York)", bc.Name)
 			}
 		default:
-			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, window or timezone)", bc.Name, field)
+			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, alert_at, window or timezone)", bc.Name, field)
 		}
+	}
+	return bc, finishBudget(&bc, seen, limitFor, at, decimalLimit)
+}
+
+// finishBudget checks what a budget's block says as a whole, once it is
+// read: limit_for against the scope, what is required, a decimal limit
+// (at is the budget's line, decimalLimit the limit's, "" if whole).
+func finishBudget(bc *BudgetConfig, seen map[string]bool, limitFor []limitForLine, at, decimalLimit string) error {
+	for _, lf := range limitFor {
+		if scope := cmp.Or(bc.Scope, "global"); !strings.EqualFold(lf.scope, scope) {
+			return fmt.Errorf("llmbudget: budget %q: limit_for %s: the budget is kept per %s, at %s", bc.Name, lf.scope, scope, lf.at)
+		}
+		bc.LimitFor = append(bc.LimitFor, lf.LimitForConfig)
 	}
 	for _, required := range []string{"limit", "window"} {
 		if !seen[required] {
-			return bc, fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
+			return fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
 		}
 	}
 	// "limit 25.00" reads as 25 once adapted to JSON: a token budget of 25
 	// that denies everything. Written with a decimal point, it was meant in
 	// dollars.
 	if decimalLimit != "" && !strings.EqualFold(bc.Unit, "usd") {
-		return bc, fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
+		return fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
 	}
-	return bc, nil
+	return nil
+}
+
+// parseBudgetLimit reads a budget's limit, and returns its position when it
+// is written with a decimal point or an exponent ("" otherwise).
+func parseBudgetLimit(d *caddyfile.Dispenser, bc *BudgetConfig) (string, error) {
+	var s string
+	if !d.AllArgs(&s) {
+		return "", d.ArgErr()
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return "", d.Errf("llmbudget: budget %q: limit %q is not a number", bc.Name, s)
+	}
+	if !(v > 0) {
+		return "", d.Errf("llmbudget: budget %q: limit must be > 0", bc.Name)
+	}
+	bc.Limit = v
+	if strings.ContainsAny(s, ".eE") {
+		return position(d), nil
+	}
+	return "", nil
+}
+
+// parseBudgetWindow reads a budget's window: a duration, or a calendar day,
+// week or month.
+func parseBudgetWindow(d *caddyfile.Dispenser, bc *BudgetConfig) error {
+	var s string
+	if !d.AllArgs(&s) {
+		return d.Errf("llmbudget: budget %q: window takes a duration, or day, week or month", bc.Name)
+	}
+	if _, err := budget.ParseCalendar(s); err == nil {
+		bc.Calendar = strings.ToLower(s)
+		return nil
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("llmbudget: budget %q: window %q: want a duration (24h) or day, week or month", bc.Name, s)
+	}
+	bc.Window = caddy.Duration(dur)
+	return nil
+}
+
+// parseAlertAt reads `alert_at <percent>...`, each as 80% or 80, ascending.
+func parseAlertAt(d *caddyfile.Dispenser, name string) ([]int, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.Errf("llmbudget: budget %q: alert_at takes one or more percentages of the limit (alert_at 80%% 95%%)", name)
+	}
+	out := make([]int, len(args))
+	for i, a := range args {
+		n, err := strconv.Atoi(strings.TrimSuffix(a, "%"))
+		if err != nil || n < 1 || n > 100 || (i > 0 && n <= out[i-1]) {
+			return nil, d.Errf("llmbudget: budget %q: alert_at %q: want whole percentages from 1%% to 100%%, ascending, each once", name, a)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// limitForLine is a budget's limit_for line, checked against the budget's
+// scope once the whole block is read.
+type limitForLine struct {
+	LimitForConfig
+	scope, at string
+}
+
+// parseLimitFor reads `limit_for <scope>|<scope>_hash <value> <limit>`.
+func parseLimitFor(d *caddyfile.Dispenser, name string) (limitForLine, error) {
+	var word, value, limit string
+	if !d.AllArgs(&word, &value, &limit) {
+		return limitForLine{}, d.Errf("llmbudget: budget %q: limit_for takes <scope> <value> <limit>, or <scope>_hash <hash> <limit> (limit_for team research 2000)", name)
+	}
+	lf := limitForLine{at: position(d)}
+	lf.scope = strings.TrimSuffix(word, "_hash")
+	if _, err := budget.ParseScope(lf.scope); err != nil || lf.scope == "global" {
+		return lf, d.Errf("llmbudget: budget %q: limit_for %q: want key, team or model (or key_hash, team_hash, model_hash)", name, word)
+	}
+	if lf.scope != word {
+		lf.ValueHash = value
+	} else {
+		lf.Value = value
+	}
+	v, err := strconv.ParseFloat(limit, 64)
+	if err != nil || !(v > 0) {
+		return lf, d.Errf("llmbudget: budget %q: limit_for %s: limit %q is not a number > 0", name, word, limit)
+	}
+	lf.Limit = v
+	return lf, nil
 }
 
 // position is where the dispenser's current token is, as Caddy's errors

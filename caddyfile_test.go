@@ -106,6 +106,22 @@ func TestLLMBudgetConfigErrors(t *testing.T) {
 		{"usd without a price", "budget d {\nunit usd\nlimit 25.00\nwindow 720h\n}", "a usd budget needs the price", ""},
 		{"bad format", "budget b {\nlimit 10\nwindow 1h\n}\nformat bedrock", `format "bedrock"`, ""},
 		{"duplicate budget", "budget b {\nlimit 10\nwindow 1h\n}\nbudget b {\nlimit 10\nwindow 1h\n}", "defined twice", ""},
+		{"ratelimit_scopes with an unknown scope", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key galaxy", `ratelimit_scopes: "galaxy"`, "Caddyfile:7"},
+		{"ratelimit_scopes with a repeat", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key key", "key is listed twice", "Caddyfile:7"},
+		{"ratelimit_scopes none with a scope", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes none key", `ratelimit_scopes: "none"`, "Caddyfile:7"},
+		{"limit_for on a global budget", "budget b {\nlimit 10\nwindow 1h\nlimit_for team research 20\n}", "limit_for team: the budget is kept per global", "Caddyfile:6"},
+		{"limit_for of another scope", "budget b {\nscope key\nlimit 10\nwindow 1h\nlimit_for team research 20\n}", "the budget is kept per key", "Caddyfile:7"},
+		{"limit_for with an unknown scope", "budget b {\nscope team\nlimit 10\nwindow 1h\nlimit_for galaxy x 20\n}", `limit_for "galaxy"`, "Caddyfile:7"},
+		{"limit_for without its limit", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o\n}", "limit_for takes", "Caddyfile:7"},
+		{"limit_for with a bad limit", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o lots\n}", `limit "lots" is not a number`, "Caddyfile:7"},
+		{"limit_for a value twice", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o 5\nlimit_for model gpt-4o 6\n}", "given a limit twice", ""},
+		{"limit_for a bad hash", "budget b {\nscope key\nlimit 10\nwindow 1h\nlimit_for key_hash sk-raw 5\n}", "32 lowercase hex digits", ""},
+		{"limit_for in dollars on a token budget", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o 2.5\n}", "whole number", ""},
+		{"alert_at out of order", "budget b {\nlimit 10\nwindow 1h\nalert_at 95% 80%\n}", `alert_at "80%"`, "Caddyfile:6"},
+		{"alert_at over 100", "budget b {\nlimit 10\nwindow 1h\nalert_at 120%\n}", `alert_at "120%"`, "Caddyfile:6"},
+		{"alert_at empty", "budget b {\nlimit 10\nwindow 1h\nalert_at\n}", "alert_at takes one or more", "Caddyfile:6"},
+		{"alert_at twice", "budget b {\nlimit 10\nwindow 1h\nalert_at 80%\nalert_at 90%\n}", "alert_at is set twice", "Caddyfile:7"},
+		{"ratelimit_scopes twice", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key\nratelimit_scopes team", "ratelimit_scopes is set twice", "Caddyfile:8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -24,6 +24,12 @@ const (
 	// (the one that refused, "" when the store failed), reservation,
 	// held_output (the output tokens the stream was held to), model.
 	eventLLMBudgetTruncated = "llmbudget_truncated"
+	// eventLLMBudgetThreshold: a scope value of a budget reached a
+	// threshold of its alert_at, emitted once per window for the whole
+	// fleet (by the instance whose settle reached it first). Data: budget,
+	// scope, scope_hash (absent for a global budget), threshold (percent of
+	// the limit), used, limit, unit, window_end.
+	eventLLMBudgetThreshold = "llmbudget_threshold"
 )
 
 // emitter emits a handler's events on its config's events app.

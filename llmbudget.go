@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"net/http"
 	"os"
 	"strings"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
 
 func init() {
@@ -212,6 +215,13 @@ type LLMBudget struct {
 	// back within an answer's length. It tries again at each settle of this
 	// instance and every 100ms. 0 turns it off. Default 2s.
 	SettleWait *caddy.Duration `json:"settle_wait,omitempty"`
+	// RateLimitScopes are the scopes whose budgets a response's RateLimit
+	// and RateLimit-Policy items name: of "key", "team", "model" and
+	// "global". A client reads its own budgets' room; the global and model
+	// budgets' items would show it every other tenant's traffic, so they
+	// are named only when listed here. An empty list names none (and the
+	// headers are left out). Default ["key", "team"].
+	RateLimitScopes []string `json:"ratelimit_scopes,omitzero"`
 
 	budgets          []budget.Budget
 	defaultMaxTokens int64
@@ -223,7 +233,8 @@ type LLMBudget struct {
 	hasUSD           bool
 	format           usage.Format
 	chatCapField     usage.ChatCapField
-	policy           string
+	policy           string   // RateLimit-Policy of the shown budgets
+	shownScopes      scopeSet // the scopes whose budgets RateLimit names
 	outputLeases     bool
 	outputLeaseMin   int64
 	reasoningModels  []string
@@ -262,6 +273,30 @@ type BudgetConfig struct {
 	// Timezone is the IANA time zone of a calendar window
 	// ("America/New_York"). Default UTC.
 	Timezone string `json:"timezone,omitempty"`
+	// LimitFor are the limits of single scope values known ahead (a team's
+	// own budget), which win over Limit for their value; a limit set at run
+	// time through the admin API wins over them. Not for a global budget.
+	// Default: none.
+	LimitFor []LimitForConfig `json:"limit_for,omitempty"`
+	// AlertAt are percentages of the limit (1 to 100, ascending) at which
+	// each scope value is reported once per window across the whole fleet:
+	// the llmbudget_threshold event and
+	// fleetguard_llmbudget_threshold_crossings_total. Default: none.
+	AlertAt []int `json:"alert_at,omitempty"`
+}
+
+// LimitForConfig is the limit of one scope value of a budget.
+type LimitForConfig struct {
+	// Value is the scope value as the handler resolves it: a team, a model,
+	// a principal. One of Value and ValueHash is required.
+	Value string `json:"value,omitempty"`
+	// ValueHash is the value's hash instead (32 hex digits, the scope_hash
+	// of the admin API and the principal_hash of the logs), so an API key
+	// need not be written in a config.
+	ValueHash string `json:"value_hash,omitempty"`
+	// Limit is in the budget's unit: tokens (a whole number) or dollars.
+	// Required, > 0.
+	Limit float64 `json:"limit,omitempty"`
 }
 
 // PriceConfig is a model's price in USD per one million tokens (per call
@@ -434,6 +469,21 @@ func (h *LLMBudget) compile() error {
 		}
 		h.format = f
 	}
+	if err := h.compileRateLimitScopes(); err != nil {
+		return err
+	}
+	if err := h.compileBudgets(); err != nil {
+		return err
+	}
+	if err := h.compilePrices(); err != nil {
+		return err
+	}
+	return h.compileDeployments()
+}
+
+// compileBudgets turns Budgets into the engine's budgets and the
+// RateLimit-Policy of those a response shows.
+func (h *LLMBudget) compileBudgets() error {
 	seen := make(map[string]bool)
 	h.budgets = h.budgets[:0]
 	h.hasUSD = false
@@ -452,14 +502,21 @@ func (h *LLMBudget) compile() error {
 			return fmt.Errorf("llmbudget: budget %q: scope team needs the handler's team option, e.g. team {http.request.header.X-Team}", b.Name)
 		}
 		h.hasUSD = h.hasUSD || b.Unit == budget.USD
-		h.budgets = append(h.budgets, b)
-		policies = append(policies, policyItem(b.Name, b.Limit, b.NominalWindow()))
+		h.budgets = append(h.budgets, nameModels(b, h.Prices))
+		if h.shownScopes.has(b.Scope) {
+			policies = append(policies, policyItem(b.Name, b.Limit, b.NominalWindow()))
+		}
 	}
 	h.policy = joinItems(policies)
 	if h.hasUSD && len(h.Prices) == 0 && h.PricesFile == "" {
 		// Every request would be refused as unpriced.
 		return errors.New("llmbudget: price: a usd budget needs the price of each model it admits (price <model>[*] <input> <output> [<cached_input>], USD per 1M tokens, or prices_file <path>)")
 	}
+	return nil
+}
+
+// compilePrices builds the price book: Prices over PricesFile's.
+func (h *LLMBudget) compilePrices() error {
 	prices := make(map[string]budget.Price, len(h.Prices))
 	for model, pc := range h.Prices {
 		p, err := pc.price()
@@ -480,6 +537,11 @@ func (h *LLMBudget) compile() error {
 		pb = pb.Under(file)
 	}
 	h.prices = pb
+	return nil
+}
+
+// compileDeployments reads Deployments, by lower-case name.
+func (h *LLMBudget) compileDeployments() error {
 	h.deployments = make(map[string]string, len(h.Deployments))
 	for name, model := range h.Deployments {
 		if name == "" || model == "" || strings.ContainsAny(name, "/") {
@@ -508,7 +570,7 @@ func loadPricesFile(path string) (*budget.PriceBook, error) {
 }
 
 func (bc *BudgetConfig) compile() (budget.Budget, error) {
-	b := budget.Budget{Name: bc.Name, Window: time.Duration(bc.Window)}
+	b := budget.Budget{Name: bc.Name, Window: time.Duration(bc.Window), AlertAt: bc.AlertAt}
 	var err error
 	if bc.Scope != "" {
 		if b.Scope, err = budget.ParseScope(bc.Scope); err != nil {
@@ -520,17 +582,14 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 		}
 	}
-	switch {
-	case bc.Limit == 0:
+	if bc.Limit == 0 {
 		return b, fmt.Errorf("llmbudget: budget %q: limit is required (a number > 0)", bc.Name)
-	case bc.Limit < 0 || bc.Limit != bc.Limit:
-		return b, fmt.Errorf("llmbudget: budget %q: limit must be > 0", bc.Name)
-	case b.Unit == budget.Tokens && bc.Limit != float64(int64(bc.Limit)):
-		return b, fmt.Errorf("llmbudget: budget %q: a token limit must be a whole number", bc.Name)
-	case b.Unit == budget.USD:
-		b.Limit = budget.USDToMicros(bc.Limit)
-	default:
-		b.Limit = int64(bc.Limit)
+	}
+	if b.Limit, err = limitIn(b.Unit, bc.Limit); err != nil {
+		return b, fmt.Errorf("llmbudget: budget %q: limit %w", bc.Name, err)
+	}
+	if b.Fixed, b.Names, err = bc.compileLimitFor(&b); err != nil {
+		return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 	}
 	switch {
 	case bc.Calendar != "" && bc.Window != 0:
@@ -551,4 +610,73 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 		return b, fmt.Errorf("llmbudget: %w", err)
 	}
 	return b, nil
+}
+
+// limitIn is a limit of the config in the store's unit u: tokens, or
+// micro-dollars for dollars. Its error completes "limit ...".
+func limitIn(u budget.Unit, v float64) (int64, error) {
+	switch {
+	case !(v > 0) || v > float64(math.MaxInt64)/budget.MicrosPerUSD:
+		return 0, errors.New("must be > 0")
+	case u == budget.Tokens && v != float64(int64(v)):
+		return 0, errors.New("must be a whole number of tokens (a token limit)")
+	case u == budget.USD:
+		return budget.USDToMicros(v), nil
+	}
+	return int64(v), nil
+}
+
+// compileLimitFor turns LimitFor into b's Fixed limits and the Names of the
+// values it names (a key's is not kept: it is a secret), by scope id.
+func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, map[string]string, error) {
+	if len(bc.LimitFor) == 0 {
+		return nil, nil, nil
+	}
+	if b.Scope == budget.Global {
+		return nil, nil, errors.New("limit_for: a global budget has no scope value; its limit is limit")
+	}
+	fixed, names := make(map[string]int64, len(bc.LimitFor)), make(map[string]string)
+	for i, lf := range bc.LimitFor {
+		hash := lf.ValueHash
+		if (lf.Value == "") == (hash == "") {
+			return nil, nil, fmt.Errorf("limit_for[%d]: give value or value_hash, one of them", i)
+		}
+		if lf.Value != "" {
+			hash = keyhash.Of(lf.Value).String()
+		}
+		id, err := budget.HashedScopeID(b.Scope, hash)
+		if err != nil {
+			return nil, nil, fmt.Errorf("limit_for[%d]: value_hash: %w", i, err)
+		}
+		if _, dup := fixed[id]; dup {
+			return nil, nil, fmt.Errorf("limit_for[%d]: the value is given a limit twice", i)
+		}
+		if fixed[id], err = limitIn(b.Unit, lf.Limit); err != nil {
+			return nil, nil, fmt.Errorf("limit_for[%d]: limit %w", i, err)
+		}
+		if lf.Value != "" && b.Scope != budget.PerKey {
+			names[id] = lf.Value
+		}
+	}
+	return fixed, names, nil
+}
+
+// nameModels adds to a model budget's Names the models the price table
+// names exactly (a pattern with * names none): the bounded set of values
+// its metrics show. Other budgets are returned as they are.
+func nameModels(b budget.Budget, prices map[string]PriceConfig) budget.Budget {
+	if b.Scope != budget.PerModel {
+		return b
+	}
+	names := maps.Clone(b.Names)
+	if names == nil {
+		names = make(map[string]string)
+	}
+	for model := range prices {
+		if !strings.Contains(model, "*") {
+			names[budget.ScopeID(&b, budget.Dims{Model: model})] = model
+		}
+	}
+	b.Names = names
+	return b
 }

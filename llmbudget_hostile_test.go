@@ -295,7 +295,8 @@ func TestRefusedStrangersLeaveNoKeys(t *testing.T) {
 			scope key
 			limit 100000
 			window 1h
-		}`)
+		}
+		store_timeout 2s # a loaded test machine is no store outage`)
 	const requests, workers = 10000, 16
 	var next atomic.Int64
 	var wrong atomic.Int64

@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/safego"
 )
 
 // refusal is why llmbudget answers a request itself instead of forwarding it
@@ -117,7 +119,7 @@ func (h *LLMBudget) shadowDenied(r *http.Request, d *budget.Denial, dims budget.
 		zap.String("scope", d.Budget.Scope.String()),
 		zap.Int64("requested", d.Amount),
 		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Budget.LimitNow()))
+		zap.Int64("limit", d.Limit))
 	h.emitDenied(r, d, dims, true)
 }
 
@@ -133,6 +135,7 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	repl.Set("http.llmbudget.budget", d.Budget.Name)
 	h.emitDenied(r, d, ref.dims, false)
+	h.noteDeniedKey(d, ref.dims)
 	h.logger.Debug("request denied by budget",
 		zap.String("budget", d.Budget.Name),
 		zap.String("scope", d.Budget.Scope.String()),
@@ -140,28 +143,28 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 		zap.String("model", ref.dims.Model),
 		zap.Int64("requested", d.Amount),
 		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Budget.LimitNow()))
+		zap.Int64("limit", d.Limit))
 	amount := func(n int64) string { return formatAmount(d.Budget.Unit, n) }
 	window := d.Budget.Period()
 	switch {
-	case d.Amount > d.Budget.LimitNow():
+	case d.Amount > d.Limit:
 		// No window will ever admit it: say what to lower, and tell SDKs not
 		// to retry (they would sleep Retry-After and fail again).
 		ref.code, ref.noRetry = "request_exceeds_budget", true
 		ref.message = fmt.Sprintf("this request alone needs up to %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%s per %s): lower max_tokens or shorten the prompt",
-			amount(d.Amount), d.Budget.Name, amount(d.Budget.LimitNow()), window)
+			amount(d.Amount), d.Budget.Name, amount(d.Limit), window)
 		if ref.note != "" {
 			ref.message += " " + ref.note
 		}
 		return
-	case d.Used >= d.Budget.LimitNow():
+	case d.Used >= d.Limit:
 		ref.message = fmt.Sprintf("budget %q (%s, per %s) is exhausted for this window: %s of %s used; it resets in %ds",
-			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Budget.LimitNow()), retry)
+			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Limit), retry)
 	default:
 		// Headroom remains, but not enough: the request does not fit. It may
 		// once requests in flight settle below what they reserved.
 		ref.message = fmt.Sprintf("this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s); it may fit once requests in flight settle, or when the window resets in %ds",
-			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Budget.LimitNow()-d.Used), amount(d.Budget.LimitNow()), amount(d.Used), retry)
+			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Limit-d.Used), amount(d.Limit), amount(d.Used), retry)
 	}
 	if ref.note != "" {
 		ref.message += " " + ref.note
@@ -203,20 +206,73 @@ func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Di
 		"unit":       d.Budget.Unit.String(),
 		"requested":  d.Amount,
 		"used":       d.Used,
-		"limit":      d.Budget.LimitNow(),
+		"limit":      d.Limit,
 		"shadow":     shadow,
 		"path":       r.URL.Path,
 	})
 }
 
 // setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per
-// budget.
+// budget of a shown scope (RateLimitScopes), and nothing when none is shown.
 func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
 	buf := make([]byte, 0, 48*len(holds))
+	policy := h.policy
 	for _, hold := range holds {
-		buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Budget.LimitNow()-hold.Used, hold.WindowEnd.Sub(now))
+		if h.shownScopes.has(hold.Budget.Scope) {
+			buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Limit-hold.Used, hold.WindowEnd.Sub(now))
+			if hold.Limit != hold.Budget.Limit {
+				policy = "" // the client's own limit, which the config's policy does not say
+			}
+		}
 	}
-	setRateLimitHeaders(hdr, h.policy, string(buf))
+	if len(buf) == 0 {
+		return
+	}
+	if policy == "" {
+		policy = h.policyOf(holds)
+	}
+	setRateLimitHeaders(hdr, policy, string(buf))
+}
+
+// policyOf is RateLimit-Policy for holds of the shown scopes, each with the
+// limit in force for the request's scope value: for a response whose limit
+// is the value's own (set at run time, limit_for) or a reload's.
+func (h *LLMBudget) policyOf(holds []budget.Hold) string {
+	items := make([]string, 0, len(holds))
+	for _, hold := range holds {
+		if h.shownScopes.has(hold.Budget.Scope) {
+			items = append(items, policyItem(hold.Budget.Name, hold.Limit, hold.Budget.NominalWindow()))
+		}
+	}
+	return joinItems(items)
+}
+
+// scopeSet is a set of budget scopes, a bit each.
+type scopeSet uint8
+
+func (s scopeSet) has(sc budget.Scope) bool { return s&(1<<sc) != 0 }
+
+// defaultRateLimitScopes are RateLimitScopes' default: a client's own.
+var defaultRateLimitScopes = []string{"key", "team"}
+
+// compileRateLimitScopes reads RateLimitScopes; the error names the field.
+func (h *LLMBudget) compileRateLimitScopes() error {
+	names := h.RateLimitScopes
+	if names == nil {
+		names = defaultRateLimitScopes
+	}
+	h.shownScopes = 0
+	for _, name := range names {
+		sc, err := budget.ParseScope(name)
+		if err != nil {
+			return fmt.Errorf("llmbudget: ratelimit_scopes: %w", err)
+		}
+		if h.shownScopes.has(sc) {
+			return fmt.Errorf("llmbudget: ratelimit_scopes: %s is listed twice", name)
+		}
+		h.shownScopes |= 1 << sc
+	}
+	return nil
 }
 
 // Errors are written in the shape of the API being called, so that each
@@ -337,6 +393,12 @@ func (h *LLMBudget) bindCounters() {
 	// The series a dashboard queries, at 0 until the first settle.
 	for _, b := range h.budgets {
 		metrics.llmCharged.WithLabelValues(b.Name, b.Unit.String())
+		if b.Scope == budget.PerKey {
+			metrics.llmKeysDenied.WithLabelValues(b.Name)
+		}
+		for _, pct := range b.AlertAt {
+			metrics.llmThresholds.WithLabelValues(b.Name, strconv.Itoa(pct))
+		}
 	}
 	for model := range h.Prices {
 		metrics.llmCost.WithLabelValues(model)
@@ -397,4 +459,33 @@ func (h *LLMBudget) denialOf(u budget.Unit) (status int, errType, code string) {
 		return http.StatusPaymentRequired, "budget_exceeded", "usd_budget_exceeded"
 	}
 	return http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota"
+}
+
+// deniedNotes bounds the store calls in flight that note denied keys: past
+// it, a denial goes unnoted (keys_denied_total counts a little low) rather
+// than pile up calls while the store is slow.
+var deniedNotes = make(chan struct{}, 16)
+
+// noteDeniedKey counts, off the request path, a key that a key budget
+// denied for the first time in its window, fleet-wide: the store says
+// which instance's denial was the first.
+func (h *LLMBudget) noteDeniedKey(d *budget.Denial, dims budget.Dims) {
+	if d.Budget.Scope != budget.PerKey {
+		return
+	}
+	select {
+	case deniedNotes <- struct{}{}:
+	default:
+		return
+	}
+	b, id, st := d.Budget, budget.ScopeID(d.Budget, dims), h.store
+	go func() {
+		defer func() { <-deniedNotes }()
+		defer safego.Recover("llmbudget denied note", st.reportPanic)
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		if first, err := st.budgets.NoteDenied(ctx, b, id); err == nil && first {
+			metrics.llmKeysDenied.WithLabelValues(b.Name).Inc()
+		}
+	}()
 }

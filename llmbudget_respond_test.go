@@ -103,3 +103,100 @@ func TestUnreadableBodyGoesThroughTheRefusal(t *testing.T) {
 		})
 	}
 }
+
+// A client's RateLimit items name only the budgets of its own scopes by
+// default: team green's responses carry no item of the global budget, whose
+// room moves with every tenant's traffic, and their team item counts green's
+// spending only, however much team blue spends. ratelimit_scopes adds the
+// global and model items back.
+func TestRateLimitItemsNameOnlyTheClientsOwnBudgets(t *testing.T) {
+	budgets := `budget all {
+			limit 100000
+			window 1h
+		}
+		budget per_model {
+			scope model
+			limit 100000
+			window 1h
+		}
+		budget per_team {
+			scope team
+			limit 5000
+			window 1h
+		}
+		budget per_key {
+			scope key
+			limit 3000
+			window 1h
+		}`
+	for _, tt := range []struct {
+		name, option string
+		want         []string // the items of green's response, in order
+	}{
+		{"default", "", []string{"per_team", "per_key"}},
+		{"with global and model", "ratelimit_scopes global model team key", []string{"all", "per_model", "per_team", "per_key"}},
+		{"none", "ratelimit_scopes none", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			up := newFakeLLM(t)
+			port := freePort(t)
+			url := fmt.Sprintf("http://127.0.0.1:%d", port)
+			startCaddy(t, llmCaddyfile(port, up.URL, "", budgets+"\n\t\t"+tt.option))
+			for range 3 {
+				if resp, body := chat(t, url, chatBody, "Authorization: Bearer sk-blue", "X-Team: blue"); resp.StatusCode != http.StatusOK {
+					t.Fatalf("team blue: %d %s", resp.StatusCode, body)
+				}
+			}
+			waitSettles() // blue has spent 300 of every budget it shares with green
+			resp, body := chat(t, url, chatBody, "Authorization: Bearer sk-green", "X-Team: green")
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("team green: %d %s", resp.StatusCode, body)
+			}
+			if tt.want == nil {
+				if _, ok := resp.Header["Ratelimit"]; ok || resp.Header.Get("RateLimit-Policy") != "" {
+					t.Fatalf("RateLimit %q, RateLimit-Policy %q; want neither", resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy"))
+				}
+				return
+			}
+			items := parseSFList(t, resp.Header.Get("RateLimit"))
+			policy := parseSFList(t, resp.Header.Get("RateLimit-Policy"))
+			if len(items) != len(tt.want) || len(policy) != len(tt.want) {
+				t.Fatalf("RateLimit %q, RateLimit-Policy %q; want the items %v", resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy"), tt.want)
+			}
+			for i, name := range tt.want {
+				if items[i].name != name || policy[i].name != name {
+					t.Fatalf("item %d: %q / %q, want %q", i, items[i].name, policy[i].name, name)
+				}
+			}
+			// Green's own items count green's reservation only; the global
+			// item, where shown, counts blue's 300 tokens too (the spending
+			// the default keeps from green).
+			held := 5000 - itemR(t, items, "per_team")
+			if other := 3000 - itemR(t, items, "per_key"); other != held {
+				t.Fatalf("per_team holds %d of green's, per_key %d: a team item counts another tenant", held, other)
+			}
+			if indexOf(items, "all") >= 0 && 100000-itemR(t, items, "all") != held+300 {
+				t.Fatalf("the global item shows %d used, want blue's 300 and green's %d", 100000-itemR(t, items, "all"), held)
+			}
+		})
+	}
+}
+
+// itemR is the r of the item named name.
+func itemR(t *testing.T, items []sfItem, name string) int64 {
+	t.Helper()
+	i := indexOf(items, name)
+	if i < 0 {
+		t.Fatalf("no item %q in %v", name, items)
+	}
+	return mustInt(t, items[i].params["r"])
+}
+
+func indexOf(items []sfItem, name string) int {
+	for i, it := range items {
+		if it.name == name {
+			return i
+		}
+	}
+	return -1
+}

@@ -3,6 +3,8 @@ package fleetguard
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +57,7 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 	}
 	metrics.llmSettleOutcomes.WithLabelValues("ok").Inc()
 	metrics.llmSettles.WithLabelValues(out.source.String()).Inc()
+	h.reportCrossings(res)
 	if out.source == sourceReleased {
 		return
 	}
@@ -129,5 +132,31 @@ func (e *store) waitSettles(timeout time.Duration) {
 	select {
 	case <-done:
 	case <-time.After(timeout):
+	}
+}
+
+// reportCrossings counts, logs and emits the alert thresholds res's settle
+// was the first of the fleet to reach: once per window per scope value per
+// threshold, since the store marks each as it is reached.
+func (h *LLMBudget) reportCrossings(res *budget.Reservation) {
+	for _, c := range res.Crossings() {
+		pct := strconv.Itoa(c.Percent)
+		metrics.llmThresholds.WithLabelValues(c.Budget.Name, pct).Inc()
+		_, hash, _ := strings.Cut(c.ScopeID, "-") // "" for global
+		h.logger.Info("budget threshold reached",
+			zap.String("budget", c.Budget.Name), zap.String("scope", c.Budget.Scope.String()), zap.String("scope_hash", hash),
+			zap.Int("threshold", c.Percent), zap.Int64("used", c.Used), zap.Int64("limit", c.Limit))
+		if !h.events.wants(eventLLMBudgetThreshold) {
+			continue
+		}
+		data := map[string]any{
+			"budget": c.Budget.Name, "scope": c.Budget.Scope.String(), "threshold": c.Percent,
+			"used": c.Used, "limit": c.Limit, "unit": c.Budget.Unit.String(),
+			"window_end": c.WindowEnd.UTC().Format(time.RFC3339),
+		}
+		if hash != "" {
+			data["scope_hash"] = hash
+		}
+		h.events.emit(eventLLMBudgetThreshold, data)
 	}
 }

@@ -486,7 +486,8 @@ func budgetOnRedis(t *testing.T, srv *redistest.Server, prefix string) (url stri
 	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
 			limit 100000000
 			window 1h
-		}`))
+		}
+		ratelimit_scopes global`))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	return url, up, func() int64 { return budgetCounter(t, rc, prefix, "g") }
@@ -645,6 +646,7 @@ func TestRateLimitItemsOfBothHandlersJoin(t *testing.T) {
 			limit 100000
 			window 1h
 		}
+		ratelimit_scopes global
 	}
 	reverse_proxy %s
 }`, port, strings.TrimPrefix(up.URL, "http://")))
@@ -666,7 +668,8 @@ func TestErrorShapesPerAPIAndRateLimitHeaders(t *testing.T) {
 	startCaddy(t, llmCaddyfile(port, up.URL, "", `budget tiny {
 			limit 10
 			window 1h
-		}`))
+		}
+		ratelimit_scopes global`))
 	tests := []struct {
 		name, path, body string
 		check            func(body string) bool

@@ -251,3 +251,45 @@ func TestStripUsageChunkAtAnySplit(t *testing.T) {
 		}
 	}
 }
+
+// A budget's limit_for and alert_at in JSON: values by name or hash, in the
+// budget's unit; refusals name the field.
+func TestBudgetConfigLimitForAndAlertAt(t *testing.T) {
+	research := budget.ScopeID(&budget.Budget{Scope: budget.PerTeam}, budget.Dims{Team: "research"})
+	for _, tt := range []struct {
+		name  string
+		bc    BudgetConfig
+		fixed map[string]int64 // when no error
+		err   string
+	}{
+		{"a team by name, in dollars", BudgetConfig{Scope: "team", Unit: "usd", Limit: 25, LimitFor: []LimitForConfig{{Value: "research", Limit: 100.5}}, AlertAt: []int{80, 95}},
+			map[string]int64{research: 100_500_000}, ""},
+		{"a team by hash", BudgetConfig{Scope: "team", Limit: 10, LimitFor: []LimitForConfig{{ValueHash: research[len("team-"):], Limit: 20}}},
+			map[string]int64{research: 20}, ""},
+		{"value and hash", BudgetConfig{Scope: "team", Limit: 10, LimitFor: []LimitForConfig{{Value: "x", ValueHash: research[len("team-"):], Limit: 20}}}, nil, "limit_for[0]: give value or value_hash"},
+		{"a global budget", BudgetConfig{Limit: 10, LimitFor: []LimitForConfig{{Value: "x", Limit: 20}}}, nil, "a global budget has no scope value"},
+		{"no limit", BudgetConfig{Scope: "model", Limit: 10, LimitFor: []LimitForConfig{{Value: "gpt-4o"}}}, nil, "limit_for[0]: limit must be > 0"},
+		{"fractional tokens", BudgetConfig{Scope: "model", Limit: 10, LimitFor: []LimitForConfig{{Value: "gpt-4o", Limit: 1.5}}}, nil, "whole number"},
+		{"alert_at descending", BudgetConfig{Limit: 10, AlertAt: []int{95, 80}}, nil, "alert_at: each percentage once, in ascending order"},
+		{"alert_at 0", BudgetConfig{Limit: 10, AlertAt: []int{0, 80}}, nil, "alert_at: percentages of the limit, 1% to 100%"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.bc.Name, tt.bc.Window = "b", caddy.Duration(time.Hour)
+			b, err := tt.bc.compile()
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), `budget "b"`) {
+					t.Fatalf("error %v, want one naming budget \"b\" and %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || len(b.Fixed) != len(tt.fixed) {
+				t.Fatalf("fixed %v, %v; want %v", b.Fixed, err, tt.fixed)
+			}
+			for id, n := range tt.fixed {
+				if b.Fixed[id] != n {
+					t.Fatalf("fixed %v, want %v", b.Fixed, tt.fixed)
+				}
+			}
+		})
+	}
+}

@@ -62,7 +62,7 @@ func (f *inFlight) next() <-chan struct{} {
 // other instances are not seen: without any here, a refusal is answered at
 // once.)
 func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial) (*budget.Reservation, *budget.Denial, error) {
-	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Budget.LimitNow() || h.store.inFlight.n.Load() == 0 {
+	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Limit || h.store.inFlight.n.Load() == 0 {
 		return nil, denial, nil
 	}
 	deadline := time.NewTimer(h.settleWait)

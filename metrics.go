@@ -1,11 +1,16 @@
 package fleetguard
 
 import (
+	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetguard/fleetguard/budget"
 )
 
 // metrics are created once per process and registered into every config's
@@ -31,6 +36,9 @@ var metrics = struct {
 	llmLeaseExtensions *prometheus.CounterVec
 	llmTruncations     prometheus.Counter
 	llmSettleWaits     prometheus.Counter
+	llmThresholds      *prometheus.CounterVec
+	llmKeysDenied      *prometheus.CounterVec
+	budgetStandings    prometheus.Collector
 	panics             *prometheus.CounterVec
 }{
 	fleetDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -143,6 +151,19 @@ var metrics = struct {
 		Name:      "settle_waits_total",
 		Help:      "Refused requests that waited (up to settle_wait) for requests in flight to settle before their 429 or 402, since those hold more than they will be charged.",
 	}),
+	llmThresholds: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "threshold_crossings_total",
+		Help:      "Thresholds of a budget's alert_at that a scope value reached in a window, by budget and threshold (percent of the limit): counted once for the whole fleet, by the instance whose settle reached it first, which also emits llmbudget_threshold. Sum over instances.",
+	}, []string{"budget", "threshold"}),
+	llmKeysDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "keys_denied_total",
+		Help:      "Keys a key budget denied, each once per window for the whole fleet (counted by the instance whose denial was the first), by budget. Sum over instances; its increase over a window is the number of keys that ran out.",
+	}, []string{"budget"}),
+	budgetStandings: budgetCollector{},
 	panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Name:      "panics_total",
@@ -204,7 +225,7 @@ func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
 		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
-		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.panics}
+		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.llmThresholds, m.llmKeysDenied, m.budgetStandings, m.panics}
 }
 
 // observePass counts a reconcile pass.
@@ -280,4 +301,73 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// The budgets' own gauges, read from the store when /metrics is scraped
+// (the store keeps the fleet's counters; a gauge kept per instance would
+// say only what that instance saw). Only scope values whose number the
+// config bounds get a series: a global budget's one, and the teams and
+// models the config names (limit_for, the price table's exact model
+// names). Key scopes get none per key (no label per user key): their
+// denied keys are counted in keys_denied_total instead.
+var (
+	budgetUsedDesc = prometheus.NewDesc("fleetguard_llmbudget_used",
+		"What a budget's scope value has used in the current window, fleet-wide, in the budget's unit (tokens, or micro-dollars for usd budgets; reservations in flight included), by budget and value: global, or a team or model the config names.",
+		[]string{"budget", "value"}, nil)
+	budgetLimitDesc = prometheus.NewDesc("fleetguard_llmbudget_limit",
+		"The limit in force for a budget's scope value (set through the admin API, limit_for, or the budget's own), in the budget's unit, by budget and value as fleetguard_llmbudget_used.",
+		[]string{"budget", "value"}, nil)
+)
+
+// scrapeTimeout bounds the store calls of one scrape.
+const scrapeTimeout = time.Second
+
+// budgetCollector reports each running budget's used and limit per named
+// scope value when scraped.
+type budgetCollector struct{}
+
+func (budgetCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- budgetUsedDesc
+	ch <- budgetLimitDesc
+}
+
+func (budgetCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	defs := runningDefs()
+	for _, name := range slices.Sorted(maps.Keys(defs)) {
+		rb, ok := resolveBudget(defs[name])
+		if !ok || rb.conflict() || rb.store.budgets.Down() {
+			continue // a conflict has no one limit; a store down, no answer
+		}
+		b := rb.definitions[0]
+		ids, values := namedValues(&b)
+		if len(ids) == 0 {
+			continue
+		}
+		used, limits, err := rb.store.budgets.Standings(ctx, &b, ids)
+		if err != nil {
+			continue // left out of this scrape rather than shown as 0
+		}
+		for i := range ids {
+			ch <- prometheus.MustNewConstMetric(budgetUsedDesc, prometheus.GaugeValue, float64(used[i]), b.Name, values[i])
+			ch <- prometheus.MustNewConstMetric(budgetLimitDesc, prometheus.GaugeValue, float64(limits[i]), b.Name, values[i])
+		}
+	}
+}
+
+// namedValues are the scope ids and label values of b's series: "global"
+// for a global budget, the named teams and models for theirs, none for a
+// key budget.
+func namedValues(b *budget.Budget) (ids, values []string) {
+	if b.Scope == budget.Global {
+		return []string{budget.ScopeID(b, budget.Dims{})}, []string{"global"}
+	}
+	if b.Scope == budget.PerKey {
+		return nil, nil
+	}
+	for _, id := range slices.Sorted(maps.Keys(b.Names)) {
+		ids, values = append(ids, id), append(values, b.Names[id])
+	}
+	return ids, values
 }

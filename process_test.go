@@ -105,7 +105,7 @@ func TestKillingCaddyMidStreamKeepsOnlyTheLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, k := range keys {
-			if strings.Contains(k, ":res:") {
+			if !isBudgetCounter(k) {
 				continue
 			}
 			v, err := c.Get(ctx, k).Result()
@@ -185,4 +185,16 @@ func TestKillingCaddyMidStreamKeepsOnlyTheLease(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// isBudgetCounter reports whether a budget store key is a counter, not a
+// reservation's record, a top set, the marks of thresholds or denied keys,
+// or the limits set at run time.
+func isBudgetCounter(key string) bool {
+	for _, kind := range []string{":res:", ":top:", ":alerted:", ":denied:"} {
+		if strings.Contains(key, kind) {
+			return false
+		}
+	}
+	return !strings.HasSuffix(key, ":limits")
 }

@@ -3,6 +3,7 @@ package budget
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -92,6 +93,27 @@ type Budget struct {
 	// definition of the budget (a reload) may have changed since Limit
 	// was read: reservations made before it extend under it.
 	Live *atomic.Int64
+	// Fixed are limits of single scope values known ahead (the config's
+	// limit_for), by ScopeID: they win over Limit, and a limit set at run
+	// time (Engine.SetLimit) wins over them. Default: none.
+	Fixed map[string]int64
+	// Names are the raw values of scope values the config names (a team's,
+	// a model's; never a key's), by ScopeID, for the admin API to show
+	// beside their hashes. Default: none.
+	Names map[string]string
+	// AlertAt are percentages of the limit (1 to 100, ascending) at which
+	// each scope value is reported once per window, fleet-wide (see
+	// Reservation.Crossings). Default: none.
+	AlertAt []int
+}
+
+// configuredLimit is the limit the config gives the scope value scopeID:
+// its Fixed limit, else the limit in force; fixed reports a Fixed one.
+func (b *Budget) configuredLimit(scopeID string) (limit int64, fixed bool) {
+	if n, ok := b.Fixed[scopeID]; ok {
+		return n, true
+	}
+	return b.LimitNow(), false
 }
 
 // LimitNow is the limit in force: Live's, else Limit.
@@ -117,6 +139,10 @@ func (b *Budget) Validate() error {
 		return fmt.Errorf("budget %q: name must be non-empty without braces, colons, quotes or spaces", b.Name)
 	case b.Limit <= 0:
 		return fmt.Errorf("budget %q: limit must be > 0", b.Name)
+	case !slices.IsSorted(b.AlertAt) || len(slices.Compact(slices.Clone(b.AlertAt))) != len(b.AlertAt):
+		return fmt.Errorf("budget %q: alert_at: each percentage once, in ascending order", b.Name)
+	case len(b.AlertAt) > 0 && (b.AlertAt[0] < 1 || b.AlertAt[len(b.AlertAt)-1] > 100):
+		return fmt.Errorf("budget %q: alert_at: percentages of the limit, 1%% to 100%%", b.Name)
 	case b.Calendar != Fixed:
 	case b.Window < time.Second:
 		return fmt.Errorf("budget %q: window must be at least 1s", b.Name)

@@ -1,9 +1,12 @@
 package budget
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -330,6 +333,209 @@ func TestStoreConformance(t *testing.T) {
 				t.Fatalf("standing %+v %v, want 120 used", st, err)
 			}
 		}},
+		{"a limit set at run time applies to its scope value at the next reserve, on every engine", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e, other := NewEngine(s, "c15"), NewEngine(s, "c15") // two instances of a fleet
+			b := []Budget{tokenBudget("k", PerKey, 100), tokenBudget("t", PerTeam, 100), tokenBudget("m", PerModel, 100)}
+			dims := Dims{Principal: "alice", Team: "red", Model: "gpt-4o"}
+			for i, limit := range []int64{300, 50, 200} {
+				if err := e.SetLimit(ctx, &b[i], ScopeID(&b[i], dims), limit); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, d, err := other.Reserve(ctx, b, dims, Spend{Tokens: 60})
+			if err != nil || d == nil || d.Budget.Name != "t" || d.Limit != 50 {
+				t.Fatalf("60 against team red's 50: %+v %v, want a denial by t at its limit 50", d, err)
+			}
+			r := mustReserve(t, other, b, dims, 50)
+			for i, want := range []int64{300, 50, 200} {
+				if r.Holds[i].Limit != want {
+					t.Fatalf("hold %s: limit %d, want %d", b[i].Name, r.Holds[i].Limit, want)
+				}
+			}
+			// An extension keeps the key's own limit, 300, not the budget's 100.
+			rk := mustReserve(t, other, b[:1], dims, 50)
+			if d, err := other.Extend(ctx, rk, Spend{Tokens: 200}); err != nil || d != nil {
+				t.Fatalf("alice's key to 300 of her 300: %+v %v, want admitted", d, err)
+			}
+			// Another value of the same scopes keeps the budget's limit.
+			if _, d, _ := other.Reserve(ctx, b, Dims{Principal: "bob", Team: "blue", Model: "o3"}, Spend{Tokens: 101}); d == nil || d.Limit != 100 {
+				t.Fatalf("bob, blue, o3 at 101: %+v, want a denial at the budget's 100", d)
+			}
+			if n, from, err := other.Limit(ctx, &b[0], ScopeID(&b[0], dims)); err != nil || n != 300 || from != LimitFromAdmin {
+				t.Fatalf("alice's limit: %d from %q (%v), want 300 from admin", n, from, err)
+			}
+			// Cleared, the team's limit is the budget's again.
+			if err := e.SetLimit(ctx, &b[1], ScopeID(&b[1], dims), 0); err != nil {
+				t.Fatal(err)
+			}
+			if n, from, err := other.Limit(ctx, &b[1], ScopeID(&b[1], dims)); err != nil || n != 100 || from != LimitFromBudget {
+				t.Fatalf("red's limit after the clear: %d from %q (%v), want 100 from budget", n, from, err)
+			}
+			r = mustReserve(t, other, b[1:2], dims, 50) // red: 100 of 100
+			if r.Holds[0].Limit != 100 {
+				t.Fatalf("red's hold after the clear: limit %d, want 100", r.Holds[0].Limit)
+			}
+			if err := e.SetLimit(ctx, &Budget{Name: "g", Scope: Global, Limit: 1, Window: time.Hour}, "global", 5); err == nil {
+				t.Fatal("a global budget's limit was set at run time")
+			}
+		}},
+		{"a fixed limit of the config holds for its value, and one set at run time wins over it", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e := NewEngine(s, "c16")
+			research := Dims{Team: "research"}
+			b := tokenBudget("t", PerTeam, 100)
+			b.Fixed = map[string]int64{ScopeID(&b, research): 2000}
+			if r := mustReserve(t, e, []Budget{b}, research, 1500); r.Holds[0].Limit != 2000 {
+				t.Fatalf("research's hold: limit %d, want its fixed 2000", r.Holds[0].Limit)
+			}
+			if _, d, _ := e.Reserve(ctx, []Budget{b}, Dims{Team: "ops"}, Spend{Tokens: 101}); d == nil {
+				t.Fatal("ops has the budget's 100: 101 must be denied")
+			}
+			if n, from, _ := e.Limit(ctx, &b, ScopeID(&b, research)); n != 2000 || from != LimitFromConfig {
+				t.Fatalf("research's limit: %d from %q, want 2000 from config", n, from)
+			}
+			if err := e.SetLimit(ctx, &b, ScopeID(&b, research), 1500); err != nil {
+				t.Fatal(err)
+			}
+			if _, d, _ := e.Reserve(ctx, []Budget{b}, research, Spend{Tokens: 1}); d == nil || d.Limit != 1500 {
+				t.Fatalf("research at 1500 of the 1500 set at run time: %+v, want a denial at 1500", d)
+			}
+		}},
+		{"top is exact against a replay of the settles", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e := NewEngine(s, "c17")
+			b := []Budget{tokenBudget("k", PerKey, 1<<40), tokenBudget("t", PerTeam, 1<<40), tokenBudget("g", Global, 1<<40)}
+			want := [2]map[string]int64{{}, {}} // the replay: each value's settled total
+			rng := rand.New(rand.NewPCG(17, 31))
+			for i := range 600 {
+				dims := Dims{Principal: fmt.Sprint("sk-", rng.IntN(60)), Team: fmt.Sprint("team-", rng.IntN(7))}
+				r := mustReserve(t, e, b, dims, 500)
+				var used int64
+				var err error
+				switch i % 10 {
+				case 0: // released: an upstream's error
+					err = e.Release(ctx, r)
+				case 1: // kept: usage unknown
+					used, err = 500, e.Keep(ctx, r)
+				default:
+					used = int64(1 + rng.IntN(499))
+					err = e.Settle(ctx, r, Spend{Tokens: used})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				want[0][ScopeID(&b[0], dims)] += used
+				want[1][ScopeID(&b[1], dims)] += used
+			}
+			for i := range 2 {
+				top, st, err := e.Top(ctx, &b[i], 20)
+				if err != nil || !time.Now().Before(st.End) {
+					t.Fatalf("top of %s: %v, window %+v", b[i].Name, err, st)
+				}
+				if exp := replayTop(want[i], 20); fmt.Sprint(top) != fmt.Sprint(exp) {
+					t.Fatalf("top of %s:\n got %v\nwant %v", b[i].Name, top, exp)
+				}
+			}
+			if _, _, err := e.Top(ctx, &b[2], 20); err == nil {
+				t.Fatal("a global budget has no top")
+			}
+		}},
+		{"a top set holds at most TopSize members", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e := NewEngine(s, "c18")
+			b := []Budget{tokenBudget("k", PerKey, 1<<40)}
+			want := map[string]int64{}
+			for i := range TopSize + 50 {
+				dims := Dims{Principal: fmt.Sprint("sk-", i)}
+				// The late keys spend most: the first 50 are dropped.
+				if err := e.Settle(ctx, mustReserve(t, e, b, dims, 10), Spend{Tokens: int64(i + 1)}); err != nil {
+					t.Fatal(err)
+				}
+				want[ScopeID(&b[0], dims)] = int64(i + 1)
+			}
+			if n := topMembers(t, s, e.topKey(&b[0], time.Now())); n != TopSize {
+				t.Fatalf("the top set holds %d members, want TopSize %d", n, TopSize)
+			}
+			top, _, err := e.Top(ctx, &b[0], MaxTop)
+			if err != nil || fmt.Sprint(top) != fmt.Sprint(replayTop(want, MaxTop)) {
+				t.Fatalf("top %d after %d spenders: %v %v", MaxTop, TopSize+50, top, err)
+			}
+		}},
+		{"each alert is reached first by exactly one settle of the fleet", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			engines := []*Engine{NewEngine(s, "c19"), NewEngine(s, "c19")} // two instances
+			b := []Budget{tokenBudget("k", PerKey, 1000), tokenBudget("t", PerTeam, 1000), tokenBudget("g", Global, 1000)}
+			for i := range b {
+				b[i].AlertAt = []int{50, 80, 95}
+			}
+			dims := Dims{Principal: "alice", Team: "red"}
+			var mu sync.Mutex
+			seen := map[string]int{}
+			var wg sync.WaitGroup
+			for i := range 50 { // 50 × 20 = the whole 1000
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					e := engines[i%2]
+					r, d, err := e.Reserve(ctx, b, dims, Spend{Tokens: 20})
+					if err != nil || d != nil {
+						t.Errorf("reserve %d: %+v %v", i, d, err)
+						return
+					}
+					if err := e.Settle(ctx, r, Spend{Tokens: 20}); err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					for _, c := range r.Crossings() {
+						if c.Used < c.Limit*int64(c.Percent)/100 || c.Limit != 1000 || c.ScopeID != ScopeID(c.Budget, dims) {
+							t.Errorf("crossing %+v: below its threshold, or not the scope value's", c)
+						}
+						seen[fmt.Sprint(c.Budget.Name, " ", c.Percent)]++
+					}
+				}()
+			}
+			wg.Wait()
+			want := map[string]int{}
+			for _, name := range []string{"k", "t", "g"} {
+				for _, pct := range []int{50, 80, 95} {
+					want[fmt.Sprint(name, " ", pct)] = 1
+				}
+			}
+			if fmt.Sprint(seen) != fmt.Sprint(want) {
+				t.Fatalf("crossings %v, want each budget's 50, 80 and 95 once", seen)
+			}
+			// Past every threshold, a settle in the same window reaches none.
+			r := mustReserve(t, engines[0], b, dims, 0)
+			if err := engines[0].Settle(ctx, r, Spend{}); err != nil || len(r.Crossings()) != 0 {
+				t.Fatalf("a settle after the crossings: %v %v, want none", r.Crossings(), err)
+			}
+		}},
+		{"a denied value is noted first once per window, fleet-wide; standings read counters and limits", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			e, other := NewEngine(s, "c20"), NewEngine(s, "c20")
+			b := tokenBudget("k", PerKey, 100)
+			alice, bob := ScopeID(&b, Dims{Principal: "alice"}), ScopeID(&b, Dims{Principal: "bob"})
+			for i, tt := range []struct {
+				e     *Engine
+				id    string
+				first bool
+			}{{e, alice, true}, {other, alice, false}, {e, alice, false}, {other, bob, true}} {
+				if first, err := tt.e.NoteDenied(ctx, &b, tt.id); err != nil || first != tt.first {
+					t.Fatalf("note %d: first %v (%v), want %v", i, first, err, tt.first)
+				}
+			}
+			mustReserve(t, e, []Budget{b}, Dims{Principal: "bob"}, 40)
+			if err := e.SetLimit(ctx, &b, bob, 500); err != nil {
+				t.Fatal(err)
+			}
+			used, limits, err := other.Standings(ctx, &b, []string{alice, bob})
+			if err != nil || fmt.Sprint(used, limits) != "[0 40] [100 500]" {
+				t.Fatalf("standings %v %v (%v), want [0 40] [100 500]", used, limits, err)
+			}
+		}},
 		{"usd budgets count micro-dollars", func(t *testing.T, s Store) {
 			e := NewEngine(s, "c8")
 			b := []Budget{{Name: "spend", Scope: Global, Unit: USD, Limit: USDToMicros(1), Window: time.Hour}, tokenBudget("tok", Global, 1<<40)}
@@ -505,4 +711,76 @@ func stored(t *testing.T, s Store, key string) bool {
 	}
 	t.Fatalf("stored: a store of type %T", s)
 	return false
+}
+
+// replayTop is the top n of used, as Store.Top orders it.
+func replayTop(used map[string]int64, n int) []TopEntry {
+	out := make([]TopEntry, 0, len(used))
+	for m, u := range used {
+		if u > 0 {
+			out = append(out, TopEntry{Member: m, Used: u})
+		}
+	}
+	slices.SortFunc(out, func(x, y TopEntry) int { return cmp.Or(cmp.Compare(y.Used, x.Used), cmp.Compare(y.Member, x.Member)) })
+	return out[:min(n, len(out))]
+}
+
+// topMembers is how many members the store keeps in the top set top.
+func topMembers(t *testing.T, s Store, top string) int {
+	t.Helper()
+	switch s := s.(type) {
+	case *MemoryStore:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.tops[top].used)
+	case *RedisStore:
+		n, err := s.client.ZCard(context.Background(), top).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(n)
+	}
+	t.Fatalf("topMembers: a store of type %T", s)
+	return 0
+}
+
+// Nothing the new keys hold names a principal: the limits table's fields,
+// the top sets' members and the marks of thresholds and denied keys carry
+// its hash, as the counters' keys do.
+func TestRedisLimitsTopsAndMarksHideThePrincipal(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	e := NewEngine(NewRedisStore(c), "hide")
+	b := []Budget{tokenBudget("daily", PerKey, 1000)}
+	b[0].AlertAt = []int{1}
+	dims := Dims{Principal: "Bearer sk-secret-123"}
+	id := ScopeID(&b[0], dims)
+	if err := e.SetLimit(ctx, &b[0], id, 2000); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Settle(ctx, mustReserve(t, e, b, dims, 50), Spend{Tokens: 40}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.NoteDenied(ctx, &b[0], id); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil || len(keys) != 5 {
+		t.Fatalf("keys %v %v, want the counter, the limits, the top set and the two marks", keys, err)
+	}
+	for _, k := range keys {
+		var held []string
+		switch c.Type(ctx, k).Val() {
+		case "hash":
+			held = c.HKeys(ctx, k).Val()
+		case "zset":
+			held = c.ZRange(ctx, k, 0, -1).Val()
+		}
+		for _, s := range append(held, k) {
+			if strings.Contains(s, "sk-secret") {
+				t.Fatalf("%s holds %q, which carries the principal", k, s)
+			}
+		}
+	}
 }

@@ -126,11 +126,22 @@ func (d *Dims) Value(s Scope) string {
 
 // Hold is one budget's part of a reservation.
 type Hold struct {
-	Budget    *Budget
-	Key       string
-	Amount    int64 // reserved, in the budget's unit
-	Used      int64 // the counter right after the reservation
+	Budget *Budget
+	Key    string
+	Amount int64 // reserved, in the budget's unit
+	Used   int64 // the counter right after the reservation
+	// Limit is the limit in force for the hold's scope value when it was
+	// reserved: a limit set at run time, a Fixed one, or the budget's.
+	Limit     int64
 	WindowEnd time.Time
+	// overridden: Limit is the scope value's own (set at run time or
+	// Fixed), which extensions keep; else they follow the budget's limit
+	// in force, which a reload may change.
+	overridden bool
+	// scopeID names the hold's scope value in store keys; top and alerted
+	// are its window's top set ("" for a global budget) and marks of
+	// alerts ("" without AlertAt).
+	scopeID, top, alerted string
 }
 
 // Reservation is an admitted request's claim on its budgets, to be settled.
@@ -146,6 +157,8 @@ type Reservation struct {
 	// settle that found no record is only lost if none was applied or left
 	// unsure before it.
 	settle atomic.Uint32
+	// crossings are the alerts its settle reached first (see Crossings).
+	crossings []Crossing
 }
 
 // What an engine knows of a reservation's settle.
@@ -158,9 +171,10 @@ const (
 // Denial says which budget refused a request.
 type Denial struct {
 	Budget *Budget
-	// Amount is what the request would have charged it; Used what it holds.
-	Amount, Used int64
-	WindowEnd    time.Time
+	// Amount is what the request would have charged it; Used what it
+	// holds; Limit its limit in force for the request's scope value.
+	Amount, Used, Limit int64
+	WindowEnd           time.Time
 	// Holds has every budget's standing, for response headers.
 	Holds []Hold
 }
@@ -193,8 +207,10 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	charges := make([]Charge, len(budgets))
 	for i := range budgets {
 		b := &budgets[i]
-		r.Holds[i] = Hold{Budget: b, Key: e.counterKey(b, &dims, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
-		charges[i] = Charge{Key: r.Holds[i].Key, Amount: r.Holds[i].Amount, Limit: r.limitOf(b), TTL: b.KeyTTL()}
+		scopeID := ScopeID(b, dims)
+		r.Holds[i] = Hold{Budget: b, Key: e.scopedKey(b, scopeID, now), Amount: max(b.Amount(estimate), 0), WindowEnd: b.WindowEnd(now)}
+		e.nameWindowKeys(&r.Holds[i], scopeID, now)
+		charges[i] = e.chargeOf(r, &r.Holds[i], scopeID)
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if e.failed(err) != nil {
@@ -207,12 +223,34 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		return nil, nil, errors.New("budget reserve: the reservation was released before it ran")
 	}
 	for i := range r.Holds {
-		r.Holds[i].Used = res.Used[i]
+		h := &r.Holds[i]
+		h.Used = res.Used[i]
+		if i < len(res.Limits) && res.Limits[i] != charges[i].Limit {
+			h.Limit, h.overridden = res.Limits[i], true
+		}
 	}
 	if !res.Admitted {
 		return nil, r.denial(res.Denied, r.Holds[res.Denied].Amount), nil
 	}
 	return r, nil, nil
+}
+
+// chargeOf is h's charge in r's reserve: within the limit the config gives
+// its scope value, unless the override table holds one (read by the
+// store's reserve, in the same step). A reservation over the limits (shadow
+// mode) has none, and a global budget no scope value to override.
+func (e *Engine) chargeOf(r *Reservation, h *Hold, scopeID string) Charge {
+	c := Charge{Key: h.Key, Amount: h.Amount, TTL: h.Budget.KeyTTL()}
+	h.Limit, h.overridden = h.Budget.configuredLimit(scopeID)
+	c.Limit = h.Limit
+	switch {
+	case r.overLimit:
+		// Shadow mode's hold shows the limit it would have had.
+		c.Limit = math.MaxInt64
+	case h.Budget.Scope != Global:
+		c.Overrides, c.Override = e.overridesKey(), overrideField(h.Budget, scopeID)
+	}
+	return c
 }
 
 // limitOf is the limit a charge of r to b must fit: none for a reservation
@@ -224,10 +262,19 @@ func (r *Reservation) limitOf(b *Budget) int64 {
 	return b.LimitNow()
 }
 
+// extendLimit is the limit an extension of h must fit: the scope value's
+// own limit found by the reserve, else the budget's limit in force now.
+func (r *Reservation) extendLimit(h *Hold) int64 {
+	if h.overridden && !r.overLimit {
+		return h.Limit
+	}
+	return r.limitOf(h.Budget)
+}
+
 // denial says that r's i-th budget could not take amount more.
 func (r *Reservation) denial(i int, amount int64) *Denial {
 	h := r.Holds[i]
-	return &Denial{Budget: h.Budget, Amount: amount, Used: h.Used, WindowEnd: h.WindowEnd, Holds: r.Holds}
+	return &Denial{Budget: h.Budget, Amount: amount, Used: h.Used, Limit: h.Limit, WindowEnd: h.WindowEnd, Holds: r.Holds}
 }
 
 // extendAttempts bounds the tries of one extension: a retry is safe, the
@@ -250,7 +297,7 @@ func (e *Engine) Extend(ctx context.Context, r *Reservation, more Spend) (*Denia
 	charges := make([]Charge, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
-		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: r.limitOf(h.Budget), TTL: h.Budget.KeyTTL()}
+		charges[i] = Charge{Key: h.Key, Amount: max(h.Budget.Amount(more), 0), Limit: r.extendLimit(h), TTL: h.Budget.KeyTTL()}
 	}
 	var res ExtendResult
 	var err error
@@ -346,20 +393,65 @@ func (e *Engine) trip() {
 	}()
 }
 
-// releaseOf returns every counter of r to what it was before r.
+// releaseOf returns every counter of r to what it was before r. It marks
+// no alert: it runs in the background, where a threshold it was first to
+// reach would be marked and never reported.
 func releaseOf(r *Reservation) []Adjustment {
-	return adjustments(r, func(*Hold) int64 { return 0 })
+	adjs := adjustments(r, func(*Hold) int64 { return 0 })
+	for i := range adjs {
+		adjs[i].Alerts, adjs[i].Alerted = nil, ""
+	}
+	return adjs
 }
 
 // adjustments names every counter of r in the reserve's order, each settled
-// at amount(h).
+// at amount(h), with its top set and its alerts.
 func adjustments(r *Reservation, amount func(h *Hold) int64) []Adjustment {
 	adjs := make([]Adjustment, len(r.Holds))
 	for i := range r.Holds {
 		h := &r.Holds[i]
 		adjs[i] = Adjustment{Key: h.Key, Amount: amount(h), TTL: h.Budget.KeyTTL()}
+		if h.top != "" {
+			adjs[i].Top, adjs[i].Member = h.top, h.scopeID
+		}
+		if h.alerted != "" {
+			adjs[i].Alerted, adjs[i].Alerts = h.alerted, make([]Alert, len(h.Budget.AlertAt))
+			for j, pct := range h.Budget.AlertAt {
+				// At pct% of the limit, rounded up: at 80% of 999, 800 reaches it.
+				at := (h.Limit*int64(pct) + 99) / 100
+				adjs[i].Alerts[j] = Alert{At: at, Field: h.scopeID + ":" + strconv.Itoa(pct)}
+			}
+		}
 	}
 	return adjs
+}
+
+// Crossing is a threshold of a budget's AlertAt that a settle was the first
+// of the fleet to reach, for one scope value in one window.
+type Crossing struct {
+	Budget  *Budget
+	ScopeID string
+	Percent int
+	// Used is the counter after the settle; Limit the limit in force when
+	// the reservation was made.
+	Used, Limit int64
+	// WindowEnd is when the window it was reached in ends.
+	WindowEnd time.Time
+}
+
+// Crossings are the thresholds r's settle was the first to reach.
+func (r *Reservation) Crossings() []Crossing { return r.crossings }
+
+// collectCrossings keeps, after an applied settle, the alerts adjs reached
+// first. (A settle whose reply was lost and that applied after all marks
+// its alerts without reporting them: the background resolution does not.)
+func (r *Reservation) collectCrossings(adjs []Adjustment) {
+	for i := range adjs {
+		for _, j := range adjs[i].Crossed {
+			h := &r.Holds[i]
+			r.crossings = append(r.crossings, Crossing{Budget: h.Budget, ScopeID: h.scopeID, Percent: h.Budget.AlertAt[j], Used: adjs[i].After, Limit: h.Limit, WindowEnd: h.WindowEnd})
+		}
+	}
 }
 
 // ErrDrift wraps a settle that failed after every retry: the counters keep the
@@ -409,6 +501,7 @@ func (e *Engine) settle(ctx context.Context, r *Reservation, adjs []Adjustment) 
 		}
 		if applied {
 			r.settle.Store(settleApplied)
+			r.collectCrossings(adjs)
 		} else if r.settle.Load() == settleNone {
 			return ErrReservationLost
 		}
@@ -469,6 +562,54 @@ func (e *Engine) Reset(ctx context.Context, b *Budget, scopeID string) (Standing
 	return st, nil
 }
 
+// Where a scope value's limit in force comes from (see Engine.Limit).
+const (
+	LimitFromBudget = "budget" // the budget's own limit
+	LimitFromConfig = "config" // the budget's Fixed limit of the value (limit_for)
+	LimitFromAdmin  = "admin"  // set at run time, by SetLimit
+)
+
+// Limit is the limit in force for b's scope value scopeID (see ScopeID), and
+// where it comes from: LimitFromAdmin, LimitFromConfig or LimitFromBudget.
+func (e *Engine) Limit(ctx context.Context, b *Budget, scopeID string) (int64, string, error) {
+	limit, fixed := b.configuredLimit(scopeID)
+	from := map[bool]string{true: LimitFromConfig, false: LimitFromBudget}[fixed]
+	if b.Scope == Global {
+		return limit, from, nil
+	}
+	n, err := e.store.Override(ctx, e.overridesKey(), overrideField(b, scopeID))
+	if e.failed(err) != nil {
+		return 0, "", err
+	}
+	if n > 0 {
+		return n, LimitFromAdmin, nil
+	}
+	return limit, from, nil
+}
+
+// SetLimit sets the limit of b's scope value scopeID in the store, for every
+// instance's next reserve; a limit of 0 deletes it, so the config's limit
+// holds again. A global budget has no scope value: its limit is the config's.
+func (e *Engine) SetLimit(ctx context.Context, b *Budget, scopeID string, limit int64) error {
+	if b.Scope == Global {
+		return errors.New("a global budget's limit is the config's: it has no scope value to set one for")
+	}
+	return e.failed(e.store.SetOverride(ctx, e.overridesKey(), overrideField(b, scopeID), max(limit, 0)))
+}
+
+// overridesKey names the override table, <prefix>:bg:{b}:limits, a hash of
+// limits set at run time without a TTL, in the budgets' hash tag so the
+// reserve script reads it on the counters' Cluster slot.
+func (e *Engine) overridesKey() string {
+	return e.prefix + ":bg:{b}:limits"
+}
+
+// overrideField names b's scope value scopeID in the override table:
+// <budget>:<scope id>, which carries a hash, never a raw value.
+func overrideField(b *Budget, scopeID string) string {
+	return b.Name + ":" + scopeID
+}
+
 // recordKey names the reservation's record: <prefix>:bg:{b}:res:<id>, in the
 // budgets' hash tag so the scripts stay on one Cluster slot.
 func (e *Engine) recordKey(r *Reservation) string {
@@ -483,11 +624,89 @@ func (e *Engine) counterKey(b *Budget, dims *Dims, now time.Time) string {
 }
 
 func (e *Engine) scopedKey(b *Budget, scopeID string, now time.Time) string {
+	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeID + ":" + windowID(b, now)
+}
+
+// windowID names the window of b containing now in store keys.
+func windowID(b *Budget, now time.Time) string {
 	window := strconv.FormatInt(b.WindowIndex(now), 10)
 	if b.Calendar != Fixed {
 		window = b.Calendar.String()[:1] + window // d, w or m: apart from fixed windows' numbers
 	}
-	return e.prefix + ":bg:{b}:" + b.Name + ":" + scopeID + ":" + window
+	return window
+}
+
+// topKey names b's top set of the window containing now:
+// <prefix>:bg:{b}:top:<budget>:<window>, in the counters' hash tag so the
+// settle script writes it on their Cluster slot.
+func (e *Engine) topKey(b *Budget, now time.Time) string {
+	return e.prefix + ":bg:{b}:top:" + b.Name + ":" + windowID(b, now)
+}
+
+// nameWindowKeys names, in h, its scope value and the keys of its window
+// that its settle writes besides the counter: the top set of a budget with
+// scope values, <prefix>:bg:{b}:top:<budget>:<window>, and the marks of a
+// budget's alerts, <prefix>:bg:{b}:alerted:<budget>:<window>.
+func (e *Engine) nameWindowKeys(h *Hold, scopeID string, now time.Time) {
+	h.scopeID = scopeID
+	if h.Budget.Scope != Global {
+		h.top = e.topKey(h.Budget, now)
+	}
+	if len(h.Budget.AlertAt) > 0 {
+		h.alerted = e.prefix + ":bg:{b}:alerted:" + h.Budget.Name + ":" + windowID(h.Budget, now)
+	}
+}
+
+// NoteDenied marks that b denied its scope value scopeID in the current
+// window, and reports whether this was the fleet's first denial of it
+// there: counting the firsts counts the values denied, once each.
+func (e *Engine) NoteDenied(ctx context.Context, b *Budget, scopeID string) (bool, error) {
+	now := e.now()
+	key := e.prefix + ":bg:{b}:denied:" + b.Name + ":" + windowID(b, now)
+	first, err := e.store.MarkOnce(ctx, key, scopeID, b.KeyTTL())
+	return first, e.failed(err)
+}
+
+// Standings reads b's counters and limits in force for the scope values
+// scopeIDs in the current window: its counters in one call, and the limit
+// of each value a scope has (a global budget's is its own).
+func (e *Engine) Standings(ctx context.Context, b *Budget, scopeIDs []string) (used, limits []int64, err error) {
+	now := e.now()
+	keys := make([]string, len(scopeIDs))
+	for i, id := range scopeIDs {
+		keys[i] = e.scopedKey(b, id, now)
+	}
+	if used, err = e.store.Get(ctx, keys); e.failed(err) != nil {
+		return nil, nil, err
+	}
+	limits = make([]int64, len(scopeIDs))
+	for i, id := range scopeIDs {
+		if limits[i], _, err = e.Limit(ctx, b, id); err != nil {
+			return nil, nil, err
+		}
+	}
+	return used, limits, nil
+}
+
+// MaxTop is the most spenders Top lists.
+const MaxTop = 100
+
+// Top lists b's scope values that spent most in the current window, at most
+// n (1 to MaxTop), largest first: each value's counter as its last settle
+// left it (reservations still in flight are not in it), exact among the
+// TopSize largest. Scope values are named by ScopeID. A global budget has
+// one value and no list.
+func (e *Engine) Top(ctx context.Context, b *Budget, n int) ([]TopEntry, Standing, error) {
+	now := e.now()
+	st := Standing{Start: b.WindowStart(now), End: b.WindowEnd(now)}
+	if b.Scope == Global {
+		return nil, st, errors.New("a global budget has one scope value: its window is GET of the budget")
+	}
+	if n < 1 || n > MaxTop {
+		return nil, st, fmt.Errorf("n: %d is not within 1 and %d", n, MaxTop)
+	}
+	top, err := e.store.Top(ctx, e.topKey(b, now), n)
+	return top, st, e.failed(err)
 }
 
 // ScopeID names, in store keys and logs, the scope value of b that dims fall

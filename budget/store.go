@@ -9,8 +9,17 @@ import (
 type Charge struct {
 	Key    string
 	Amount int64
-	Limit  int64
-	TTL    time.Duration
+	// Limit is the limit of the counter unless the override table holds
+	// one for Override.
+	Limit int64
+	TTL   time.Duration
+	// Overrides and Override name the limit set at run time for this
+	// counter's scope value: the field Override of the table Overrides (see
+	// SetOverride). Reserve reads it in its atomic step, so an override
+	// costs no call of its own. Empty: Limit holds. The charges of one
+	// Reserve name one table. Extend does not read them: an extension's
+	// charges carry the limit the reserve found.
+	Overrides, Override string
 }
 
 // ReserveResult is the answer of Store.Reserve.
@@ -23,6 +32,9 @@ type ReserveResult struct {
 	Denied int
 	// Used is each counter after the reservation, or as it stands when denied.
 	Used []int64
+	// Limits is each counter's limit in force: its override, else its
+	// charge's Limit.
+	Limits []int64
 }
 
 // ExtendResult is the answer of Store.Extend.
@@ -45,6 +57,38 @@ type Adjustment struct {
 	Key    string
 	Amount int64
 	TTL    time.Duration
+	// Top and Member, when Member is set, keep the counter's value after
+	// the settle as Member's score in the sorted set Top (see Store.Top):
+	// the spenders of a budget's window. Top takes the counter's TTL.
+	Top, Member string
+	// Alerts are counter values, ascending, at which the counter's scope
+	// value is told once per window, fleet-wide: the first settle to leave
+	// the counter at or past one marks it in the hash Alerted (which takes
+	// the counter's TTL) and reports it in Crossed.
+	Alerts  []Alert
+	Alerted string
+	// Crossed and After are written by Settle, when it applies: the
+	// indexes of the Alerts this settle was the first to reach, and the
+	// counter's value after it.
+	Crossed []int
+	After   int64
+}
+
+// Alert is one threshold of an Adjustment: a counter value, and the field
+// that marks it reached in the alerted hash.
+type Alert struct {
+	At    int64
+	Field string
+}
+
+// TopSize bounds a Top set: past it, a settle drops the lowest members. A
+// dropped member comes back with its whole counter at its next settle.
+const TopSize = 1000
+
+// TopEntry is one member of a Top set and its counter.
+type TopEntry struct {
+	Member string
+	Used   int64
 }
 
 // KeepHeld is the Adjustment amount that charges what a reservation holds.
@@ -82,4 +126,17 @@ type Store interface {
 	Reset(ctx context.Context, keys []string) error
 	// Ping checks that the store answers.
 	Ping(ctx context.Context) error
+	// SetOverride sets the limit of field in the override table (kept until
+	// changed, without a TTL); a limit of 0 or less deletes the field, so
+	// the charge's own Limit holds again.
+	SetOverride(ctx context.Context, table, field string, limit int64) error
+	// Override reads field of the override table; 0 when there is none.
+	Override(ctx context.Context, table, field string) (int64, error)
+	// Top reads the n members of the sorted set top with the largest
+	// counters, largest first (ties: the greater member first).
+	Top(ctx context.Context, top string, n int) ([]TopEntry, error)
+	// MarkOnce marks field in the hash marks (which is kept for ttl from
+	// its first mark) and reports whether this call was the first to: of
+	// all the fleet's calls, one is.
+	MarkOnce(ctx context.Context, marks, field string, ttl time.Duration) (bool, error)
 }

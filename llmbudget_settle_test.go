@@ -1,0 +1,152 @@
+package fleetguard
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// alertsCaddyfile is one instance of a two-Caddy fleet whose team and global
+// budgets alert at 50%, 80% and 95% of 5000 tokens, logging every level
+// (Caddy's events app logs each event at debug) to logPath.
+func alertsCaddyfile(adminPort, port int, redisURL, upstream, logPath string) string {
+	return fmt.Sprintf(`{
+	admin localhost:%d
+	%s
+	fleetguard {
+		redis %s
+		prefix alerts
+	}
+}
+:%d {
+	llmbudget {
+		team {http.request.header.X-Team}
+		store_timeout 2s
+		settle_wait 0
+		budget per_team {
+			scope team
+			limit 5000
+			window 1h
+			alert_at 50%% 80%% 95%%
+		}
+		budget all {
+			limit 5000
+			window 1h
+			alert_at 50%% 80%% 95%%
+		}
+	}
+	reverse_proxy %s
+}
+`, adminPort, logTo(logPath), redisURL, port, strings.TrimPrefix(upstream, "http://"))
+}
+
+// Two Caddy instances on one Redis, under concurrent load past every
+// threshold of two budgets: each threshold of each budget's scope value
+// is reported exactly once across the fleet, as an llmbudget_threshold
+// event and in threshold_crossings_total, whichever instance settled it.
+func TestThresholdEventsOncePerCrossingAcrossTheFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	up := newFakeLLM(t)
+	dir := t.TempDir()
+	var urls, admins, logs []string
+	for i := range 2 {
+		admin, port, logPath := freePort(t), freePort(t), filepath.Join(dir, fmt.Sprint("caddy", i, ".log"))
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		startCaddyProcess(t, alertsCaddyfile(admin, port, srv.URL(), up.URL, logPath), addr)
+		urls, admins, logs = append(urls, "http://"+addr), append(admins, fmt.Sprintf("localhost:%d", admin)), append(logs, logPath)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 { // 80 requests of 100 tokens: past 5000, some denied
+				resp, _ := chat(t, urls[g%2], chatBody, "X-Team: green")
+				mu.Lock()
+				admitted += map[bool]int{true: 1}[resp.StatusCode == http.StatusOK]
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	// Every settle has run once the counter holds the admitted requests' 100.
+	settled := func() {
+		want := fmt.Sprint(admitted * 100)
+		eventually(t, 10*time.Second, "the settles of "+fmt.Sprint(admitted)+" requests", func() bool {
+			return budgetWindowAt(t, http.MethodGet, "http://"+admins[0]+"/fleetguard/budgets/all").Used.String() == want
+		})
+	}
+	settled()
+	// Requests in flight hold about 210 each: under load the instances
+	// may deny while the counter is short of 95%. One at a time, the rest
+	// of the way (a request fits while 4790 or less is used).
+	for i := 0; admitted*100 < 4800; i++ {
+		if resp, body := chat(t, urls[i%2], chatBody, "X-Team: green"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("at %d used: %d %s", admitted*100, resp.StatusCode, body)
+		}
+		admitted++
+		settled()
+	}
+	events := map[string]int{}
+	for _, path := range logs {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, `"name":"llmbudget_threshold"`) {
+				continue
+			}
+			var e struct {
+				Data struct {
+					Budget      string
+					ScopeHash   string `json:"scope_hash"`
+					Threshold   int
+					Used, Limit int64
+				}
+			}
+			if err := json.Unmarshal([]byte(line), &e); err != nil {
+				t.Fatalf("%v: %s", err, line)
+			}
+			if e.Data.Limit != 5000 || e.Data.Used*100 < int64(e.Data.Threshold)*5000 {
+				t.Fatalf("an event below its threshold: %s", line)
+			}
+			events[fmt.Sprint(e.Data.Budget, " ", e.Data.ScopeHash, " ", e.Data.Threshold)]++
+		}
+	}
+	expected := map[string]int{}
+	for _, pct := range []int{50, 80, 95} {
+		expected[fmt.Sprint("per_team ", keyhash.Of("green").String(), " ", pct)] = 1
+		expected[fmt.Sprint("all  ", pct)] = 1
+	}
+	if fmt.Sprint(events) != fmt.Sprint(expected) {
+		t.Fatalf("llmbudget_threshold events %v, want each threshold once:\n%v", events, expected)
+	}
+	for _, budget := range []string{"per_team", "all"} {
+		for _, pct := range []string{"50", "80", "95"} {
+			var sum float64
+			for _, admin := range admins {
+				resp, body := get(t, "http://"+admin+"/metrics")
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("GET /metrics: %d", resp.StatusCode)
+				}
+				v, _ := metricValue(body, `fleetguard_llmbudget_threshold_crossings_total{budget="`+budget+`",threshold="`+pct+`"}`)
+				sum += v
+			}
+			if sum != 1 {
+				t.Fatalf("threshold_crossings_total{budget=%s,threshold=%s} sums to %v over the fleet, want 1", budget, pct, sum)
+			}
+		}
+	}
+}
