@@ -23,7 +23,10 @@
 //	go run ./bench/churn [-instances 4] [-restarts 2] [-every 1.5s] [-duration 40s] [-cases graceful,kill]
 //
 // CHURN_KEEP=1 keeps the scratch folder with every Caddy's log; CHURN_WHO=1
-// prints which instances admitted each key's worst window.
+// prints which instances admitted each key's worst window; CHURN_LIVES=1
+// prints every admit of the full zone's keys to stderr as "admit <key> <ms>
+// instance <n> life <start ms>", so that each life's admits can be told
+// apart.
 package main
 
 import (
@@ -283,8 +286,11 @@ func (c *churnCase) send(ctx context.Context, hc *http.Client, tiny bool, key st
 			}
 			continue // down: the next instance
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if os.Getenv("CHURN_LIVES") != "" && resp.StatusCode == http.StatusOK && !tiny {
+			fmt.Fprintf(os.Stderr, "admit %s %d %s\n", key, time.Now().UnixMilli(), body)
+		}
 		return resp.StatusCode, in.n
 	}
 	return 0, 0
@@ -318,6 +324,7 @@ func (c *churnCase) start(ctx context.Context, in *instance) error {
 	defer logf.Close()
 	cmd := exec.Command(c.bin, "run", "--config", in.config, "--adapter", "caddyfile")
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), fmt.Sprintf("CHURN_LIFE=%d", time.Now().UnixMilli()))
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -365,7 +372,7 @@ http://127.0.0.1:%d {
 			window %s
 		}
 	}
-	respond "instance %d"
+	respond "instance %d life {env.CHURN_LIFE}"
 }
 http://127.0.0.1:%d {
 	fleetlimit {
