@@ -32,6 +32,9 @@ type edgeCase struct {
 	churnFrom  int
 	churnEvery time.Duration
 	kill       bool
+	// churnAfter is when the churn starts: after the founders took their
+	// floor shares (2 s), the ones that stop held them.
+	churnAfter time.Duration
 	// joinAt adds joinN instances at that time.
 	joinAt time.Duration
 	joinN  int
@@ -79,12 +82,12 @@ func (c edgeCase) run(t *testing.T, store SlotStore, seed uint64) edgeResult {
 	}
 	const step = 5 * time.Millisecond
 	res := edgeResult{worst: make([]int, len(c.rates)), denied: make([]int, len(c.rates)), asked: make([]int, len(c.rates)), early: make([]int, len(c.rates))}
-	settled := int64(c.churnEvery + 10*time.Second + 2*time.Second)
+	settled := int64(c.churnAfter + c.churnEvery + 10*time.Second + 2*time.Second)
 	admits := make([][]int64, len(c.rates))
 	steps := int64(c.seconds) * int64(time.Second/step)
 	for i := range steps {
 		now := start + i*int64(step)
-		if c.churnEvery > 0 && i > 0 && (i*int64(step))%int64(c.churnEvery) == 0 {
+		if c.churnEvery > 0 && i*int64(step) >= int64(c.churnAfter) && i > 0 && (i*int64(step))%int64(c.churnEvery) == 0 {
 			for j := c.churnFrom; j < len(live); j++ {
 				if !c.kill {
 					live[j].e.leave(ctx, now)
@@ -157,6 +160,8 @@ func TestTheFleetHoldsAtItsEdges(t *testing.T) {
 	cases := []edgeCase{
 		{name: "churn graceful", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond},
 		{name: "churn kill", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true},
+		{name: "churn kill after founding", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true, churnAfter: 4500 * time.Millisecond},
+		{name: "churn graceful after founding", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, churnAfter: 4500 * time.Millisecond},
 		{name: "join 2 to 4", instances: 2, events: 100, rates: rates, seconds: 40, pick: pickAny, joinAt: 15 * time.Second, joinN: 2},
 		{name: "skew 8 instances", instances: 8, events: 100, rates: rates, seconds: 40, pick: pickSkewed},
 	}
