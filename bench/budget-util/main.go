@@ -9,9 +9,12 @@
 // by the requests admitted before the first refusal, the counter at the end
 // against the limit and against the upstream's reported usage, and the
 // tokens the upstream generated that no client received (the residual).
+// With -requests each client sends that many requests instead, one after
+// the other; with -redis it also prints the store calls a stream and an
+// event made (Redis's own command counts, and the lease extensions).
 //
-//	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096] [-warm=false]
-//	    [-format chat|anthropic] [-model gpt-4o|claude-sonnet-4-5|...] [-settle-wait 2s]
+//	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096] [-warm 2]
+//	    [-format chat|anthropic] [-model gpt-4o|claude-sonnet-4-5|...] [-settle-wait 2s] [-requests 1] [-redis]
 package main
 
 import (
@@ -35,6 +38,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
@@ -48,7 +53,8 @@ var (
 	interval = flag.Duration("interval", 5*time.Millisecond, "time between tokens of a stream")
 	capTok   = flag.Int("cap", 4096, "max_tokens of every request")
 	jitter   = flag.Float64("jitter", 0, "vary each answer's length by up to this fraction of -output either way")
-	warm     = flag.Bool("warm", true, "send two answers first, one after the other, which prove the model (it bills no output its text does not show) and, where its tokenizer is public, that it bills no more than its tokenizer counts (the first answer loads the tokenizer in the background, the second is counted by it), so that the clients' streams lease, by the tokenizer's count, from their first request; their usage counts against the limit")
+	warm     = flag.Int("warm", 2, "answers sent first, one after the other: the first proves the model (it bills no output its text does not show) and loads its tokenizer in the background, where it is public; the second proves the tokenizer's count, so that the clients' streams lease, by that count, from their first request; from the 8th on, the model's lease is learned from them (0: a cold model, whose streams hold their whole cap until one answer proves it); their usage counts against the limit")
+	requests = flag.Int("requests", 0, "requests each client sends, one after the other (0: each loops until its first refusal)")
 	useRedis = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
 	caddyBin = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
 	format   = flag.String("format", "chat", "the API the clients speak: chat (OpenAI chat completions) or anthropic (Messages)")
@@ -70,6 +76,7 @@ type result struct {
 	prompt   int
 	complete int
 	done     bool // [DONE] came
+	ended    time.Time
 }
 
 func main() {
@@ -115,7 +122,7 @@ func run(ctx context.Context) error {
 	go func() { _ = upSrv.Serve(upLn) }()
 	defer upSrv.Close()
 
-	global, store := "", "memory store"
+	global, store, redisAddr := "", "memory store", ""
 	if *useRedis {
 		rs, err := redistest.Launch()
 		if err != nil {
@@ -123,7 +130,7 @@ func run(ctx context.Context) error {
 		}
 		defer rs.Stop()
 		global = fmt.Sprintf("\tfleetguard {\n\t\tredis %s\n\t\tprefix budgetutil\n\t}\n", rs.URL())
-		store = "redis " + rs.Addr()
+		store, redisAddr = "redis "+rs.Addr(), rs.Addr()
 	}
 	sitePort, err := freePort()
 	if err != nil {
@@ -201,13 +208,17 @@ http://127.0.0.1:%d {
 	hc := &http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
 	}}
-	if *warm {
-		for range 2 {
+	if *warm > 0 {
+		for range *warm {
 			if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
 				return fmt.Errorf("a warm-up answer: %d %v", r.status, r.err)
 			}
 			time.Sleep(200 * time.Millisecond) // its settle
 		}
+	}
+	callsBefore, err := storeCalls(ctx, redisAddr, admin)
+	if err != nil {
+		return err
 	}
 	var (
 		mu      sync.Mutex
@@ -220,7 +231,7 @@ http://127.0.0.1:%d {
 		go func() {
 			defer wg.Done()
 			<-ready
-			for first := true; ctx.Err() == nil; first = false {
+			for n, first := 0, true; ctx.Err() == nil && (*requests == 0 || n < *requests); n, first = n+1, false {
 				r := stream(ctx, hc, site, body)
 				r.client, r.first = c, first
 				mu.Lock()
@@ -324,8 +335,79 @@ http://127.0.0.1:%d {
 	fmt.Printf("refusals: %d (%s); client errors: %d\n", refusals, strings.Join(codes, ", "), errs)
 	fmt.Printf("upstream generated %d output tokens, clients received %d: residual (generated, never received) %d; streams the upstream stopped early: %d\n",
 		generated, received, generated-received, up.Stopped())
+	if redisAddr != "" {
+		after, err := storeCalls(ctx, redisAddr, admin)
+		if err != nil {
+			return err
+		}
+		calls, exts := after.scripts-callsBefore.scripts, after.extensions-callsBefore.extensions
+		streams := int64(admitted)
+		fmt.Printf("store calls (Redis's own count of scripts run: reserves, extensions, settles) for the %d admitted streams and their %d events: %d = %.2f a stream, %.4f an event; lease extensions %d = %.2f a stream\n",
+			streams, received, calls, float64(calls)/float64(max(streams, 1)), float64(calls)/float64(max(received, 1)), exts, float64(exts)/float64(max(streams, 1)))
+		fmt.Printf("events a second a stream: nominal %.0f, received %.0f (events over each stream's time from its request to its end, mean)\n",
+			float64(time.Second)/float64(max(*interval, time.Microsecond)), eventRate(results))
+	}
 	fmt.Printf("wall time: %.1f s\n", wall.Seconds())
 	return nil
+}
+
+// eventRate is the mean, over admitted streams, of the events a stream
+// received a second from its request to its end.
+func eventRate(results []result) float64 {
+	var sum float64
+	var n int
+	for _, r := range results {
+		if d := r.ended.Sub(r.sent).Seconds(); r.err == nil && r.status == http.StatusOK && r.chunks > 0 && d > 0 {
+			sum += float64(r.chunks) / d
+			n++
+		}
+	}
+	return sum / float64(max(n, 1))
+}
+
+// calls are the store calls made so far: the scripts Redis ran (every
+// budget call is one script: a reserve, an extension, a settle) and the
+// lease extensions llmbudget counted.
+type calls struct{ scripts, extensions int64 }
+
+// storeCalls reads Redis's command counts (INFO commandstats: EVALSHA and
+// EVAL, which is what a script the server had not cached yet is sent as)
+// and llmbudget's extension counter from Caddy's /metrics. Without -redis
+// there is nothing to count.
+func storeCalls(ctx context.Context, addr, admin string) (calls, error) {
+	if addr == "" {
+		return calls{}, nil
+	}
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	info, err := rc.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return calls{}, err
+	}
+	var c calls
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		c.scripts += n
+	}
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		return calls{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "fleetguard_llmbudget_lease_extensions_total{"); ok {
+			f, _ := strconv.ParseFloat(v[strings.LastIndexByte(v, ' ')+1:], 64)
+			c.extensions += int64(f)
+		}
+	}
+	return c, sc.Err()
 }
 
 // stream posts one request and reads its answer to the end.
@@ -386,6 +468,7 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 	if err := sc.Err(); err != nil && !errors.Is(err, io.EOF) {
 		r.err = err
 	}
+	r.ended = time.Now()
 	return r
 }
 
