@@ -208,13 +208,30 @@ http://127.0.0.1:%d {
 	hc := &http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
 	}}
-	if *warm > 0 {
-		for range *warm {
-			if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
-				return fmt.Errorf("a warm-up answer: %d %v", r.status, r.err)
-			}
-			time.Sleep(200 * time.Millisecond) // its settle
+	// The first two one after the other (the first proves the model, the
+	// second its tokenizer's count), the rest at once.
+	for i := 0; i < *warm; {
+		n := 1
+		if i >= 2 {
+			n = *warm - i
 		}
+		errs := make(chan error, n)
+		for range n {
+			go func() {
+				var err error
+				if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
+					err = fmt.Errorf("a warm-up answer: %d %v", r.status, r.err)
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				return err
+			}
+		}
+		i += n
+		time.Sleep(200 * time.Millisecond) // their settles
 	}
 	callsBefore, err := storeCalls(ctx, redisAddr, admin)
 	if err != nil {
