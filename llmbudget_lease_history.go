@@ -16,7 +16,9 @@ const (
 )
 
 // outputHistory is what recent streamed answers of one model say: the lease
-// most need (the 90th percentile of their final running counts), and
+// most need (the 90th percentile of their final running counts, as a
+// stream counted a token a byte would end, and as one counted by the
+// model's tokenizer would), and
 // whether the model bills only output its text can hold. A model leases
 // once it is proven, by an answer whose reported output was within its
 // text's strict bound: until then a stream of it holds its whole cap, since
@@ -27,12 +29,18 @@ const (
 // text, and by the strict bound again, for good, the moment one bills more.
 // It lives on the store, so it survives reloads.
 type outputHistory struct {
-	mu     sync.Mutex
-	counts [historySize]int64
-	n      int
-	// lease, proven, hidden, tokensProven and tokensRevoked are read on the
-	// request path without the lock.
-	lease                       atomic.Int64
+	mu sync.Mutex
+	// counts are the answers' final counts a token a byte; tokenCounts by
+	// the tokenizer (0: not counted by it), each with its margin, so that a
+	// first lease is learned from counts as its stream is counted, not from
+	// a token a byte once the tokenizer counts the stream.
+	counts, tokenCounts [historySize]int64
+	n                   int
+	// lease, tokensLease (the percentile of tokenCounts, 0 until
+	// historyTrusted answers were counted by the tokenizer), proven, hidden,
+	// tokensProven and tokensRevoked are read on the request path without
+	// the lock.
+	lease, tokensLease          atomic.Int64
 	proven, hidden              atomic.Bool
 	tokensProven, tokensRevoked atomic.Bool
 }
@@ -49,8 +57,9 @@ func (o *outputHistory) countsTokens() bool {
 // learn records an answer that reported output tokens whose strict bound
 // was bound, whose tokenizer count (with the strict bound of what the
 // tokenizer did not count) was tokens (0: not counted), and whose running
-// count ended at count.
-func (o *outputHistory) learn(count, bound, tokens, reported int64) {
+// count ended at count a token a byte, and at tokensCount by the tokenizer
+// with its margin (0: not counted).
+func (o *outputHistory) learn(count, tokensCount, bound, tokens, reported int64) {
 	if bound <= 0 || reported <= 0 {
 		return
 	}
@@ -69,14 +78,28 @@ func (o *outputHistory) learn(count, bound, tokens, reported int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.counts[o.n%historySize] = count
+	o.tokenCounts[o.n%historySize] = tokensCount
 	o.n++
-	if o.n < historyTrusted {
-		return
+	o.lease.Store(p90(o.counts[:min(o.n, historySize)]))
+	o.tokensLease.Store(p90(o.tokenCounts[:min(o.n, historySize)]))
+}
+
+// p90 is the 90th percentile of the counts above 0, or 0 when fewer than
+// historyTrusted are.
+func p90(counts []int64) int64 {
+	var sorted [historySize]int64
+	k := 0
+	for _, c := range counts {
+		if c > 0 {
+			sorted[k] = c
+			k++
+		}
 	}
-	k := min(o.n, historySize)
-	counts := o.counts
-	slices.Sort(counts[:k])
-	o.lease.Store(counts[(k*9+9)/10-1])
+	if k < historyTrusted {
+		return 0
+	}
+	slices.Sort(sorted[:k])
+	return sorted[(k*9+9)/10-1]
 }
 
 // histories are the output histories of a store, by model. Reads take no

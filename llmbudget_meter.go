@@ -445,19 +445,19 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 		// (a model on probation holds its cap until it is proven).
 		read := mw.meter.Reading()
 		bound := usage.OutputTokenBound(read.OutputTextBytes)
-		count, tokens := bound, int64(0)
+		count, tokens, tokensCount := max(bound, read.Usage.OutputTokens), int64(0), int64(0)
 		if mw.tokens != nil {
 			// The tokenizer's count, and a token a byte of what it did
 			// not count.
 			tokens = read.OutputTokens + max(read.OutputTextBytes-read.OutputTokensText, 0) + usage.OutputOverheadTokens
+			tokensCount = tokens
 		}
-		if l := mw.lease; l != nil {
-			count = l.count
-			if mw.tokens != nil {
-				tokens = l.tokens + usage.OutputOverheadTokens
-			}
+		if l := mw.lease; l != nil && mw.tokens != nil {
+			// As a tokenized stream counts: with its margin.
+			tokens = l.tokens + usage.OutputOverheadTokens
+			tokensCount = max(tokens+l.margin, read.Usage.OutputTokens)
 		}
-		c.history.learn(count, bound, tokens, out.usage.OutputTokens)
+		c.history.learn(count, tokensCount, bound, tokens, out.usage.OutputTokens)
 	}
 	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {

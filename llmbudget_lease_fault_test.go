@@ -1,0 +1,251 @@
+package fleetguard
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// streamSeen is one leased stream as its client read it.
+type streamSeen struct {
+	status  int
+	events  int    // content chunks
+	finish  string // the last finish_reason
+	charged int64  // prompt + completion of its usage chunk (-1: none)
+	err     error
+}
+
+// readChatStream posts body to url and reads the stream to its end; seen
+// counts each content chunk as it arrives.
+func readChatStream(url, body string, seen func()) (s streamSeen) {
+	s.charged = -1
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		s.err = err
+		return s
+	}
+	defer resp.Body.Close()
+	s.status = resp.StatusCode
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage *struct {
+				Prompt     int64 `json:"prompt_tokens"`
+				Completion int64 `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			s.err = fmt.Errorf("an event that is no JSON: %q", data)
+			return s
+		}
+		for _, c := range chunk.Choices {
+			if c.Delta.Content != "" {
+				s.events++
+				seen()
+			}
+			if c.FinishReason != nil {
+				s.finish = *c.FinishReason
+			}
+		}
+		if chunk.Usage != nil {
+			s.charged = chunk.Usage.Prompt + chunk.Usage.Completion
+		}
+	}
+	s.err = sc.Err()
+	return s
+}
+
+// budgetStoreErrors is the budget store calls that failed in the Caddy whose
+// admin endpoint is admin (GET /fleetguard/status).
+func budgetStoreErrors(t *testing.T, admin string) uint64 {
+	t.Helper()
+	_, body := get(t, "http://"+admin+"/fleetguard/status")
+	var st struct {
+		Stores []struct {
+			BudgetStoreErrors uint64 `json:"budget_store_errors"`
+		} `json:"stores"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("GET /fleetguard/status: %v: %s", err, body)
+	}
+	var n uint64
+	for _, s := range st.Stores {
+		n += s.BudgetStoreErrors
+	}
+	return n
+}
+
+// TestAStoreStallCutsNoStreamThatCanWaitItOut: 50 leased streams in flight
+// on two Caddy processes sharing one Redis. Redis pauses for 150 ms (CLIENT
+// PAUSE) until the pause has made some extension fail: no stream is cut
+// (an extension that fails is tried again within the stream's slack, and
+// twice more once the stream waits at its lease; one timeout does not open
+// the breaker for the other streams), every stream runs to its end, and the
+// counter is exactly what they reported. Then Redis sleeps 1 s (DEBUG
+// SLEEP) under 50 more: a stream that reaches its lease in it may end there,
+// and the counter is still exactly what the streams were told they were
+// charged (reported, or the lease a cut stream held), nothing lost or
+// charged twice.
+func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	up := newFakeLLM(t)
+	const output = 600
+	up.Output, up.StopAtCap, up.Words, up.Interval = output, true, true, 5*time.Millisecond
+	var urls, admins []string
+	for range 2 {
+		port, admin := freePort(t), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		startCaddyProcess(t, fmt.Sprintf(`{
+	admin %s
+	fleetguard {
+		redis %s
+		prefix pause
+	}
+}
+:%d {
+	llmbudget {
+		budget all {
+			limit 100000000
+			window 1h
+		}
+		settle_wait 0
+	}
+	reverse_proxy %s
+}
+`, admin, srv.URL(), port, strings.TrimPrefix(up.URL, "http://")), fmt.Sprintf("127.0.0.1:%d", port))
+		urls, admins = append(urls, fmt.Sprintf("http://127.0.0.1:%d", port)), append(admins, admin)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rc.Close() })
+	counter := func() int64 {
+		keys, err := rc.Keys(context.Background(), "pause:bg:{b}:all:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, k := range keys {
+			v, _ := rc.Get(context.Background(), k).Int64()
+			n += v
+		}
+		return n
+	}
+	settled := func() bool {
+		records, _ := rc.Keys(context.Background(), "pause:bg:{b}:res:*").Result()
+		return len(records) == 0
+	}
+	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
+	// Two answers on each prove the model and its tokenizer's count there,
+	// so that the streams lease from their first byte.
+	var charged int64
+	for _, url := range urls {
+		for range 2 {
+			s := readChatStream(url, body, func() {})
+			if s.status != http.StatusOK || s.charged < 0 || s.err != nil {
+				t.Fatalf("a warm-up answer: %+v", s)
+			}
+			charged += s.charged
+			eventually(t, 5*time.Second, "the warm-up answer's settle", settled)
+		}
+	}
+
+	// run runs 50 streams, 25 on each Caddy, and stall once all of them
+	// have passed their first extension's start (a quarter short of the
+	// first lease of 256).
+	run := func(stall func()) []streamSeen {
+		const n = 50
+		seen := make([]streamSeen, n)
+		var started sync.WaitGroup
+		started.Add(n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				events := 0
+				seen[i] = readChatStream(urls[i%2], body, func() {
+					if events++; events == 150 {
+						started.Done()
+					}
+				})
+				if events < 150 {
+					started.Done()
+				}
+			}()
+		}
+		started.Wait()
+		stall()
+		wg.Wait()
+		return seen
+	}
+
+	errorsBefore := budgetStoreErrors(t, admins[0]) + budgetStoreErrors(t, admins[1])
+	pauses := 0
+	seen := run(func() {
+		// Pause until an extension has failed in a pause (each one may fall
+		// between the streams' extensions on a slow machine), at most 10
+		// times, 150 ms each with 100 ms between.
+		for pauses < 10 && budgetStoreErrors(t, admins[0])+budgetStoreErrors(t, admins[1]) == errorsBefore {
+			if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "150").Err(); err != nil {
+				t.Error(err)
+				return
+			}
+			pauses++
+			time.Sleep(250 * time.Millisecond)
+		}
+	})
+	failed := budgetStoreErrors(t, admins[0]) + budgetStoreErrors(t, admins[1]) - errorsBefore
+	if failed == 0 {
+		t.Fatalf("%d pauses of 150 ms made no store call fail: the test proves nothing", pauses)
+	}
+	for i, s := range seen {
+		if s.err != nil || s.status != http.StatusOK || s.finish != "stop" || s.events != output || s.charged < 0 {
+			t.Fatalf("stream %d of 50, through %d pauses of 150 ms that failed %d store calls: %+v; want all %d events, finish_reason stop, and its usage",
+				i, pauses, failed, s, output)
+		}
+		charged += s.charged
+	}
+	t.Logf("%d pauses of 150 ms failed %d store calls; no stream of 50 was cut", pauses, failed)
+	eventually(t, 10*time.Second, "the settles", settled)
+	if got := counter(); got != charged {
+		t.Fatalf("after the pauses: counter %d, want %d, what the streams reported", got, charged)
+	}
+
+	seen = run(func() {
+		if err := rc.Do(context.Background(), "DEBUG", "SLEEP", "1").Err(); err != nil {
+			t.Error(err)
+		}
+	})
+	cut := 0
+	for i, s := range seen {
+		if s.err != nil || s.status != http.StatusOK || s.charged < 0 || (s.finish != "stop" && s.finish != "length") {
+			t.Fatalf("stream %d of 50 through a 1 s sleep: %+v; want a finished answer and its usage", i, s)
+		}
+		if s.finish == "length" {
+			cut++
+		}
+		charged += s.charged
+	}
+	t.Logf("a 1 s sleep cut %d of 50 streams", cut)
+	eventually(t, 20*time.Second, "the settles and the background resolutions", func() bool {
+		return settled() && counter() == charged
+	})
+}
