@@ -168,11 +168,15 @@ func (l *lease) ahead() int64 {
 }
 
 // room is the least output, in tokens, that the request's budgets had room
-// for at the store's last answer (the reserve's or an extension's).
+// for at the store's last answer (the reserve's or an extension's); in
+// shadow mode, where no limit holds a stream back, no bound.
 func (l *lease) room() int64 {
 	const probe = 1 << 20 // tokens, priced once to convert each budget's unit
-	unit := l.spendOf(probe)
 	room := int64(math.MaxInt64)
+	if l.h.Shadow {
+		return room
+	}
+	unit := l.spendOf(probe)
 	for i := range l.res.Holds {
 		h := &l.res.Holds[i]
 		per := h.Budget.Amount(unit)
