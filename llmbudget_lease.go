@@ -86,8 +86,8 @@ const (
 	// waiting at its lease sits through before it ends there: a retry is
 	// safe (the store applies an extension once), and each try waits at most
 	// store_timeout, so a stall shorter than about twice store_timeout cuts
-	// no stream.
-	extendTriesWaiting = 2
+	// no stream, with a try to spare for a busy machine.
+	extendTriesWaiting = 3
 	// extendBackoff is the first wait between tries of an extension while
 	// its stream still has output held ahead of its count; it doubles up to
 	// maxExtendBackoff.
@@ -296,7 +296,7 @@ func (l *lease) extend() {
 // again, the same extension (the store applies it once), for as long as the
 // stream has output held ahead of its count, which is its own slack: it
 // waits for nothing meanwhile. Once the stream waits at its lease, the
-// extension has extendTriesWaiting tries more before it fails and the
+// extension has extendTriesWaiting tries before it fails and the
 // stream ends there. So a slow or failed call slows or cuts only the
 // stream whose extension it was; the breaker opens on a failed probe, not
 // on this (budget.Engine.Extend).

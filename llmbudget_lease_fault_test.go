@@ -25,11 +25,21 @@ type streamSeen struct {
 	err     error
 }
 
-// readChatStream posts body to url and reads the stream to its end; seen
-// counts each content chunk as it arrives.
-func readChatStream(url, body string, seen func()) (s streamSeen) {
+// readChatStream posts body to url with headers ("Name: value") and reads
+// the stream to its end; seen counts each content chunk as it arrives.
+func readChatStream(url, body string, seen func(), headers ...string) (s streamSeen) {
 	s.charged = -1
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		s.err = err
+		return s
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ": ")
+		req.Header.Set(name, value)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		s.err = err
 		return s
@@ -96,10 +106,11 @@ func budgetStoreErrors(t *testing.T, admin string) uint64 {
 }
 
 // TestAStoreStallCutsNoStreamThatCanWaitItOut: 50 leased streams in flight
-// on two Caddy processes sharing one Redis. Redis pauses for 150 ms (CLIENT
-// PAUSE) until the pause has made some extension fail: no stream is cut
+// (300 tokens at 50 a second) on two Caddy processes sharing one Redis.
+// Redis pauses for 150 ms (CLIENT PAUSE) until a pause has made some
+// extension fail: no stream is cut
 // (an extension that fails is tried again within the stream's slack, and
-// twice more once the stream waits at its lease; one timeout does not open
+// three times once the stream waits at its lease; one timeout does not open
 // the breaker for the other streams), every stream runs to its end, and the
 // counter is exactly what they reported. Then Redis sleeps 1 s (DEBUG
 // SLEEP) under 50 more: a stream that reaches its lease in it may end there,
@@ -109,8 +120,11 @@ func budgetStoreErrors(t *testing.T, admin string) uint64 {
 func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
 	up := newFakeLLM(t)
-	const output = 600
-	up.Output, up.StopAtCap, up.Words, up.Interval = output, true, true, 5*time.Millisecond
+	const output = 300
+	up.Output, up.StopAtCap, up.Words, up.Interval = output, true, true, 20*time.Millisecond
+	// The warm-up answers come from an upstream of their own, at once.
+	warmUp := newFakeLLM(t)
+	warmUp.Output, warmUp.StopAtCap, warmUp.Words, warmUp.Interval = output, true, true, 0
 	var urls, admins []string
 	for range 2 {
 		port, admin := freePort(t), fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -129,9 +143,11 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 		}
 		settle_wait 0
 	}
+	@warm header X-Warm-Up 1
+	reverse_proxy @warm %s
 	reverse_proxy %s
 }
-`, admin, srv.URL(), port, strings.TrimPrefix(up.URL, "http://")), fmt.Sprintf("127.0.0.1:%d", port))
+`, admin, srv.URL(), port, strings.TrimPrefix(warmUp.URL, "http://"), strings.TrimPrefix(up.URL, "http://")), fmt.Sprintf("127.0.0.1:%d", port))
 		urls, admins = append(urls, fmt.Sprintf("http://127.0.0.1:%d", port)), append(admins, admin)
 	}
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -152,24 +168,26 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 		records, _ := rc.Keys(context.Background(), "pause:bg:{b}:res:*").Result()
 		return len(records) == 0
 	}
-	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
-	// Two answers on each prove the model and its tokenizer's count there,
-	// so that the streams lease from their first byte.
+	// A model whose tokenizer is not public, counted a token a byte: its
+	// lease grows with each word's 4.5 bytes, so a stream of 300 events
+	// makes about four extensions, early and late, for the stalls to catch.
+	body := `{"model":"llama-3.1-8b","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
+	// An answer on each proves the model there, so that the streams lease
+	// from their first byte.
 	var charged int64
 	for _, url := range urls {
-		for range 2 {
-			s := readChatStream(url, body, func() {})
-			if s.status != http.StatusOK || s.charged < 0 || s.err != nil {
-				t.Fatalf("a warm-up answer: %+v", s)
-			}
-			charged += s.charged
-			eventually(t, 5*time.Second, "the warm-up answer's settle", settled)
+		s := readChatStream(url, body, func() {}, "X-Warm-Up: 1")
+		if s.status != http.StatusOK || s.charged < 0 || s.err != nil {
+			t.Fatalf("a warm-up answer: %+v", s)
 		}
+		charged += s.charged
+		eventually(t, 5*time.Second, "the warm-up answer's settle", settled)
 	}
 
-	// run runs 50 streams, 25 on each Caddy, and stall once all of them
-	// have passed their first extension's start (a quarter short of the
-	// first lease of 256).
+	// run runs 50 streams, 25 on each Caddy, and stalls once each has
+	// streamed 35 events, near its first extension (which starts at a
+	// count of 192, three quarters of the first lease of 256: 16 and 4.5
+	// an event).
 	run := func(stall func()) []streamSeen {
 		const n = 50
 		seen := make([]streamSeen, n)
@@ -182,11 +200,11 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 				defer wg.Done()
 				events := 0
 				seen[i] = readChatStream(urls[i%2], body, func() {
-					if events++; events == 150 {
+					if events++; events == 35 {
 						started.Done()
 					}
 				})
-				if events < 150 {
+				if events < 35 {
 					started.Done()
 				}
 			}()
