@@ -96,7 +96,7 @@ type LLMBudget struct {
 	// each try of a lease's extension. A reserve that times out is answered
 	// 503 (or admitted with fail_open) and released by id in the background,
 	// so it never charges. A failed call starts a probe; if the store does
-	// not answer it within 250 ms either, it is taken as down and requests
+	// not answer it within 1 s either, it is taken as down and requests
 	// are answered at once until a probe reaches it. Default 100ms.
 	StoreTimeout caddy.Duration `json:"store_timeout,omitempty"`
 	// Format forces the API format (openai_chat, openai_responses,

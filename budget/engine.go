@@ -31,11 +31,14 @@ const (
 	// reserve whose outcome is unknown (about half a minute in all).
 	resolveAttempts = 8
 	resolveBackoff  = 100 * time.Millisecond
-	// probeEvery is the breaker's probe period while the store is down, and
-	// the longest a probe waits for its answer: a store that answers a PING
-	// within it is not down, only slow (a stall of a few hundred ms, a busy
-	// machine), and one slow call does not open the breaker.
+	// probeEvery is the breaker's probe period while the store is down.
 	probeEvery = 250 * time.Millisecond
+	// probeTimeout is the longest a probe waits for its answer: a store that
+	// answers a PING within it is not down, only slow. It is long because
+	// the PING waits its turn in the client's pool: in a burst of hundreds
+	// of reserves on a busy machine a shorter one failed while the store
+	// answered every call, and turned the rest of the burst away.
+	probeTimeout = time.Second
 )
 
 // ErrStoreDown is returned by Reserve, at once, while the store is known to
@@ -324,7 +327,7 @@ func (e *Engine) resolve(r *Reservation, adjs []Adjustment, kind, applied, notAp
 }
 
 // suspect starts a probe after a store call failed, unless one runs: the
-// breaker opens only if the probe fails too (no answer within probeEvery),
+// breaker opens only if the probe fails too (no answer within probeTimeout),
 // so one timeout (a short stall, a busy machine, one call's bad luck) does
 // not turn every other request and stream away, and many calls failing
 // together in one stall are one piece of evidence, not many. Once open, the
@@ -340,7 +343,7 @@ func (e *Engine) suspect() {
 		defer e.probing.Store(false)
 		defer safego.Recover("budget probe", e.OnPanic)
 		for {
-			ctx, cancel := context.WithTimeout(context.Background(), probeEvery)
+			ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 			err := e.store.Ping(ctx)
 			cancel()
 			if err == nil {

@@ -65,7 +65,9 @@ func TestStallDuringReservesChargesNothingRefused(t *testing.T) {
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
 	stalled := make(chan error, 1)
-	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1.5").Err() }()
+	// Longer than a reserve's timeout and the probe's after it, with time
+	// to spare for a reserve with the breaker open.
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "3").Err() }()
 	srv.WaitStalled(t)
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -229,8 +231,8 @@ func TestStallDuringAnExtensionChargesWhatWasUsed(t *testing.T) {
 // One slow call is no evidence that the store is down: a reserve that times
 // out in a CLIENT PAUSE starts a probe, which the store answers once the
 // pause ends, so the breaker stays closed and the next reserve asks the
-// store. A stall that outlasts the probe (DEBUG SLEEP) opens it, and the
-// probe closes it once the store answers.
+// store. A stall that outlasts the probe's second (DEBUG SLEEP 2) opens it,
+// and the probe closes it once the store answers.
 func TestTheBreakerOpensOnAFailedProbeNotOnOneTimeout(t *testing.T) {
 	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
 	e := NewEngine(NewRedisStore(srv.Client(t)), "breaker")
@@ -240,7 +242,7 @@ func TestTheBreakerOpensOnAFailedProbeNotOnOneTimeout(t *testing.T) {
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
 	// A reserve waits 100 ms; the pause is 200 ms, so the probe it starts
-	// is answered within its 250 ms. (A machine too slow to send the
+	// is answered within its second. (A machine too slow to send the
 	// reserve within 100 ms of the pause sees it answered: pause again.)
 	timedOut := false
 	for range 10 {
@@ -273,10 +275,10 @@ func TestTheBreakerOpensOnAFailedProbeNotOnOneTimeout(t *testing.T) {
 	}
 
 	stalled := make(chan error, 1)
-	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1").Err() }()
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "2").Err() }()
 	srv.WaitStalled(t)
 	if _, _, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 10}); err == nil {
-		t.Fatal("a reserve in a 1 s sleep succeeded")
+		t.Fatal("a reserve in a 2 s sleep succeeded")
 	}
 	waitDown(t, e)
 	if err := <-stalled; err != nil {
