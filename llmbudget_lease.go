@@ -159,12 +159,15 @@ func (l *lease) need() int64 { return min(l.count, l.limit) + l.inputExcess }
 // the need has come, so that the lease doubles what the stream has shown
 // and a stream makes a few extensions in its length (about log1.75 of its
 // count over its first lease), whatever its event rate; at least a quarter
-// of output_lease_min; and at most an eighth of the least room its budgets
-// had left at the store's last answer, so that streams near a budget's end
-// hold little more than they need and leave the rest to others.
+// of output_lease_min; and at most a quarter of this stream's share of the
+// least room its budgets had left at the store's last answer (shared with
+// the requests this Caddy has in flight), so that the streams near a
+// budget's end together hold little more than they need: a step taken
+// from the room others need would have them refused, and cut.
 func (l *lease) ahead() int64 {
 	least := l.h.outputLeaseMin / 4
-	return max(min(l.need(), l.room()/8), least)
+	share := l.room() / (4 * max(l.h.store.inFlight.n.Load(), 1))
+	return max(min(l.need(), share), least)
 }
 
 // room is the least output, in tokens, that the request's budgets had room

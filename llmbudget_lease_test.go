@@ -815,36 +815,42 @@ func TestATokenizedLeaseCountsByTheTokenizerUntilTheModelIsRevoked(t *testing.T)
 
 // TestALeaseStepsAsFarAsItsCountUnlessRoomIsShort: an extension takes a
 // lease as far past the count as the count has come (at least a quarter of
-// output_lease_min), and at most an eighth of the least room the request's
-// budgets had left, in each budget's unit (a dollar budget at the output
-// price), so that streams near a budget's end hold little more than they
-// need.
+// output_lease_min), and at most a quarter of its share (with the requests
+// in flight) of the least room the request's budgets had left, in each
+// budget's unit (a dollar budget at the output price), so that streams near
+// a budget's end hold little more than they need.
 func TestALeaseStepsAsFarAsItsCountUnlessRoomIsShort(t *testing.T) {
 	tokens := &budget.Budget{Name: "tokens", Unit: budget.Tokens, Limit: 1_000_000}
 	dollars := &budget.Budget{Name: "dollars", Unit: budget.USD, Limit: 1_000_000}
-	h := &LLMBudget{outputLeaseMin: 256}
+	h := &LLMBudget{outputLeaseMin: 256, store: new(store)}
 	res := &budget.Reservation{Holds: []budget.Hold{{Budget: tokens, Used: 0}}}
 	l := newLease(h, res, &call{lease: 256, outputCap: 4096})
 	for _, c := range []struct {
-		count, used, want int64
+		count, used, inFlight, want int64
 	}{
-		{10, 0, 64},          // at least a quarter of output_lease_min
-		{1000, 0, 1000},      // as far as the count has come
-		{1000, 996_000, 500}, // an eighth of 4,000 left
-		{1000, 999_990, 64},  // and never below the least step
+		{10, 0, 1, 64},           // at least a quarter of output_lease_min
+		{1000, 0, 1, 1000},       // as far as the count has come
+		{1000, 998_000, 1, 500},  // a quarter of 2,000 left
+		{1000, 996_000, 2, 500},  // of the 2,000 that are this stream's share
+		{1000, 999_000, 100, 64}, // and never below the least step
+		{1000, 0, 1000, 250},     // a thousand requests in flight
+		{1000, 1_000_001, 1, 64}, // past the limit (a reload lowered it)
 	} {
 		l.count, res.Holds[0].Used = c.count, c.used
+		h.store.inFlight.n.Store(c.inFlight)
 		if got := l.ahead(); got != c.want {
-			t.Errorf("count %d, %d of 1,000,000 used: step %d, want %d", c.count, c.used, got, c.want)
+			t.Errorf("count %d, %d of 1,000,000 used, %d in flight: step %d, want %d", c.count, c.used, c.inFlight, got, c.want)
 		}
 	}
 	// $10 per million output tokens: 10 micro-dollars a token, so 80,000
-	// micro-dollars left are room for 8,000 tokens, an eighth 1,000.
+	// micro-dollars left are room for 8,000 tokens; 4 in flight, a share
+	// of 2,000, a quarter of it 500.
 	h.hasUSD = true
 	l.c.rates = budget.Rates{Output: 10_000_000}
 	res.Holds = []budget.Hold{{Budget: tokens}, {Budget: dollars, Used: 920_000}}
 	l.count = 5000
-	if got := l.ahead(); got != 1000 {
-		t.Errorf("a dollar budget with room for 8,000 output tokens: step %d, want 1000", got)
+	h.store.inFlight.n.Store(4)
+	if got := l.ahead(); got != 500 {
+		t.Errorf("a dollar budget with room for 8,000 output tokens: step %d, want 500", got)
 	}
 }
