@@ -256,6 +256,7 @@ http://127.0.0.1:%d {
 			time.Sleep(200 * time.Millisecond) // their settles
 		}
 	}
+	warmGenerated := up.Generated() // not the clients' to receive
 	callsBefore, err := storeCalls(ctx, redisAddr, admins)
 	if err != nil {
 		return err
@@ -350,7 +351,7 @@ http://127.0.0.1:%d {
 			spentBefore += int64(r.prompt + r.complete)
 		}
 	}
-	generated := up.Generated()
+	generated := up.Generated() - warmGenerated
 	pct := func(a, b int64) float64 { return 100 * float64(a) / float64(b) }
 	fmt.Printf("budget-util: one global budget of %d tokens per %s (%s), %d streaming clients (%s, model %s), max_tokens %d;\n", *limit, *window, store, *clients, *format, *model, *capTok)
 	fmt.Printf("  upstream fakellm words mode: %d prompt tokens, %d output tokens %s apart (jitter %.0f%%)\n", *input, *output, *interval, *jitter*100)
@@ -364,7 +365,7 @@ http://127.0.0.1:%d {
 	fmt.Printf("counter at the end: %d of %d = %.1f%% of the limit\n", end.used, *limit, pct(end.used, *limit))
 	if end.used > 0 {
 		fmt.Printf("upstream's reported usage / counter: %d / %d = %.4f\n", reported, end.used, float64(reported)/float64(end.used))
-		bill := up.Hits()*int64(*input) + generated
+		bill := up.Hits()*int64(*input) + generated + warmGenerated
 		fmt.Printf("upstream's bill (prompt of each request it got + tokens generated) / counter: %d / %d = %.4f\n", bill, end.used, float64(bill)/float64(end.used))
 	}
 	fmt.Printf("requests admitted: %d; truncated streams (finish_reason length below max_tokens): %d; admitted streams without a usage chunk: %d\n", admitted, truncated, noUsage)
