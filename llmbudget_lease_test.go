@@ -781,6 +781,41 @@ func TestALeaseGrowsGeometricallyAtAnyEventRate(t *testing.T) {
 	}
 }
 
+// TestATrainedStreamEndsWithinItsLearnedLease: once a model's answers have
+// taught its lease, a stream like them ends within its first lease and
+// makes no extension (2 store calls in all: its reserve and its settle);
+// one longer than them is extended once it needs more.
+func TestATrainedStreamEndsWithinItsLearnedLease(t *testing.T) {
+	for _, c := range []struct {
+		events int
+		want   float64
+	}{{300, 0}, {400, 1}} {
+		h := directHandler(t)
+		// Ten answers of 300 " word" events: 1,516 counted a token a byte.
+		o := h.store.histories.of("m")
+		for range 10 {
+			o.learn(1516, 0, 1516, 0, 300)
+		}
+		_, events := streamOf(usage.OpenAIChat, c.events, " word")
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			for _, ev := range events {
+				w.Write([]byte(ev))
+			}
+			return nil
+		})
+		before := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted"))
+		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		h.ServeHTTP(httptest.NewRecorder(), r, next)
+		if n := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted")) - before; n != c.want {
+			t.Errorf("a stream of %d events under a lease learned from answers of 300: %v extensions, want %v", c.events, n, c.want)
+		}
+	}
+}
+
 // A lease of a model counted by its tokenizer counts each event's text by
 // it (plus the overhead and the margin of its largest event), far below a
 // token a byte; the moment any answer of the model bills more than the
