@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net/http"
 	"strings"
@@ -14,6 +15,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// The stalls of TestAStoreStallCutsNoStreamThatCanWaitItOut, to try
+// others by hand (-stall.pause 100ms -stall.sleep 10s): what the test
+// asserts of the pause (no stream cut) holds for a pause shorter than about
+// twice store_timeout.
+var (
+	stallPause = flag.Duration("stall.pause", 150*time.Millisecond, "the CLIENT PAUSE of the stall test")
+	stallSleep = flag.Duration("stall.sleep", time.Second, "the DEBUG SLEEP of the stall test")
 )
 
 // streamSeen is one leased stream as its client read it.
@@ -150,7 +160,7 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 `, admin, srv.URL(), port, strings.TrimPrefix(warmUp.URL, "http://"), strings.TrimPrefix(up.URL, "http://")), fmt.Sprintf("127.0.0.1:%d", port))
 		urls, admins = append(urls, fmt.Sprintf("http://127.0.0.1:%d", port)), append(admins, admin)
 	}
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: -1}) // it waits out a DEBUG SLEEP
 	t.Cleanup(func() { rc.Close() })
 	counter := func() int64 {
 		keys, err := rc.Keys(context.Background(), "pause:bg:{b}:all:*").Result()
@@ -222,7 +232,7 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 		// between the streams' extensions on a slow machine), at most 10
 		// times, 150 ms each with 100 ms between.
 		for pauses < 10 && budgetStoreErrors(t, admins[0])+budgetStoreErrors(t, admins[1]) == errorsBefore {
-			if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "150").Err(); err != nil {
+			if err := rc.Do(context.Background(), "CLIENT", "PAUSE", stallPause.Milliseconds()).Err(); err != nil {
 				t.Error(err)
 				return
 			}
@@ -232,38 +242,38 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 	})
 	failed := budgetStoreErrors(t, admins[0]) + budgetStoreErrors(t, admins[1]) - errorsBefore
 	if failed == 0 {
-		t.Fatalf("%d pauses of 150 ms made no store call fail: the test proves nothing", pauses)
+		t.Fatalf("%d pauses of %v made no store call fail: the test proves nothing", pauses, *stallPause)
 	}
 	for i, s := range seen {
 		if s.err != nil || s.status != http.StatusOK || s.finish != "stop" || s.events != output || s.charged < 0 {
-			t.Fatalf("stream %d of 50, through %d pauses of 150 ms that failed %d store calls: %+v; want all %d events, finish_reason stop, and its usage",
-				i, pauses, failed, s, output)
+			t.Fatalf("stream %d of 50, through %d pauses of %v that failed %d store calls: %+v; want all %d events, finish_reason stop, and its usage",
+				i, pauses, *stallPause, failed, s, output)
 		}
 		charged += s.charged
 	}
-	t.Logf("%d pauses of 150 ms failed %d store calls; no stream of 50 was cut", pauses, failed)
+	t.Logf("%d pauses of %v failed %d store calls; no stream of 50 was cut", pauses, *stallPause, failed)
 	eventually(t, 10*time.Second, "the settles", settled)
 	if got := counter(); got != charged {
 		t.Fatalf("after the pauses: counter %d, want %d, what the streams reported", got, charged)
 	}
 
 	seen = run(func() {
-		if err := rc.Do(context.Background(), "DEBUG", "SLEEP", "1").Err(); err != nil {
+		if err := rc.Do(context.Background(), "DEBUG", "SLEEP", stallSleep.Seconds()).Err(); err != nil {
 			t.Error(err)
 		}
 	})
 	cut := 0
 	for i, s := range seen {
 		if s.err != nil || s.status != http.StatusOK || s.charged < 0 || (s.finish != "stop" && s.finish != "length") {
-			t.Fatalf("stream %d of 50 through a 1 s sleep: %+v; want a finished answer and its usage", i, s)
+			t.Fatalf("stream %d of 50 through a %v sleep: %+v; want a finished answer and its usage", i, *stallSleep, s)
 		}
 		if s.finish == "length" {
 			cut++
 		}
 		charged += s.charged
 	}
-	t.Logf("a 1 s sleep cut %d of 50 streams", cut)
-	eventually(t, 20*time.Second, "the settles and the background resolutions", func() bool {
+	t.Logf("a %v sleep cut %d of 50 streams", *stallSleep, cut)
+	eventually(t, 20*time.Second+*stallSleep, "the settles and the background resolutions", func() bool {
 		return settled() && counter() == charged
 	})
 }
