@@ -123,10 +123,10 @@ func budgetStoreErrors(t *testing.T, admin string) uint64 {
 // three times once the stream waits at its lease; one timeout does not open
 // the breaker for the other streams), every stream runs to its end, and the
 // counter is exactly what they reported. Then Redis sleeps 1 s (DEBUG
-// SLEEP) under 50 more: a stream that reaches its lease in it may end there,
-// and the counter is still exactly what the streams were told they were
-// charged (reported, or the lease a cut stream held), nothing lost or
-// charged twice.
+// SLEEP) under 50 more: a stream that reaches its lease in it ends there
+// (all of them do, about 0.4 s in), and the counter is still exactly what
+// the streams were told they were charged (reported, or the lease a cut
+// stream held), nothing lost or charged twice.
 func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
 	up := newFakeLLM(t)
@@ -178,27 +178,34 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 		records, _ := rc.Keys(context.Background(), "pause:bg:{b}:res:*").Result()
 		return len(records) == 0
 	}
-	// A model whose tokenizer is not public, counted a token a byte: its
+	// Models whose tokenizer is not public, counted a token a byte: a
 	// lease grows with each word's 4.5 bytes, so a stream of 300 events
 	// makes about four extensions, early and late, for the stalls to catch.
-	body := `{"model":"llama-3.1-8b","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
-	// An answer on each proves the model there, so that the streams lease
-	// from their first byte.
+	// Each stall has a model of its own: the streams through the first
+	// teach theirs a lease that the next streams of it would end within.
+	bodyOf := func(model string) string {
+		return `{"model":"` + model + `","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
+	}
+	paused, slept := bodyOf("llama-3.1-8b"), bodyOf("llama-3.1-70b")
+	// An answer of each on each Caddy proves the model there, so that the
+	// streams lease from their first byte.
 	var charged int64
 	for _, url := range urls {
-		s := readChatStream(url, body, func() {}, "X-Warm-Up: 1")
-		if s.status != http.StatusOK || s.charged < 0 || s.err != nil {
-			t.Fatalf("a warm-up answer: %+v", s)
+		for _, body := range []string{paused, slept} {
+			s := readChatStream(url, body, func() {}, "X-Warm-Up: 1")
+			if s.status != http.StatusOK || s.charged < 0 || s.err != nil {
+				t.Fatalf("a warm-up answer: %+v", s)
+			}
+			charged += s.charged
+			eventually(t, 5*time.Second, "the warm-up answer's settle", settled)
 		}
-		charged += s.charged
-		eventually(t, 5*time.Second, "the warm-up answer's settle", settled)
 	}
 
 	// run runs 50 streams, 25 on each Caddy, and stalls once each has
 	// streamed 35 events, near its first extension (which starts at a
 	// count of 192, three quarters of the first lease of 256: 16 and 4.5
 	// an event).
-	run := func(stall func()) []streamSeen {
+	run := func(body string, stall func()) []streamSeen {
 		const n = 50
 		seen := make([]streamSeen, n)
 		var started sync.WaitGroup
@@ -227,7 +234,7 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 
 	errorsBefore := budgetStoreErrors(t, admins[0]) + budgetStoreErrors(t, admins[1])
 	pauses := 0
-	seen := run(func() {
+	seen := run(paused, func() {
 		// Pause until an extension has failed in a pause (each one may fall
 		// between the streams' extensions on a slow machine), at most 10
 		// times, 150 ms each with 100 ms between.
@@ -257,7 +264,7 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 		t.Fatalf("after the pauses: counter %d, want %d, what the streams reported", got, charged)
 	}
 
-	seen = run(func() {
+	seen = run(slept, func() {
 		if err := rc.Do(context.Background(), "DEBUG", "SLEEP", stallSleep.Seconds()).Err(); err != nil {
 			t.Error(err)
 		}
