@@ -95,11 +95,12 @@ type LLMBudget struct {
 	// any case ("post" is budgeted too); any other method to a path llmbudget
 	// budgets is refused with 405.
 	UnknownPaths string `json:"unknown_paths,omitempty"`
-	// StoreTimeout bounds how long a request waits for its reservation. A
-	// reserve that times out is answered 503 (or admitted with fail_open) and
-	// released by id in the background, so it never charges; the store is then
-	// taken as down and requests are answered at once until a probe reaches
-	// it. Default 100ms.
+	// StoreTimeout bounds how long a request waits for its reservation, and
+	// each try of a lease's extension. A reserve that times out is answered
+	// 503 (or admitted with fail_open) and released by id in the background,
+	// so it never charges. A failed call starts a probe; if the store does
+	// not answer it within 1 s either, it is taken as down and requests
+	// are answered at once until a probe reaches it. Default 100ms.
 	StoreTimeout caddy.Duration `json:"store_timeout,omitempty"`
 	// Format forces the API format (openai_chat, openai_responses,
 	// anthropic, gemini, ollama) for gateways that rewrite paths. Default:

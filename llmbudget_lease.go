@@ -2,6 +2,9 @@ package fleetguard
 
 import (
 	"context"
+	"math"
+	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -61,7 +64,36 @@ type lease struct {
 	refused     bool
 	tight       bool   // an extension was refused: extend by what is needed only
 	refusedBy   string // the budget that refused ("" when the store failed)
+	// next is the need past which the next extension starts: a quarter of
+	// the last extension's step short of the lease's end, so that it is
+	// answered before the stream needs it; the end itself while the lease
+	// is tight, or while it is the first lease learned from the model's
+	// answers (most of its streams end within that).
+	next int64
+	// step is how far past the need the extension in flight takes the
+	// lease.
+	step int64
+	// The stream and its extension in flight share these: waiting, the
+	// stream waits at its lease for the extension; ended, the stream is
+	// over. wake tells the extension of either, so that a retry does not sit
+	// out its backoff.
+	waiting, ended atomic.Bool
+	wake           chan struct{}
 }
+
+const (
+	// extendTriesWaiting is how many failed tries of an extension a stream
+	// waiting at its lease sits through before it ends there: a retry is
+	// safe (the store applies an extension once), and each try waits at most
+	// store_timeout, so a stall shorter than about twice store_timeout cuts
+	// no stream, with a try to spare for a busy machine.
+	extendTriesWaiting = 3
+	// extendBackoff is the first wait between tries of an extension while
+	// its stream still has output held ahead of its count; it doubles up to
+	// maxExtendBackoff.
+	extendBackoff    = 25 * time.Millisecond
+	maxExtendBackoff = time.Second
+)
 
 // extension is the answer to one extension of more output tokens.
 type extension struct {
@@ -72,8 +104,14 @@ type extension struct {
 }
 
 func newLease(h *LLMBudget, res *budget.Reservation, c *call) *lease {
-	return &lease{h: h, res: res, c: c, held: c.lease, limit: c.outputCap, count: usage.OutputTokenBound(0),
-		tokenized: c.tokens != nil && c.history.countsTokens()}
+	l := &lease{h: h, res: res, c: c, held: c.lease, limit: c.outputCap, count: usage.OutputTokenBound(0),
+		tokenized: c.tokens != nil && c.history.countsTokens(), next: c.lease}
+	if !c.learned {
+		// A first lease not learned from the model's answers (the least
+		// lease) is extended from three quarters of it on.
+		l.next -= c.lease / 4
+	}
+	return l
 }
 
 // observe folds one event into the running count. It reports whether the
@@ -133,19 +171,65 @@ func (l *lease) bound() int64 {
 // and the input the upstream reported beyond the estimate.
 func (l *lease) need() int64 { return min(l.count, l.limit) + l.inputExcess }
 
-// step is how far ahead of the count a lease is extended.
-func (l *lease) step() int64 { return max(l.h.outputLeaseMin/4, l.held/4) }
+// ahead is how far past the need an extension takes the lease: as far as
+// the need has come, so that the lease doubles what the stream has shown
+// and a stream makes a few extensions in its length (about log1.75 of its
+// count over its first lease), whatever its event rate; at least a quarter
+// of output_lease_min; and at most a quarter of this stream's share of the
+// least room its budgets had left at the store's last answer (shared with
+// the requests this Caddy has in flight), so that the streams near a
+// budget's end together hold little more than they need: a step taken
+// from the room others need would have them refused, and cut.
+func (l *lease) ahead() int64 {
+	least := l.h.outputLeaseMin / 4
+	share := l.room() / (4 * max(l.h.store.inFlight.n.Load(), 1))
+	return max(min(l.need(), share), least)
+}
+
+// room is the least output, in tokens, that the request's budgets had room
+// for at the store's last answer (the reserve's or an extension's); in
+// shadow mode, where no limit holds a stream back, no bound.
+func (l *lease) room() int64 {
+	const probe = 1 << 20 // tokens, priced once to convert each budget's unit
+	room := int64(math.MaxInt64)
+	if l.h.Shadow {
+		return room
+	}
+	unit := l.spendOf(probe)
+	for i := range l.res.Holds {
+		h := &l.res.Holds[i]
+		per := h.Budget.Amount(unit)
+		if per <= 0 {
+			continue
+		}
+		left := max(h.Budget.LimitNow()-h.Used, 0)
+		room = min(room, int64(float64(left)*probe/float64(per)))
+	}
+	return room
+}
+
+// spendOf is what more output tokens cost, at the rates of the reservation:
+// its tier's and its prompt's.
+func (l *lease) spendOf(more int64) budget.Spend {
+	spend := budget.Spend{Tokens: more}
+	if l.h.hasUSD {
+		spend.CostMicros = l.c.rates.CostMicros(budget.Usage{OutputTokens: more})
+	}
+	return spend
+}
 
 // admit reports whether the output counted so far may reach the client:
 // within the lease, or once an extension covers it (waiting for it if it
-// must). An extension starts when the count comes within half a step of
-// the lease and takes it a step past the count, so the count grows by half a
-// step between extensions: the lease grows geometrically (a step is a
-// quarter of it), a few store calls a stream at any event rate, and holds
-// at most a third more than the count. Once one is refused the lease is
-// tight: it is extended only by what an event needs, when it needs it, so a
-// stream near the limit spends the budget to its last tokens. It is false when a tight extension was refused,
-// or one failed.
+// must). An extension starts when the need passes next, a quarter of the
+// last step short of the lease's end, and takes the lease a step past the
+// need, a step being about as much as the need (ahead): the lease grows
+// about 1.75 times an extension, so a stream makes a few store calls at
+// any event rate, and holds at most about twice its count. A first lease
+// learned from the model's answers is extended only once the stream needs
+// more: most end within it, with no extension. Once one is refused the
+// lease is tight: it is extended only by what an event needs, when it needs
+// it, so a stream near the limit spends the budget to its last tokens. It
+// is false when a tight extension was refused, or one failed.
 func (l *lease) admit() bool {
 	if l.pending != nil {
 		select {
@@ -158,19 +242,31 @@ func (l *lease) admit() bool {
 	if l.held >= full {
 		return true // the forwarded cap bounds the rest
 	}
-	if l.pending == nil && !l.refused && (l.need() > l.held || !l.tight && l.need()+l.step()/2 > l.held) {
+	if l.pending == nil && !l.refused && l.need() > min(l.next, l.held) {
 		l.extend()
 	}
 	for l.need() > l.held && l.held < full {
 		if l.pending == nil {
 			return false
 		}
-		l.apply(<-l.pending)
+		l.waitExtension()
 		if l.need() > l.held && !l.refused && l.held < full {
 			l.extend()
 		}
 	}
 	return true
+}
+
+// waitExtension waits for the extension in flight, telling it that the
+// stream waits.
+func (l *lease) waitExtension() {
+	l.waiting.Store(true)
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	l.apply(<-l.pending)
+	l.waiting.Store(false)
 }
 
 // full is the most the lease needs to hold: the output the forwarded cap
@@ -182,57 +278,91 @@ func (l *lease) apply(ext extension) {
 	switch {
 	case ext.granted:
 		l.held += ext.more
+		l.next = l.held - l.step/4
 	case l.h.Shadow || ext.failed && l.h.FailOpen:
 		// Shadow mode enforces nothing, and fail_open admits while the store
 		// fails: the stream runs on unleased, and settles to what it reports.
 		l.held = l.full()
 	case !ext.failed && !l.tight:
 		l.tight = true // a budget is nearly spent: ask for what is needed only
+		l.next = l.held
 	default:
 		l.refused, l.refusedBy = true, ext.by
 	}
 }
 
-// extend asks, off the byte path, for enough more output to cover the count
-// and a step beyond it (a tight lease: the count only), up to the forwarded
+// extend asks, off the byte path, for enough more output to cover the need
+// and a step beyond it (a tight lease: the need only), up to the forwarded
 // cap.
 func (l *lease) extend() {
 	more := l.need() - l.held
+	l.step = 0
 	if !l.tight {
-		more += l.step()
+		l.step = l.ahead()
+		more += l.step
 	}
 	more = min(more, l.full()-l.held)
-	spend := budget.Spend{Tokens: more}
-	if l.h.hasUSD {
-		// At the rates of the reservation: its tier and prompt's.
-		spend.CostMicros = l.c.rates.CostMicros(budget.Usage{OutputTokens: more})
-	}
 	ch := make(chan extension, 1)
 	l.pending = ch
+	if l.wake == nil {
+		l.wake = make(chan struct{}, 1)
+	}
+	go l.ask(ch, more, l.spendOf(more))
+}
+
+// ask makes one extension of more output tokens, spend in the budgets'
+// units, and sends its answer on ch. A store that does not answer is tried
+// again, the same extension (the store applies it once), for as long as the
+// stream has output held ahead of its count, which is its own slack: it
+// waits for nothing meanwhile. Once the stream waits at its lease, the
+// extension has extendTriesWaiting tries before it fails and the
+// stream ends there. So a slow or failed call slows or cuts only the
+// stream whose extension it was; the breaker opens on a failed probe, not
+// on this (budget.Engine.Extend).
+func (l *lease) ask(ch chan<- extension, more int64, spend budget.Spend) {
 	h, res := l.h, l.res
-	go func() {
-		ext := extension{more: more, failed: true} // until the store answers
-		defer func() { ch <- ext }()
-		defer safego.Recover("llmbudget lease", h.store.reportPanic)
+	ext := extension{more: more, failed: true} // until the store answers
+	defer func() { ch <- ext }()
+	defer safego.Recover("llmbudget lease", h.store.reportPanic)
+	backoff := extendBackoff
+	for waited := 0; ; backoff = min(2*backoff, maxExtendBackoff) {
 		ctx, cancel := context.WithTimeout(context.Background(), h.storeTimeout)
-		defer cancel()
 		denial, err := h.store.budgets.Extend(ctx, res, spend)
+		cancel()
 		switch {
-		case err != nil:
+		case err == nil && denial != nil:
+			ext.failed, ext.by = false, denial.Budget.Name
+			metrics.llmLeaseExtensions.WithLabelValues("refused").Inc()
+			return
+		case err == nil:
+			ext.failed, ext.granted = false, true
+			metrics.llmLeaseExtensions.WithLabelValues("granted").Inc()
+			return
+		}
+		if l.ended.Load() {
+			return // the stream is over: nothing waits for this answer
+		}
+		if l.waiting.Load() {
+			waited++
+		}
+		if waited >= extendTriesWaiting {
 			metrics.llmLeaseExtensions.WithLabelValues("failed").Inc()
 			msg := "extending an output lease failed; the stream ends at its lease"
 			if h.FailOpen || h.Shadow {
 				msg = "extending an output lease failed; the stream goes on unleased (fail_open or shadow)"
 			}
 			h.logger.Warn(msg, zap.String("reservation", res.ID), zap.Error(err))
-		case denial != nil:
-			ext.failed, ext.by = false, denial.Budget.Name
-			metrics.llmLeaseExtensions.WithLabelValues("refused").Inc()
-		default:
-			ext.failed, ext.granted = false, true
-			metrics.llmLeaseExtensions.WithLabelValues("granted").Inc()
+			return
 		}
-	}()
+		if !l.waiting.Load() {
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-l.wake:
+			}
+			t.Stop()
+		}
+	}
 }
 
 // holdAll extends the lease to the whole cap, waiting for the answer: for an
@@ -244,9 +374,14 @@ func (l *lease) holdAll() bool {
 }
 
 // wait ends the extension in flight, if any, before the settle reads the
-// reservation.
+// reservation: the stream is over, so a retry waits no more.
 func (l *lease) wait() {
 	if l.pending != nil {
+		l.ended.Store(true)
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
 		l.apply(<-l.pending)
 	}
 }

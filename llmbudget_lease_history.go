@@ -18,7 +18,8 @@ const (
 )
 
 // outputHistory is what recent streamed answers of one model say: the lease
-// most need (the 90th percentile of their final running counts), and
+// most need (the 90th percentile of their final running counts, a token a
+// byte and by the tokenizer), and
 // whether the model bills only output its text can hold. A model leases
 // once it is proven, by an answer whose reported output was within its
 // text's strict bound: until then a stream of it holds its whole cap, since
@@ -40,16 +41,22 @@ const (
 // while it is taught.
 // It lives on the store, so it survives reloads.
 type outputHistory struct {
-	mu     sync.Mutex
-	counts [historySize]int64
-	n      int
+	mu sync.Mutex
+	// counts are the answers' final counts a token a byte; tokenCounts by
+	// the tokenizer (0: not counted by it), each with its margin, so that a
+	// first lease is learned from counts as its stream is counted, not from
+	// a token a byte once the tokenizer counts the stream.
+	counts, tokenCounts [historySize]int64
+	n                   int
 	// A proxy's evidence so far: the answers, the most billed per proxy
 	// token and the densest (both per 1024).
 	proxyAnswers             int
 	proxyRatio, proxyDensity int64
-	// lease, proven, hidden, tokensProven, tokensRevoked, scale and density
-	// are read on the request path without the lock.
-	lease                       atomic.Int64
+	// lease, tokensLease (the percentile of tokenCounts, 0 until
+	// historyTrusted answers were counted by the tokenizer), proven,
+	// hidden, tokensProven, tokensRevoked, scale and density are read on
+	// the request path without the lock.
+	lease, tokensLease          atomic.Int64
 	proven, hidden              atomic.Bool
 	tokensProven, tokensRevoked atomic.Bool
 	// scale is what the tokenizer's count is multiplied by, per 1024 (1024
@@ -69,9 +76,13 @@ func (o *outputHistory) countsTokens() bool {
 
 // answerSeen is what one answer showed and billed.
 type answerSeen struct {
-	// count is the lease's running count at the end, bound the strict
-	// bound of its text, text its bytes.
+	// count is the final count a token a byte (at least what the upstream
+	// ran up), bound the strict bound of its text, text its bytes.
 	count, bound, text int64
+	// tokensCount is the final count as a stream counted by the tokenizer
+	// counts it, with its margin (0: not counted by it, or a proxy not yet
+	// taught).
+	tokensCount int64
 	// tokens is the tokenizer's count of the text, and a token a byte of
 	// what it did not count (0: not counted); proxy, whether the tokenizer
 	// is a proxy.
@@ -123,15 +134,42 @@ func (o *outputHistory) learn(a answerSeen) (news string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.counts[o.n%historySize] = a.count
+	o.tokenCounts[o.n%historySize] = a.tokensCount
 	o.n++
-	if o.n < historyTrusted {
-		return ""
-	}
-	k := min(o.n, historySize)
-	counts := o.counts
-	slices.Sort(counts[:k])
-	o.lease.Store(counts[(k*9+9)/10-1])
+	o.lease.Store(p90(o.counts[:min(o.n, historySize)]))
+	o.tokensLease.Store(p90(o.tokenCounts[:min(o.n, historySize)]))
 	return ""
+}
+
+// p90 is the 90th percentile of the counts above 0, or 0 when fewer than
+// historyTrusted are.
+func p90(counts []int64) int64 {
+	var sorted [historySize]int64
+	k := 0
+	for _, c := range counts {
+		if c > 0 {
+			sorted[k] = c
+			k++
+		}
+	}
+	if k < historyTrusted {
+		return 0
+	}
+	slices.Sort(sorted[:k])
+	return sorted[(k*9+9)/10-1]
+}
+
+// tokensCountOf is the count of a text the tokenizer counts as tokens, as a
+// stream of the model counts it (without its margin): its own tokenizer's,
+// a proxy's at its scale, or 0 for a proxy not taught yet.
+func (o *outputHistory) tokensCountOf(tokens int64, proxy bool) int64 {
+	if !proxy {
+		return tokens + usage.OutputOverheadTokens
+	}
+	if !o.countsTokens() {
+		return 0
+	}
+	return scaled(tokens, o.scale.Load()) + usage.OutputOverheadTokens
 }
 
 // learnProxy weighs an answer counted by a proxy tokenizer.

@@ -602,19 +602,32 @@ func TestAProxyTokenizerIsTrustedWithinWhatItsAnswersShowed(t *testing.T) {
 }
 
 // TestOutputHistoryLearns: after 8 answers a model's lease is the 90th
-// percentile of their final counts; a model that bills more output than its
-// text can hold is hidden; models past 256 share one history, so a client
-// naming random models cannot grow memory.
+// percentile of their final counts, a token a byte and, apart, by its
+// tokenizer (from the answers it counted only, so that answers counted
+// before its tokenizer loaded do not teach a tokenized stream a token a
+// byte); a model that bills more output than its text can hold is hidden;
+// models past 256 share one history, so a client naming random models
+// cannot grow memory.
 func TestOutputHistoryLearns(t *testing.T) {
 	var o outputHistory
 	for i := int64(1); i <= 10; i++ {
-		o.learn(answerSeen{count: i * 100, bound: i * 100, text: i * 100, reported: i * 50})
+		tokensCount := int64(0)
+		if i > 2 {
+			tokensCount = i * 30 // the first two were not counted by it
+		}
+		o.learn(answerSeen{count: i * 100, tokensCount: tokensCount, bound: i * 100, text: i * 100, reported: i * 50})
 		if i < historyTrusted && o.lease.Load() != 0 {
 			t.Fatalf("after %d answers the history is used: lease %d", i, o.lease.Load())
+		}
+		if i < historyTrusted+2 && o.tokensLease.Load() != 0 {
+			t.Fatalf("after %d answers, %d counted by the tokenizer, its lease is used: %d", i, i-2, o.tokensLease.Load())
 		}
 	}
 	if got := o.lease.Load(); got != 900 {
 		t.Fatalf("lease %d, want the 90th percentile of 100..1000, 900", got)
+	}
+	if got := o.tokensLease.Load(); got != 300 {
+		t.Fatalf("the tokenizer's lease %d, want the 90th percentile of 90..300, 300", got)
 	}
 	if o.hidden.Load() {
 		t.Fatal("answers within their text's bound do not make a model hidden")
@@ -800,8 +813,8 @@ func TestALeaseAtItsCapAdmitsWhatTheCountPassed(t *testing.T) {
 
 // TestALeaseGrowsGeometricallyAtAnyEventRate: a stream of 300 events, one
 // every 10 ms (each extension is answered before the next event) or all at
-// once, extends its lease a few times, not once an event: the count grows
-// half a step between extensions, a step being a quarter of the lease.
+// once, extends its lease a few times, not once an event: each extension
+// takes the lease about as far past the count as the count has come.
 func TestALeaseGrowsGeometricallyAtAnyEventRate(t *testing.T) {
 	for _, iv := range []time.Duration{10 * time.Millisecond, 0} {
 		h := directHandler(t)
@@ -823,10 +836,48 @@ func TestALeaseGrowsGeometricallyAtAnyEventRate(t *testing.T) {
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
 		h.ServeHTTP(httptest.NewRecorder(), r, next)
-		// 1,516 counted from a first lease of 256, at least an eighth more
-		// each time: 16 extensions.
-		if n := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted")) - before; n > 20 {
-			t.Fatalf("an event every %v: %v extensions for 300 events, want at most 20", iv, n)
+		// 1,516 counted (a token a byte) from a first lease of 256, about
+		// 1.75 times more each time: 4 extensions, with one to spare for
+		// the count that passes while one is in flight.
+		n := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted")) - before
+		t.Logf("an event every %v: %v extensions", iv, n)
+		if n > 5 {
+			t.Fatalf("an event every %v: %v extensions for 300 events, want at most 5", iv, n)
+		}
+	}
+}
+
+// TestATrainedStreamEndsWithinItsLearnedLease: once a model's answers have
+// taught its lease, a stream like them ends within its first lease and
+// makes no extension (2 store calls in all: its reserve and its settle);
+// one longer than them is extended once it needs more.
+func TestATrainedStreamEndsWithinItsLearnedLease(t *testing.T) {
+	for _, c := range []struct {
+		events int
+		want   float64
+	}{{300, 0}, {400, 1}} {
+		h := directHandler(t)
+		// Ten answers of 300 " word" events: 1,516 counted a token a byte.
+		o := h.store.histories.of("m")
+		for range 10 {
+			o.learn(answerSeen{count: 1516, bound: 1516, text: 1500, reported: 300})
+		}
+		_, events := streamOf(usage.OpenAIChat, c.events, " word")
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			for _, ev := range events {
+				w.Write([]byte(ev))
+			}
+			return nil
+		})
+		before := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted"))
+		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		h.ServeHTTP(httptest.NewRecorder(), r, next)
+		if n := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted")) - before; n != c.want {
+			t.Errorf("a stream of %d events under a lease learned from answers of 300: %v extensions, want %v", c.events, n, c.want)
 		}
 	}
 }
@@ -860,5 +911,47 @@ func TestATokenizedLeaseCountsByTheTokenizerUntilTheModelIsRevoked(t *testing.T)
 	event(" the budget")
 	if want := usage.OutputTokenBound(51 * int64(len(" the budget"))); l.count != want {
 		t.Fatalf("after the model was revoked: count %d, want the strict bound %d", l.count, want)
+	}
+}
+
+// TestALeaseStepsAsFarAsItsCountUnlessRoomIsShort: an extension takes a
+// lease as far past the count as the count has come (at least a quarter of
+// output_lease_min), and at most a quarter of its share (with the requests
+// in flight) of the least room the request's budgets had left, in each
+// budget's unit (a dollar budget at the output price), so that streams near
+// a budget's end hold little more than they need.
+func TestALeaseStepsAsFarAsItsCountUnlessRoomIsShort(t *testing.T) {
+	tokens := &budget.Budget{Name: "tokens", Unit: budget.Tokens, Limit: 1_000_000}
+	dollars := &budget.Budget{Name: "dollars", Unit: budget.USD, Limit: 1_000_000}
+	h := &LLMBudget{outputLeaseMin: 256, store: new(store)}
+	res := &budget.Reservation{Holds: []budget.Hold{{Budget: tokens, Used: 0}}}
+	l := newLease(h, res, &call{lease: 256, outputCap: 4096})
+	for _, c := range []struct {
+		count, used, inFlight, want int64
+	}{
+		{10, 0, 1, 64},           // at least a quarter of output_lease_min
+		{1000, 0, 1, 1000},       // as far as the count has come
+		{1000, 998_000, 1, 500},  // a quarter of 2,000 left
+		{1000, 996_000, 2, 500},  // of the 2,000 that are this stream's share
+		{1000, 999_000, 100, 64}, // and never below the least step
+		{1000, 0, 1000, 250},     // a thousand requests in flight
+		{1000, 1_000_001, 1, 64}, // past the limit (a reload lowered it)
+	} {
+		l.count, res.Holds[0].Used = c.count, c.used
+		h.store.inFlight.n.Store(c.inFlight)
+		if got := l.ahead(); got != c.want {
+			t.Errorf("count %d, %d of 1,000,000 used, %d in flight: step %d, want %d", c.count, c.used, c.inFlight, got, c.want)
+		}
+	}
+	// $10 per million output tokens: 10 micro-dollars a token, so 80,000
+	// micro-dollars left are room for 8,000 tokens; 4 in flight, a share
+	// of 2,000, a quarter of it 500.
+	h.hasUSD = true
+	l.c.rates = budget.Rates{Output: 10_000_000}
+	res.Holds = []budget.Hold{{Budget: tokens}, {Budget: dollars, Used: 920_000}}
+	l.count = 5000
+	h.store.inFlight.n.Store(4)
+	if got := l.ahead(); got != 500 {
+		t.Errorf("a dollar budget with room for 8,000 output tokens: step %d, want 500", got)
 	}
 }

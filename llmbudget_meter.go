@@ -444,16 +444,19 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 		// (a model on probation holds its cap until it is proven).
 		read := mw.meter.Reading()
 		bound := usage.OutputTokenBound(read.OutputTextBytes)
-		a := answerSeen{count: bound, bound: bound, text: read.OutputTextBytes, proxy: c.proxy, reported: out.usage.OutputTokens}
+		a := answerSeen{count: max(bound, read.Usage.OutputTokens), bound: bound, text: read.OutputTextBytes,
+			proxy: c.proxy, reported: out.usage.OutputTokens}
 		if mw.tokens != nil {
 			// The tokenizer's count, and a token a byte of what it did
 			// not count.
 			a.tokens = read.OutputTokens + max(read.OutputTextBytes-read.OutputTokensText, 0)
+			a.tokensCount = c.history.tokensCountOf(a.tokens, c.proxy)
 		}
-		if l := mw.lease; l != nil {
-			a.count = l.count
-			if mw.tokens != nil {
-				a.tokens = l.tokens
+		if l := mw.lease; l != nil && mw.tokens != nil {
+			// As a tokenized stream counts: with its margin.
+			a.tokens = l.tokens
+			if n := c.history.tokensCountOf(a.tokens, c.proxy); n > 0 {
+				a.tokensCount = max(n+l.margin, read.Usage.OutputTokens)
 			}
 		}
 		if news := c.history.learn(a); news != "" {

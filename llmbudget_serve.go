@@ -96,8 +96,10 @@ type call struct {
 	askedUsage    bool
 	outputCap     int64 // per output (choice, candidate)
 	// lease is the output held for a leased stream (0: the whole cap is
-	// held); history, its model's recent answers.
+	// held); history, its model's recent answers; learned, the lease was
+	// learned from them.
 	lease   int64
+	learned bool
 	history *outputHistory
 	// tokens is the model's public tokenizer, once loaded, while its
 	// answers have not billed more than it counts; proxy, whether it is
@@ -196,7 +198,14 @@ func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *ref
 			c.tokens, c.proxy = bpe.Loaded(v), proxy
 		}
 		if c.history.leases() {
-			c.lease = min(max(c.history.lease.Load(), h.outputLeaseMin), c.outputCap)
+			// Learned from the answers' counts as this stream will be
+			// counted: by the tokenizer, or a token a byte.
+			learned := c.history.lease.Load()
+			if c.tokens != nil && c.history.countsTokens() {
+				learned = c.history.tokensLease.Load()
+			}
+			c.lease = min(max(learned, h.outputLeaseMin), c.outputCap)
+			c.learned = learned > 0
 			output = c.lease
 		}
 	}

@@ -33,10 +33,17 @@ const (
 	resolveBackoff  = 100 * time.Millisecond
 	// probeEvery is the breaker's probe period while the store is down.
 	probeEvery = 250 * time.Millisecond
+	// probeTimeout is the longest a probe waits for its answer: a store that
+	// answers a PING within it is not down, only slow. It is long because
+	// the PING waits its turn in the client's pool: in a burst of hundreds
+	// of reserves on a busy machine a shorter one failed while the store
+	// answered every call, and turned the rest of the burst away.
+	probeTimeout = time.Second
 )
 
 // ErrStoreDown is returned by Reserve, at once, while the store is known to
-// be down: a background probe closes the breaker when it answers again.
+// be down: a store call failed and a probe then failed too. The probe goes
+// on, and closes the breaker when the store answers again.
 var ErrStoreDown = errors.New("budget store is down")
 
 // Engine reserves and settles budgets against a Store. It is safe for
@@ -46,8 +53,8 @@ type Engine struct {
 	prefix string
 	now    func() time.Time
 
-	// down is the circuit breaker: set by a store failure, cleared by the
-	// probe when the store answers.
+	// down is the circuit breaker: set by a probe that failed after a store
+	// call failed, cleared by the probe when the store answers.
 	down    atomic.Bool
 	probing atomic.Bool
 	// storeErrors counts the store calls that failed (see StoreErrors).
@@ -73,8 +80,8 @@ func NewEngine(store Store, prefix string) *Engine {
 	return &Engine{store: store, prefix: prefix, now: time.Now, closed: make(chan struct{})}
 }
 
-// Down reports whether the breaker is open: the store failed and has not
-// answered since.
+// Down reports whether the breaker is open: a store call failed, a probe
+// then failed too, and the store has not answered since.
 func (e *Engine) Down() bool { return e.down.Load() }
 
 // StoreErrors counts, since the engine was built, the store calls that
@@ -214,7 +221,7 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	}
 	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
 	if e.failed(err) != nil {
-		e.trip()
+		e.suspect()
 		e.resolve(r, releaseOf(r), "reserve", "released", "cancelled")
 		return nil, nil, err
 	}
@@ -288,11 +295,12 @@ const extendAttempts = 2
 // more), or an error when the store fails, after which the outcome is
 // unknown: the settle moves the counters from what the store holds, so
 // either way nothing is charged twice. Extensions of one reservation are
-// made one at a time.
+// made one at a time; an extension that failed may be made again, with the
+// same more, and applies once. Extend asks the store even while the breaker
+// is open: a stream that holds its reservation waits for its own
+// extension only (the breaker spares new requests the wait), and its
+// answer is evidence for the probe.
 func (e *Engine) Extend(ctx context.Context, r *Reservation, more Spend) (*Denial, error) {
-	if e.down.Load() {
-		return nil, ErrStoreDown
-	}
 	seq := r.extended + 1
 	charges := make([]Charge, len(r.Holds))
 	for i := range r.Holds {
@@ -308,7 +316,7 @@ func (e *Engine) Extend(ctx context.Context, r *Reservation, more Spend) (*Denia
 		}
 	}
 	if err != nil {
-		e.trip()
+		e.suspect()
 		return nil, err
 	}
 	if res.Gone {
@@ -365,9 +373,14 @@ func (e *Engine) resolve(r *Reservation, adjs []Adjustment, kind, applied, notAp
 	}()
 }
 
-// trip opens the breaker and starts the probe that closes it.
-func (e *Engine) trip() {
-	e.down.Store(true)
+// suspect starts a probe after a store call failed, unless one runs: the
+// breaker opens only if the probe fails too (no answer within probeTimeout),
+// so one timeout (a short stall, a busy machine, one call's bad luck) does
+// not turn every other request and stream away, and many calls failing
+// together in one stall are one piece of evidence, not many. Once open, the
+// probe tries again every probeEvery and closes the breaker when the store
+// answers.
+func (e *Engine) suspect() {
 	if !e.probing.CompareAndSwap(false, true) {
 		return
 	}
@@ -377,16 +390,17 @@ func (e *Engine) trip() {
 		defer e.probing.Store(false)
 		defer safego.Recover("budget probe", e.OnPanic)
 		for {
-			select {
-			case <-time.After(probeEvery):
-			case <-e.closed:
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), probeEvery)
+			ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 			err := e.store.Ping(ctx)
 			cancel()
 			if err == nil {
 				e.down.Store(false)
+				return
+			}
+			e.down.Store(true)
+			select {
+			case <-time.After(probeEvery):
+			case <-e.closed:
 				return
 			}
 		}
@@ -507,7 +521,7 @@ func (e *Engine) settle(ctx context.Context, r *Reservation, adjs []Adjustment) 
 		}
 		return nil
 	}
-	e.trip()
+	e.suspect()
 	e.resolve(r, adjs, "settle", "applied", "applied_before")
 	return fmt.Errorf("%w: %w", ErrDrift, lastErr)
 }

@@ -27,6 +27,19 @@ func waitIdle(t *testing.T, e *Engine) {
 	e.Close(20 * time.Second)
 }
 
+// waitDown waits for the breaker to open: a probe started by a failed store
+// call failed too.
+func waitDown(t *testing.T, e *Engine) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !e.Down() {
+		if time.Now().After(deadline) {
+			t.Fatal("the breaker did not open while the store was down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // A reserve whose reply is lost in a stall longer than the client's timeout
 // is answered with an error, runs late on the server, and is released by id:
 // what was refused is never charged, and nothing is charged twice.
@@ -52,7 +65,9 @@ func TestStallDuringReservesChargesNothingRefused(t *testing.T) {
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
 	stalled := make(chan error, 1)
-	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1.5").Err() }()
+	// Longer than a reserve's timeout and the probe's after it, with time
+	// to spare for a reserve with the breaker open.
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "3").Err() }()
 	srv.WaitStalled(t)
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -69,9 +84,11 @@ func TestStallDuringReservesChargesNothingRefused(t *testing.T) {
 	if failed.Load() != 5 {
 		t.Fatalf("%d of 5 reserves during the stall failed, want all", failed.Load())
 	}
-	// While the store is known to be down, a reserve fails at once: the
-	// breaker answers without asking the store (no store call, so no store
-	// error counted).
+	// The failed reserves started a probe, which fails too (the stall
+	// outlasts it) and opens the breaker. While the store is known to be
+	// down, a reserve fails at once: the breaker answers without asking the
+	// store (no store call, so no store error counted).
+	waitDown(t, e)
 	storeErrors := e.StoreErrors()
 	if _, _, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 105}); !errors.Is(err, ErrStoreDown) {
 		t.Fatalf("a reserve with the breaker open: %v, want ErrStoreDown", err)
@@ -209,4 +226,63 @@ func TestStallDuringAnExtensionChargesWhatWasUsed(t *testing.T) {
 	if err != nil || used[0] != 130 || used[1] != 130 {
 		t.Fatalf("after the settle: %v %v, want [130 130]", used, err)
 	}
+}
+
+// One slow call is no evidence that the store is down: a reserve that times
+// out in a CLIENT PAUSE starts a probe, which the store answers once the
+// pause ends, so the breaker stays closed and the next reserve asks the
+// store. A stall that outlasts the probe's second (DEBUG SLEEP 2) opens it,
+// and the probe closes it once the store answers.
+func TestTheBreakerOpensOnAFailedProbeNotOnOneTimeout(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	e := NewEngine(NewRedisStore(srv.Client(t)), "breaker")
+	t.Cleanup(func() { e.Close(5 * time.Second) })
+	b := []Budget{tokenBudget("daily", Global, 100_000)}
+	mustReserve(t, e, b, Dims{}, 10) // the script is loaded
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	// A reserve waits 100 ms; the pause is 200 ms, so the probe it starts
+	// is answered within its second. (A machine too slow to send the
+	// reserve within 100 ms of the pause sees it answered: pause again.)
+	timedOut := false
+	for range 10 {
+		if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "200").Err(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_, _, err := e.Reserve(ctx, b, Dims{}, Spend{Tokens: 10})
+		cancel()
+		if err != nil {
+			timedOut = true
+			if e.Down() {
+				t.Fatal("one reserve timed out in a 200 ms pause, and the breaker opened at once")
+			}
+			break
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if !timedOut {
+		t.Fatal("no reserve timed out in 10 pauses of 200 ms: the test proves nothing")
+	}
+	for e.probing.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if e.Down() {
+		t.Fatal("one reserve timed out in a 200 ms pause, and the breaker opened")
+	}
+	if _, _, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 10}); err != nil {
+		t.Fatalf("a reserve after the pause: %v", err)
+	}
+
+	stalled := make(chan error, 1)
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "2").Err() }()
+	srv.WaitStalled(t)
+	if _, _, err := e.Reserve(context.Background(), b, Dims{}, Spend{Tokens: 10}); err == nil {
+		t.Fatal("a reserve in a 2 s sleep succeeded")
+	}
+	waitDown(t, e)
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, e)
 }

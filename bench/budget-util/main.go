@@ -9,9 +9,13 @@
 // by the requests admitted before the first refusal, the counter at the end
 // against the limit and against the upstream's reported usage, and the
 // tokens the upstream generated that no client received (the residual).
+// With -requests each client sends that many requests instead, one after
+// the other; with -redis it also prints the store calls a stream and an
+// event made (the lease extensions llmbudget counted, and Redis's own count
+// of scripts), and -instances runs that many Caddy processes on it.
 //
-//	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096] [-warm=false]
-//	    [-format chat|anthropic] [-model gpt-4o|claude-sonnet-4-5|...] [-settle-wait 2s]
+//	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096] [-warm 2]
+//	    [-format chat|anthropic] [-model gpt-4o|claude-sonnet-4-5|...] [-settle-wait 2s] [-requests 1] [-redis [-instances 2]]
 package main
 
 import (
@@ -35,25 +39,29 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
 var (
-	limit    = flag.Int64("limit", 100000, "the global budget's limit, tokens per -window")
-	window   = flag.Duration("window", time.Hour, "the budget's window")
-	clients  = flag.Int("clients", 64, "concurrent streaming clients")
-	output   = flag.Int("output", 300, "tokens per answer (fakellm -output)")
-	input    = flag.Int("input", 20, "prompt tokens the upstream reports")
-	interval = flag.Duration("interval", 5*time.Millisecond, "time between tokens of a stream")
-	capTok   = flag.Int("cap", 4096, "max_tokens of every request")
-	jitter   = flag.Float64("jitter", 0, "vary each answer's length by up to this fraction of -output either way")
-	warm     = flag.Bool("warm", true, "send five answers first, one after the other, which prove the model (it bills no output its text does not show) and, where its tokenizer is public, that it bills no more than its tokenizer counts (the first answer loads the tokenizer in the background, the second is counted by it), or else teach its proxy tokenizer a scale (four counted answers), so that the clients' streams lease, by the tokenizer's count, from their first request; their usage counts against the limit")
-	useRedis = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
-	caddyBin = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
-	format   = flag.String("format", "chat", "the API the clients speak: chat (OpenAI chat completions) or anthropic (Messages)")
-	model    = flag.String("model", "", "the model the clients name (default gpt-4o for chat, claude-sonnet-4-5 for anthropic)")
-	settle   = flag.Duration("settle-wait", -1, "llmbudget's settle_wait (default: llmbudget's own)")
+	limit     = flag.Int64("limit", 100000, "the global budget's limit, tokens per -window")
+	window    = flag.Duration("window", time.Hour, "the budget's window")
+	clients   = flag.Int("clients", 64, "concurrent streaming clients")
+	output    = flag.Int("output", 300, "tokens per answer (fakellm -output)")
+	input     = flag.Int("input", 20, "prompt tokens the upstream reports")
+	interval  = flag.Duration("interval", 5*time.Millisecond, "time between tokens of a stream")
+	capTok    = flag.Int("cap", 4096, "max_tokens of every request")
+	jitter    = flag.Float64("jitter", 0, "vary each answer's length by up to this fraction of -output either way")
+	warm      = flag.Int("warm", 5, "answers sent first: the first proves the model (it bills no output its text does not show) and loads its tokenizer in the background (its own where it is public, else its proxy); the second proves the tokenizer's count, so that the clients' streams lease, by that count, from their first request; a proxy needs four counted answers to learn its scale; from the 8th on, the model's lease is learned from them (0: a cold model, whose streams hold their whole cap until one answer proves it); their usage counts against the limit")
+	instances = flag.Int("instances", 1, "Caddy processes on the one store (more than 1 needs -redis); client i posts to instance i mod n, and -warm goes to each")
+	requests  = flag.Int("requests", 0, "requests each client sends, one after the other (0: each loops until its first refusal)")
+	useRedis  = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
+	caddyBin  = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
+	format    = flag.String("format", "chat", "the API the clients speak: chat (OpenAI chat completions) or anthropic (Messages)")
+	model     = flag.String("model", "", "the model the clients name (default gpt-4o for chat, claude-sonnet-4-5 for anthropic)")
+	settle    = flag.Duration("settle-wait", -1, "llmbudget's settle_wait (default: llmbudget's own)")
 )
 
 // result is one request as a client saw it.
@@ -70,6 +78,10 @@ type result struct {
 	prompt   int
 	complete int
 	done     bool // [DONE] came
+	ended    time.Time
+	// remaining is the budget's room a refusal's RateLimit header shows
+	// (-1: none).
+	remaining int64
 }
 
 func main() {
@@ -115,7 +127,7 @@ func run(ctx context.Context) error {
 	go func() { _ = upSrv.Serve(upLn) }()
 	defer upSrv.Close()
 
-	global, store := "", "memory store"
+	global, store, redisAddr := "", "memory store", ""
 	if *useRedis {
 		rs, err := redistest.Launch()
 		if err != nil {
@@ -123,21 +135,26 @@ func run(ctx context.Context) error {
 		}
 		defer rs.Stop()
 		global = fmt.Sprintf("\tfleetguard {\n\t\tredis %s\n\t\tprefix budgetutil\n\t}\n", rs.URL())
-		store = "redis " + rs.Addr()
+		store, redisAddr = "redis "+rs.Addr(), rs.Addr()
 	}
-	sitePort, err := freePort()
-	if err != nil {
-		return err
-	}
-	adminPort, err := freePort()
-	if err != nil {
-		return err
+	if *instances < 1 || *instances > 1 && !*useRedis {
+		return errors.New("-instances: 1, or more with -redis (they share its counters)")
 	}
 	settleWait := ""
 	if *settle >= 0 {
 		settleWait = fmt.Sprintf("\t\tsettle_wait %s\n", *settle)
 	}
-	caddyfile := fmt.Sprintf(`{
+	var sitePorts, admins []string
+	for n := range *instances {
+		sitePort, err := freePort()
+		if err != nil {
+			return err
+		}
+		adminPort, err := freePort()
+		if err != nil {
+			return err
+		}
+		caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 %s}
 http://127.0.0.1:%d {
@@ -152,25 +169,32 @@ http://127.0.0.1:%d {
 	reverse_proxy %s
 }
 `, adminPort, global, sitePort, *limit, *window, settleWait, upLn.Addr())
-	cfgPath := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
-		return err
+		cfgPath := filepath.Join(dir, fmt.Sprintf("Caddyfile%d", n))
+		if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
+			return err
+		}
+		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("caddy%d.log", n)))
+		if err != nil {
+			return err
+		}
+		defer logf.Close()
+		caddy := exec.Command(bin, "run", "--config", cfgPath, "--adapter", "caddyfile")
+		caddy.Stdout, caddy.Stderr = logf, logf
+		if err := caddy.Start(); err != nil {
+			return err
+		}
+		defer func() {
+			_ = caddy.Process.Signal(syscall.SIGTERM)
+			_ = caddy.Wait()
+		}()
+		admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+		if _, err := waitCounter(ctx, admin, 30*time.Second); err != nil {
+			tail, _ := os.ReadFile(logf.Name())
+			return fmt.Errorf("caddy did not come up: %w\n%s", err, tail)
+		}
+		sitePorts, admins = append(sitePorts, strconv.Itoa(sitePort)), append(admins, admin)
 	}
-	logf, err := os.Create(filepath.Join(dir, "caddy.log"))
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	caddy := exec.Command(bin, "run", "--config", cfgPath, "--adapter", "caddyfile")
-	caddy.Stdout, caddy.Stderr = logf, logf
-	if err := caddy.Start(); err != nil {
-		return err
-	}
-	defer func() {
-		_ = caddy.Process.Signal(syscall.SIGTERM)
-		_ = caddy.Wait()
-	}()
-	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	admin := admins[0] // the counters are the store's: any instance shows them
 	anthropic := *format == "anthropic"
 	if !anthropic && *format != "chat" {
 		return fmt.Errorf("-format %q: want chat or anthropic", *format)
@@ -181,16 +205,19 @@ http://127.0.0.1:%d {
 			*model = "claude-sonnet-4-5"
 		}
 	}
-	site := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", sitePort)
+	path := "/v1/chat/completions"
 	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"write about budgets"}]}`, *model, *capTok)
 	if anthropic {
-		site = fmt.Sprintf("http://127.0.0.1:%d/v1/messages", sitePort)
+		path = "/v1/messages"
 		body = fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"write about budgets"}]}`, *model, *capTok)
 	}
-	before, err := waitCounter(ctx, admin, 30*time.Second)
+	sites := make([]string, len(sitePorts))
+	for i, port := range sitePorts {
+		sites[i] = "http://127.0.0.1:" + port + path
+	}
+	before, err := readCounter(admin)
 	if err != nil {
-		tail, _ := os.ReadFile(logf.Name())
-		return fmt.Errorf("caddy did not come up: %w\n%s", err, tail)
+		return err
 	}
 	if before.used != 0 {
 		return fmt.Errorf("the budget starts at %d used, want 0", before.used)
@@ -201,13 +228,38 @@ http://127.0.0.1:%d {
 	hc := &http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
 	}}
-	if *warm {
-		for range 5 {
-			if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
-				return fmt.Errorf("a warm-up answer: %d %v", r.status, r.err)
+	// On each instance (each learns for itself), the first two one after the
+	// other (the first proves the model, the second its tokenizer's count),
+	// the rest at once.
+	for _, site := range sites {
+		for i := 0; i < *warm; {
+			n := 1
+			if i >= 2 {
+				n = *warm - i
 			}
-			time.Sleep(200 * time.Millisecond) // its settle
+			errs := make(chan error, n)
+			for range n {
+				go func() {
+					var err error
+					if r := stream(ctx, hc, site, body); r.err != nil || r.status != http.StatusOK {
+						err = fmt.Errorf("a warm-up answer: %d %v", r.status, r.err)
+					}
+					errs <- err
+				}()
+			}
+			for range n {
+				if err := <-errs; err != nil {
+					return err
+				}
+			}
+			i += n
+			time.Sleep(200 * time.Millisecond) // their settles
 		}
+	}
+	warmGenerated := up.Generated() // not the clients' to receive
+	callsBefore, err := storeCalls(ctx, redisAddr, admins)
+	if err != nil {
+		return err
 	}
 	var (
 		mu      sync.Mutex
@@ -220,8 +272,8 @@ http://127.0.0.1:%d {
 		go func() {
 			defer wg.Done()
 			<-ready
-			for first := true; ctx.Err() == nil; first = false {
-				r := stream(ctx, hc, site, body)
+			for n, first := 0, true; ctx.Err() == nil && (*requests == 0 || n < *requests); n, first = n+1, false {
+				r := stream(ctx, hc, sites[c%len(sites)], body)
 				r.client, r.first = c, first
 				mu.Lock()
 				results = append(results, r)
@@ -299,7 +351,7 @@ http://127.0.0.1:%d {
 			spentBefore += int64(r.prompt + r.complete)
 		}
 	}
-	generated := up.Generated()
+	generated := up.Generated() - warmGenerated
 	pct := func(a, b int64) float64 { return 100 * float64(a) / float64(b) }
 	fmt.Printf("budget-util: one global budget of %d tokens per %s (%s), %d streaming clients (%s, model %s), max_tokens %d;\n", *limit, *window, store, *clients, *format, *model, *capTok)
 	fmt.Printf("  upstream fakellm words mode: %d prompt tokens, %d output tokens %s apart (jitter %.0f%%)\n", *input, *output, *interval, *jitter*100)
@@ -313,10 +365,25 @@ http://127.0.0.1:%d {
 	fmt.Printf("counter at the end: %d of %d = %.1f%% of the limit\n", end.used, *limit, pct(end.used, *limit))
 	if end.used > 0 {
 		fmt.Printf("upstream's reported usage / counter: %d / %d = %.4f\n", reported, end.used, float64(reported)/float64(end.used))
-		bill := up.Hits()*int64(*input) + generated
+		bill := up.Hits()*int64(*input) + generated + warmGenerated
 		fmt.Printf("upstream's bill (prompt of each request it got + tokens generated) / counter: %d / %d = %.4f\n", bill, end.used, float64(bill)/float64(end.used))
 	}
 	fmt.Printf("requests admitted: %d; truncated streams (finish_reason length below max_tokens): %d; admitted streams without a usage chunk: %d\n", admitted, truncated, noUsage)
+	if refusals > 0 {
+		lowest, highest := int64(-1), int64(-1)
+		for _, r := range results {
+			if r.err == nil && (r.status < 200 || r.status > 299) && r.remaining >= 0 {
+				held := *limit - r.remaining
+				if lowest < 0 || held < lowest {
+					lowest = held
+				}
+				highest = max(highest, held)
+			}
+		}
+		if lowest >= 0 {
+			fmt.Printf("counter (held and spent) when a request was refused, by its RateLimit header: lowest %.1f%%, highest %.1f%% of the limit\n", pct(lowest, *limit), pct(highest, *limit))
+		}
+	}
 	var codes []string
 	for code, n := range statuses {
 		codes = append(codes, fmt.Sprintf("%d×%d", n, code))
@@ -324,8 +391,87 @@ http://127.0.0.1:%d {
 	fmt.Printf("refusals: %d (%s); client errors: %d\n", refusals, strings.Join(codes, ", "), errs)
 	fmt.Printf("upstream generated %d output tokens, clients received %d: residual (generated, never received) %d; streams the upstream stopped early: %d\n",
 		generated, received, generated-received, up.Stopped())
+	if redisAddr != "" {
+		after, err := storeCalls(ctx, redisAddr, admins)
+		if err != nil {
+			return err
+		}
+		calls, exts := after.scripts-callsBefore.scripts, after.extensions-callsBefore.extensions
+		streams := int64(admitted)
+		// An admitted stream makes one reserve, its extensions and one
+		// settle; Redis's own count has the refused requests' calls too
+		// (a reserve, and a release of one that timed out).
+		perStream := 2 + float64(exts)/float64(max(streams, 1))
+		fmt.Printf("store calls of the %d admitted streams (a reserve, %d lease extensions, a settle): %.2f a stream, %.4f an event of their %d; Redis ran %d scripts in all (refused requests' included)\n",
+			streams, exts, perStream, perStream*float64(streams)/float64(max(received, 1)), received, calls)
+		fmt.Printf("events a second a stream: nominal %.0f, received %.0f (events over each stream's time from its request to its end, mean)\n",
+			float64(time.Second)/float64(max(*interval, time.Microsecond)), eventRate(results))
+	}
 	fmt.Printf("wall time: %.1f s\n", wall.Seconds())
 	return nil
+}
+
+// eventRate is the mean, over admitted streams, of the events a stream
+// received a second from its request to its end.
+func eventRate(results []result) float64 {
+	var sum float64
+	var n int
+	for _, r := range results {
+		if d := r.ended.Sub(r.sent).Seconds(); r.err == nil && r.status == http.StatusOK && r.chunks > 0 && d > 0 {
+			sum += float64(r.chunks) / d
+			n++
+		}
+	}
+	return sum / float64(max(n, 1))
+}
+
+// calls are the store calls made so far: the scripts Redis ran (every
+// budget call is one script: a reserve, an extension, a settle) and the
+// lease extensions llmbudget counted.
+type calls struct{ scripts, extensions int64 }
+
+// storeCalls reads Redis's command counts (INFO commandstats: EVALSHA and
+// EVAL, which is what a script the server had not cached yet is sent as)
+// and llmbudget's extension counter from Caddy's /metrics. Without -redis
+// there is nothing to count.
+func storeCalls(ctx context.Context, addr string, admins []string) (calls, error) {
+	if addr == "" {
+		return calls{}, nil
+	}
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	info, err := rc.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return calls{}, err
+	}
+	var c calls
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		c.scripts += n
+	}
+	for _, admin := range admins {
+		resp, err := http.Get(admin + "/metrics")
+		if err != nil {
+			return calls{}, err
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return calls{}, err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "fleetguard_llmbudget_lease_extensions_total{"); ok {
+				f, _ := strconv.ParseFloat(v[strings.LastIndexByte(v, ' ')+1:], 64)
+				c.extensions += int64(f)
+			}
+		}
+	}
+	return c, nil
 }
 
 // stream posts one request and reads its answer to the end.
@@ -349,6 +495,11 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 	defer resp.Body.Close()
 	r.status = resp.StatusCode
 	if r.status < 200 || r.status > 299 {
+		r.remaining = -1
+		if _, item, ok := strings.Cut(resp.Header.Get("RateLimit"), ";r="); ok {
+			v, _, _ := strings.Cut(item, ";")
+			r.remaining, _ = strconv.ParseInt(v, 10, 64)
+		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return r
 	}
@@ -386,6 +537,7 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 	if err := sc.Err(); err != nil && !errors.Is(err, io.EOF) {
 		r.err = err
 	}
+	r.ended = time.Now()
 	return r
 }
 
