@@ -453,9 +453,17 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 			a.tokensCount = c.history.tokensCountOf(a.tokens, c.proxy)
 		}
 		if l := mw.lease; l != nil && mw.tokens != nil {
-			// As a tokenized stream counts: with its margin.
 			a.tokens = l.tokens
-			if n := c.history.tokensCountOf(a.tokens, c.proxy); n > 0 {
+			switch n := c.history.tokensCountOf(a.tokens, c.proxy); {
+			case l.tokenized:
+				// As the stream counted: by the tokenizer with its margin,
+				// or a token a byte where a proxy's was not trusted for
+				// its text (denser than the answers that taught it): a
+				// first lease learned from English answers alone would
+				// cut a wave of CJK streams short, each charged its hold.
+				a.tokensCount = max(l.count, read.Usage.OutputTokens)
+			case n > 0:
+				// As a tokenized stream would count: with its margin.
 				a.tokensCount = max(n+l.margin, read.Usage.OutputTokens)
 			}
 		}
