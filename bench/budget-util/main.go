@@ -25,13 +25,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -86,34 +86,18 @@ type result struct {
 
 func main() {
 	flag.Parse()
-	log.SetFlags(0)
-	log.SetPrefix("budget-util: ")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx); err != nil {
-		log.Fatal(err)
-	}
+	benchkit.Main("budget-util", run)
 }
 
 func run(ctx context.Context) error {
-	dir, err := os.MkdirTemp("", "budget-util-")
+	dir, cleanup, err := benchkit.Scratch("budget-util", "BUDGET_UTIL_KEEP")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-
-	bin := *caddyBin
-	if bin == "" {
-		bin = filepath.Join(dir, "caddy")
-		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/caddy")
-		build.Dir, err = moduleRoot()
-		if err != nil {
-			return err
-		}
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("building caddy: %w", err)
-		}
+	defer cleanup()
+	bin, err := benchkit.Caddy(ctx, *caddyBin, dir)
+	if err != nil {
+		return err
 	}
 
 	// The upstream, in this process so its Generated counter can be read.
@@ -146,11 +130,11 @@ func run(ctx context.Context) error {
 	}
 	var sitePorts, admins []string
 	for n := range *instances {
-		sitePort, err := freePort()
+		sitePort, err := benchkit.FreePort()
 		if err != nil {
 			return err
 		}
-		adminPort, err := freePort()
+		adminPort, err := benchkit.FreePort()
 		if err != nil {
 			return err
 		}
@@ -617,26 +601,4 @@ func waitCounter(ctx context.Context, admin string, timeout time.Duration) (coun
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// moduleRoot is the folder of this module's go.mod.
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", err
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("run it inside the fleetguard module")
-	}
-	return filepath.Dir(gomod), nil
 }

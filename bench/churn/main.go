@@ -34,6 +34,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"io"
 	"log"
 	"math/rand/v2"
@@ -41,7 +42,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -76,30 +76,18 @@ var flows = []flow{{"4x", false, 4}, {"90%", false, 0.9}, {"50%", false, 0.5}, {
 
 func main() {
 	flag.Parse()
-	log.SetFlags(log.Ltime)
-	log.SetPrefix("churn: ")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx); err != nil {
-		log.Fatal(err)
-	}
+	benchkit.Main("churn", run)
 }
 
 func run(ctx context.Context) error {
-	dir, err := os.MkdirTemp("", "churn-")
+	dir, cleanup, err := benchkit.Scratch("churn", "CHURN_KEEP")
 	if err != nil {
 		return err
 	}
-	if os.Getenv("CHURN_KEEP") == "" {
-		defer os.RemoveAll(dir)
-	} else {
-		log.Printf("keeping %s", dir)
-	}
-	bin := *caddyBin
-	if bin == "" {
-		if bin, err = buildCaddy(ctx, dir); err != nil {
-			return err
-		}
+	defer cleanup()
+	bin, err := benchkit.Caddy(ctx, *caddyBin, dir)
+	if err != nil {
+		return err
 	}
 	rs, err := redistest.Launch()
 	if err != nil {
@@ -156,7 +144,7 @@ func (c *churnCase) run(ctx context.Context) error {
 		in := &instance{n: n}
 		var err error
 		for _, p := range []*int{&in.site, &in.tiny, &in.admin} {
-			if *p, err = freePort(); err != nil {
+			if *p, err = benchkit.FreePort(); err != nil {
 				return err
 			}
 		}
@@ -385,30 +373,6 @@ http://127.0.0.1:%d {
 	respond "instance %d"
 }
 `, in.admin, c.redis, c.prefix, in.site, *events, *win, in.n, in.tiny, *tinyEvents, *win, in.n)
-}
-
-func buildCaddy(ctx context.Context, dir string) (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	gomod := strings.TrimSpace(string(out))
-	if err != nil || gomod == "" || gomod == os.DevNull {
-		return "", errors.New("run it inside the fleetguard module")
-	}
-	bin := filepath.Join(dir, "caddy")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/caddy")
-	build.Dir, build.Stdout, build.Stderr = filepath.Dir(gomod), os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return "", fmt.Errorf("building caddy: %w", err)
-	}
-	return bin, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // worstBy counts, per instance, the admits of the first worst window.

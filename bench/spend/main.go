@@ -34,16 +34,14 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
+	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -106,30 +104,18 @@ func fixed(path string) func(string, int) string { return func(string, int) stri
 
 func main() {
 	flag.Parse()
-	log.SetFlags(0)
-	log.SetPrefix("spend: ")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx); err != nil {
-		log.Fatal(err)
-	}
+	benchkit.Main("spend", run)
 }
 
 func run(ctx context.Context) error {
-	dir, err := os.MkdirTemp("", "spend-")
+	dir, cleanup, err := benchkit.Scratch("spend", "SPEND_KEEP")
 	if err != nil {
 		return err
 	}
-	if os.Getenv("SPEND_KEEP") == "" {
-		defer os.RemoveAll(dir)
-	} else {
-		log.Printf("keeping %s", dir)
-	}
-	bin := *caddyBin
-	if bin == "" {
-		if bin, err = buildCaddy(ctx, dir); err != nil {
-			return err
-		}
+	defer cleanup()
+	bin, err := benchkit.Caddy(ctx, *caddyBin, dir)
+	if err != nil {
+		return err
 	}
 	// Models of other providers bill by another tokenizer than the proxy
 	// llmbudget counts them by (o200k).
@@ -375,11 +361,11 @@ type caddyProc struct {
 }
 
 func startCaddy(dir, bin, upstream string) (*caddyProc, error) {
-	sitePort, err := freePort()
+	sitePort, err := benchkit.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	adminPort, err := freePort()
+	adminPort, err := benchkit.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -450,28 +436,4 @@ func (c *caddyProc) used(model string) (int64, error) {
 		return 0, err
 	}
 	return strconv.ParseInt(v.Used.String(), 10, 64)
-}
-
-func buildCaddy(ctx context.Context, dir string) (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	gomod := strings.TrimSpace(string(out))
-	if err != nil || gomod == "" || gomod == os.DevNull {
-		return "", errors.New("run it inside the fleetguard module")
-	}
-	bin := filepath.Join(dir, "caddy")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/caddy")
-	build.Dir, build.Stdout, build.Stderr = filepath.Dir(gomod), os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return "", fmt.Errorf("building caddy: %w", err)
-	}
-	return bin, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
