@@ -25,7 +25,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"io"
 	"log"
 	"net"
@@ -41,6 +40,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )

@@ -34,7 +34,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"io"
 	"log"
 	"math/rand/v2"
@@ -49,6 +48,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 	"github.com/fleetguard/fleetguard/window"
 )

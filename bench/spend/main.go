@@ -36,7 +36,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"io"
 	"net"
 	"net/http"
@@ -49,6 +48,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleetguard/fleetguard/bench/internal/benchkit"
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 )
 
