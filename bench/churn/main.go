@@ -26,7 +26,8 @@
 // prints which instances admitted each key's worst window; CHURN_LIVES=1
 // prints every admit of the full zone's keys to stderr as "admit <key> <ms>
 // instance <n> life <start ms>", so that each life's admits can be told
-// apart.
+// apart; CHURN_LATE=1 starts the restarting instances 3 s after the others,
+// so that they are never founders.
 package main
 
 import (
@@ -154,7 +155,10 @@ func (c *churnCase) run(ctx context.Context) error {
 		}
 		c.insts = append(c.insts, in)
 	}
-	for _, in := range c.insts {
+	for i, in := range c.insts {
+		if os.Getenv("CHURN_LATE") != "" && i == len(c.insts)-*restarts {
+			time.Sleep(3 * time.Second) // the restarting ones join after the founding
+		}
 		if err := c.start(ctx, in); err != nil {
 			return err
 		}
