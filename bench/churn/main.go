@@ -24,7 +24,7 @@
 //
 // CHURN_KEEP=1 keeps the scratch folder with every Caddy's log; CHURN_WHO=1
 // prints which instances admitted each key's worst window; CHURN_LIVES=1
-// prints every admit of the full zone's keys to stderr as "admit <key> <ms>
+// (=tiny: the tiny zone's) prints every admit of the full zone's keys to stderr as "admit <key> <ms>
 // instance <n> life <start ms>", so that each life's admits can be told
 // apart; CHURN_LATE=1 starts the restarting instances 3 s after the others,
 // so that they are never founders.
@@ -280,7 +280,7 @@ func (c *churnCase) send(ctx context.Context, hc *http.Client, tiny bool, key st
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if os.Getenv("CHURN_LIVES") != "" && resp.StatusCode == http.StatusOK && !tiny {
+		if os.Getenv("CHURN_LIVES") != "" && resp.StatusCode == http.StatusOK && tiny == (os.Getenv("CHURN_LIVES") == "tiny") {
 			fmt.Fprintf(os.Stderr, "admit %s %d %s\n", key, time.Now().UnixMilli(), body)
 		}
 		return resp.StatusCode, in.n
@@ -374,7 +374,7 @@ http://127.0.0.1:%d {
 			window %s
 		}
 	}
-	respond "instance %d"
+	respond "instance %d life {env.CHURN_LIFE}"
 }
 `, in.admin, c.redis, c.prefix, in.site, *events, *win, in.n, in.tiny, *tinyEvents, *win, in.n)
 }
