@@ -44,20 +44,28 @@ func statusCaddyfile(port int, upstream, global string) string {
 // storeStatusOf is the status of the store whose identity has prefix.
 func storeStatusOf(t *testing.T, tc *testCaddy, prefix string) storeStatus {
 	t.Helper()
-	resp, body := get(t, "http://"+tc.admin+"/fleetguard/status")
+	stores := storeStatuses(t, tc.admin)
+	for _, st := range stores {
+		if strings.Contains(st.Store, "|"+prefix) {
+			return st
+		}
+	}
+	t.Fatalf("no store with prefix %q in %+v", prefix, stores)
+	return storeStatus{}
+}
+
+// storeStatuses is every store in the status of the Caddy whose admin
+// endpoint is admin (GET /fleetguard/status).
+func storeStatuses(t *testing.T, admin string) []storeStatus {
+	t.Helper()
+	resp, body := get(t, "http://"+admin+"/fleetguard/status")
 	var status struct {
 		Stores []storeStatus `json:"stores"`
 	}
 	if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &status) != nil {
 		t.Fatalf("GET /fleetguard/status: %d %s", resp.StatusCode, body)
 	}
-	for _, st := range status.Stores {
-		if strings.Contains(st.Store, "|"+prefix) {
-			return st
-		}
-	}
-	t.Fatalf("no store with prefix %q in %s", prefix, body)
-	return storeStatus{}
+	return status.Stores
 }
 
 // waitStatus polls the status, calling poke between reads, until ok holds.

@@ -585,14 +585,9 @@ func remainingOf(t *testing.T, header, name string) int64 {
 // endpoint is admin (its one store).
 func fleetMembers(t *testing.T, admin string) int {
 	t.Helper()
-	resp, body := get(t, "http://"+admin+"/fleetguard/status")
-	var st struct {
-		Stores []struct {
-			FleetMembers int `json:"fleet_members"`
-		} `json:"stores"`
+	stores := storeStatuses(t, admin)
+	if len(stores) != 1 {
+		t.Fatalf("%d stores in the status, want 1: %+v", len(stores), stores)
 	}
-	if err := json.Unmarshal([]byte(body), &st); err != nil || resp.StatusCode != http.StatusOK || len(st.Stores) != 1 {
-		t.Fatalf("status %d %s: %v", resp.StatusCode, body, err)
-	}
-	return st.Stores[0].FleetMembers
+	return int(stores[0].FleetMembers)
 }

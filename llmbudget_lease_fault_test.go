@@ -99,17 +99,8 @@ func readChatStream(url, body string, seen func(), headers ...string) (s streamS
 // admin endpoint is admin (GET /fleetguard/status).
 func budgetStoreErrors(t *testing.T, admin string) uint64 {
 	t.Helper()
-	_, body := get(t, "http://"+admin+"/fleetguard/status")
-	var st struct {
-		Stores []struct {
-			BudgetStoreErrors uint64 `json:"budget_store_errors"`
-		} `json:"stores"`
-	}
-	if err := json.Unmarshal([]byte(body), &st); err != nil {
-		t.Fatalf("GET /fleetguard/status: %v: %s", err, body)
-	}
 	var n uint64
-	for _, s := range st.Stores {
+	for _, s := range storeStatuses(t, admin) {
 		n += s.BudgetStoreErrors
 	}
 	return n
@@ -162,18 +153,7 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 	}
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: -1}) // it waits out a DEBUG SLEEP
 	t.Cleanup(func() { rc.Close() })
-	counter := func() int64 {
-		keys, err := rc.Keys(context.Background(), "pause:bg:{b}:all:*").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		for _, k := range keys {
-			v, _ := rc.Get(context.Background(), k).Int64()
-			n += v
-		}
-		return n
-	}
+	counter := func() int64 { return sumCounters(t, rc, "pause:bg:{b}:all:*") }
 	// Settled: no reservation's record is still "r" (reserved); a settled
 	// one is gone, or a tombstone ("x": a reserve that timed out on a busy
 	// machine, released by id).

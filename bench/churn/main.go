@@ -348,6 +348,19 @@ func (c *churnCase) stop(in *instance, sig syscall.Signal) {
 }
 
 func (c *churnCase) caddyfile(in *instance) string {
+	site := func(port int, zone string, events int64) string {
+		return fmt.Sprintf(`http://127.0.0.1:%d {
+	fleetlimit {
+		zone %s {
+			key {http.request.header.X-Key}
+			events %d
+			window %s
+		}
+	}
+	respond "instance %d life {env.CHURN_LIFE}"
+}
+`, port, zone, events, *win, in.n)
+	}
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	fleetguard {
@@ -356,27 +369,7 @@ func (c *churnCase) caddyfile(in *instance) string {
 		sync_interval 100ms
 	}
 }
-http://127.0.0.1:%d {
-	fleetlimit {
-		zone per_key {
-			key {http.request.header.X-Key}
-			events %d
-			window %s
-		}
-	}
-	respond "instance %d life {env.CHURN_LIFE}"
-}
-http://127.0.0.1:%d {
-	fleetlimit {
-		zone tiny {
-			key {http.request.header.X-Key}
-			events %d
-			window %s
-		}
-	}
-	respond "instance %d life {env.CHURN_LIFE}"
-}
-`, in.admin, c.redis, c.prefix, in.site, *events, *win, in.n, in.tiny, *tinyEvents, *win, in.n)
+`, in.admin, c.redis, c.prefix) + site(in.site, "per_key", *events) + site(in.tiny, "tiny", *tinyEvents)
 }
 
 // worstBy counts, per instance, the admits of the first worst window.
