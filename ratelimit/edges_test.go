@@ -225,3 +225,57 @@ func TestLimitsSmallerThanTheFleetHoldExactly(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryZoneKnowsTheFleetBeforeItsFirstRequest: an instance starts as
+// Caddy starts it (the engine first, then its zones as the handlers
+// provision), and its first request for a key of its second zone comes
+// before the reconciler's first heartbeat. That zone must already know the
+// fleet: one that did not admitted a tenth of every key's limit unseen, on
+// top of what the fleet counted (bench/churn: a limit of 3 reached 5 and 6,
+// one of 100 reached 117, with instances restarting).
+func TestEveryZoneKnowsTheFleetBeforeItsFirstRequest(t *testing.T) {
+	srv := redistest.Start(t)
+	store := NewRedisStore(srv.Client(t))
+	l := mustLimit(t, 1, 10*time.Second, 0)
+	start := func() *Engine {
+		e := newEngine(t, Options{Store: store, Prefix: "zones", SyncInterval: 100 * time.Millisecond})
+		e.Start()
+		t.Cleanup(func() { e.Close(time.Second) })
+		return e
+	}
+	a := start()
+	a.Zone("first", l)
+	a.Zone("tiny", l)
+	b := start()
+	b.Zone("first", l)
+	tiny := b.Zone("tiny", l)
+	if got := tiny.fleet.claims.Load(); got != 2 {
+		t.Fatalf("b's second zone counts %d claims before its first heartbeat pass, want 2 (a and b)", got)
+	}
+	// A limit of 1 on 2 instances has no floor share: b admits the key only
+	// on a reservation the store counts first, so its first request waits
+	// for one.
+	if v := allow(b, tiny, l, "k", time.Now().UnixNano()); v.Allowed {
+		t.Fatal("b admitted a limit-1 key unseen on its first request; the store counted nothing")
+	}
+	if err := b.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v := allow(b, tiny, l, "k", time.Now().UnixNano()); !v.Allowed {
+		t.Fatalf("b's request after its reservation pass was denied: %+v", v)
+	}
+	if err := b.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if v := allow(a, a.Zone("tiny", l), l, "k", time.Now().UnixNano()); v.Allowed {
+			t.Fatal("a admitted the key a second time in its window")
+		}
+		if err := a.Reconcile(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -85,6 +85,9 @@ type Engine struct {
 	syncErrors atomic.Uint64
 
 	passMu sync.Mutex // one reconcile pass (or eviction) at a time
+	// heartbeatMu keeps a new zone's heartbeat (see Zone) from running
+	// into the reconciler's: each learns the whole fleet and its hot keys.
+	heartbeatMu sync.Mutex
 
 	// member is this instance's number in the fleet's membership, joined
 	// when it first heartbeated (Unix ms), and members the live instances
@@ -244,9 +247,12 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 	z.events.Store(l.Events)
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
-	if e.members.Load() == 0 && e.started.Load() {
-		// The first zone of a running engine: join the fleet now, so that
-		// the first requests already have their floor shares.
+	if e.started.Load() {
+		// A new zone of a running engine learns the fleet now (joining it,
+		// for the first zone), so that its first requests already have
+		// their floor shares, hot marks and reservations: a zone that knew
+		// no fleet until the next heartbeat would admit a tenth of each
+		// key's limit unseen, on top of what the fleet counts.
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		e.heartbeat(ctx, time.Now().UnixMilli())
 		cancel()

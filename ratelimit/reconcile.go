@@ -161,6 +161,8 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 	if e.solo || len(*e.zones.Load()) == 0 {
 		return // no fleet limit here: nothing for the fleet to know
 	}
+	e.heartbeatMu.Lock()
+	defer e.heartbeatMu.Unlock()
 	e.lastHeartbeat.Store(nowMs)
 	e.joined.CompareAndSwap(0, nowMs)
 	now := nowMs * int64(time.Millisecond)
