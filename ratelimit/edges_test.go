@@ -279,3 +279,42 @@ func TestEveryZoneKnowsTheFleetBeforeItsFirstRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestAStoppedInstanceGivesBackItsReservations: an instance that stops as
+// Caddy stops it returns the reservations it holds unused, so the fleet
+// may admit them at once rather than a window later.
+func TestAStoppedInstanceGivesBackItsReservations(t *testing.T) {
+	srv := redistest.Start(t)
+	store := NewRedisStore(srv.Client(t))
+	l := mustLimit(t, 1, time.Minute, 0)
+	start := func() (*Engine, *Zone) {
+		e := newEngine(t, Options{Store: store, Prefix: "giveback", SyncInterval: 100 * time.Millisecond})
+		e.Start()
+		t.Cleanup(func() { e.Close(time.Second) })
+		return e, e.Zone("tiny", l)
+	}
+	// admitOn asks e for the key until a reservation lets it in.
+	admitOn := func(e *Engine, z *Zone) bool {
+		for range 5 {
+			if allow(e, z, l, "k", time.Now().UnixNano()).Allowed {
+				return true
+			}
+			if err := e.Reconcile(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return false
+	}
+	a, za := start()
+	b, zb := start()
+	if v := allow(a, za, l, "k", time.Now().UnixNano()); v.Allowed {
+		t.Fatal("a admitted a limit-1 key of a fleet of 2 without a reservation")
+	}
+	if err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a.Close(time.Second) // holding the reservation, unused
+	if !admitOn(b, zb) {
+		t.Fatal("the reservation a held when it stopped still counts: b cannot admit the key in the window")
+	}
+}

@@ -69,6 +69,7 @@ func (e *Engine) Close(timeout time.Duration) {
 
 // leave pushes what is pending and tells the fleet this instance is gone.
 func (e *Engine) leave(ctx context.Context, now int64) {
+	e.returnReservations()
 	_ = e.pass(ctx, now, false)
 	if !e.solo && e.members.Load() > 0 {
 		// Leave the fleet now rather than when the heartbeat lapses. Its
@@ -610,7 +611,7 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	if mv, ok := s.claimMoved(h); ok {
 		st.Window = append(st.Window, mv)
 	}
-	if en.flags&flagReserved != 0 && en.demand > 0 && s.reservedOf(h, e.lapseSlot(z, now)) == 0 {
+	if en.flags&flagReserved != 0 && en.demand > 0 && !e.stopped.Load() && s.reservedOf(h, e.lapseSlot(z, now)) == 0 {
 		// Asked for here and none held: reserve some, within what the key
 		// leaves aside for the floor admits of others.
 		events := z.events.Load()

@@ -158,6 +158,28 @@ func (e *Engine) dropReservations() {
 	}
 }
 
+// returnReservations gives back what this instance holds unused, at its
+// last pass before it leaves: the store counts a reservation as admitted
+// until its slot leaves the window, so one held by an instance that stopped
+// would keep the fleet from the admit for up to a window. (A killed instance
+// cannot: its reservations cost the fleet their window, never an excess.)
+func (e *Engine) returnReservations() {
+	for _, z := range *e.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for h, r := range s.reservations {
+				// Out of its slot with the admits made from it elsewhere:
+				// the next step's claimMoved takes them off the slot.
+				r.moved += r.n
+				r.n = 0
+				s.reservations[h] = r
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
 // checkReserved forgets h's reservation if the store no longer counts it:
 // its slot holds fewer admits than are reserved there (a store that
 // restarted empty). The caller holds s's lock.
