@@ -636,7 +636,7 @@ func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit
 func firstAllowance(z *Zone, s *shard, h keyhash.Hash, limit, now int64) int64 {
 	live := z.fleet.others.Load() + 1
 	if m, hot := s.hotAt(h, now); hot {
-		return (max(m.room, 0) + live - 1) / live
+		return max(m.room, 0) / live
 	}
 	claims := z.fleet.widest()
 	if claims == 0 {
