@@ -247,12 +247,14 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 	z.events.Store(l.Events)
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
-	if e.started.Load() {
+	if e.started.Load() && e.healthy.Load() {
 		// A new zone of a running engine learns the fleet now (joining it,
 		// for the first zone), so that its first requests already have
 		// their floor shares, hot marks and reservations: a zone that knew
 		// no fleet until the next heartbeat would admit a tenth of each
-		// key's limit unseen, on top of what the fleet counts.
+		// key's limit unseen, on top of what the fleet counts. (With the
+		// store down, limits are per instance and a config with many zones
+		// should not wait for it once per zone.)
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		e.heartbeat(ctx, time.Now().UnixMilli())
 		cancel()
