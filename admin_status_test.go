@@ -68,21 +68,16 @@ func storeStatuses(t *testing.T, admin string) []storeStatus {
 	return status.Stores
 }
 
-// waitStatus polls the status, calling poke between reads, until ok holds.
+// waitStatus reads the status, calling poke between reads, until ok holds.
 func waitStatus(t *testing.T, tc *testCaddy, prefix, what string, poke func(), ok func(storeStatus) bool) storeStatus {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := storeStatusOf(t, tc, prefix)
-		if ok(st) {
-			return st
+	reads := 0
+	return eventuallyValue(t, 10*time.Second, what, func() storeStatus {
+		if reads++; reads > 1 {
+			poke()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: status still %+v", what, st)
-		}
-		poke()
-		time.Sleep(50 * time.Millisecond)
-	}
+		return storeStatusOf(t, tc, prefix)
+	}, ok)
 }
 
 // The status shows when the reconciler last reached the store and the errors

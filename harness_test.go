@@ -132,12 +132,35 @@ func adaptCaddyfileFile(src []byte, filename string) ([]byte, []caddyconfig.Warn
 }
 
 // eventually waits until cond holds, checking every 10 ms, and fails the
-// test saying what did not happen when timeout passes first.
+// test saying what did not happen when timeout passes first. Every test that
+// waits for something to happen waits through it (or eventuallyValue): one
+// place polls, and every failed wait reads alike.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !poll(timeout, cond) {
+		t.Fatalf("after %s: %s did not happen", timeout, what)
+	}
+}
+
+// eventuallyValue reads until ok accepts what read returns, and returns that;
+// when timeout passes first it fails the test with the last value read, so
+// the failure shows how far the wait got.
+func eventuallyValue[T any](t testing.TB, timeout time.Duration, what string, read func() T, ok func(T) bool) T {
+	t.Helper()
+	var v T
+	if !poll(timeout, func() bool { v = read(); return ok(v) }) {
+		t.Fatalf("after %s: %s did not happen; last read: %+v", timeout, what, v)
+	}
+	return v
+}
+
+// poll checks cond every 10 ms until it holds (true) or timeout passes
+// (false).
+func poll(timeout time.Duration, cond func() bool) bool {
 	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s did not happen", timeout, what)
+			return false
 		}
 	}
+	return true
 }

@@ -33,7 +33,7 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			up := newFakeLLM(t)
-			up.Output, up.StopAtCap = 10000, true // 10,000 unless told to stop sooner
+			up.Output = 10000 // 10,000 unless told to stop sooner
 			// A stream's text is as long as the tokens it reports.
 			up.Words, up.Interval = true, 0
 			port := freePort(t)

@@ -411,7 +411,7 @@ func TestAnAnswerTheMeterCannotReadIsNeverFree(t *testing.T) {
 						return
 					}
 					w.(http.Flusher).Flush()
-					time.Sleep(2 * time.Millisecond)
+					time.Sleep(2 * time.Millisecond) // an upstream's pace: the refusal must come mid-answer
 				}
 			}))
 			defer up.Close()

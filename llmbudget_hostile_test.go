@@ -356,13 +356,7 @@ func TestSettleAfterTheStoreLostItsDataIsLost(t *testing.T) {
 		done <- resp.StatusCode
 	}()
 	// The reservation is in Redis once the request reaches the upstream.
-	deadline := time.Now().Add(5 * time.Second)
-	for len(s.keys()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the reservation never reached Redis")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually(t, 5*time.Second, "the reservation reaching Redis", func() bool { return len(s.keys()) > 0 })
 	s.srv.Stop()
 	if err := s.srv.Restart(); err != nil {
 		t.Fatal(err)
@@ -404,14 +398,10 @@ func TestExampleLogFilterKeepsKeysOutOfTheAccessLog(t *testing.T) {
 		"Content-Type: application/json", "X-Goog-Api-Key: "+secret, "X-Api-Key: "+secret); resp.StatusCode != http.StatusOK {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	var logged []byte
-	for deadline := time.Now().Add(5 * time.Second); len(logged) == 0; {
-		logged, _ = os.ReadFile(logFile)
-		if time.Now().After(deadline) {
-			t.Fatal("no access log line")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	logged := eventuallyValue(t, 5*time.Second, "an access log line", func() []byte {
+		logged, _ := os.ReadFile(logFile)
+		return logged
+	}, func(logged []byte) bool { return len(logged) > 0 })
 	if strings.Contains(string(logged), secret) {
 		t.Fatalf("the access log holds the key:\n%s", logged)
 	}

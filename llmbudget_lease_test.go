@@ -293,7 +293,7 @@ func eachEventIsJSON(t *testing.T, f usage.Format, stream string) {
 // end.)
 func TestLeasesAdmitWhatTheBudgetCanServe(t *testing.T) {
 	up := newFakeLLM(t)
-	up.Output, up.StopAtCap, up.Words, up.Interval = 300, true, true, 2*time.Millisecond
+	up.Output, up.Words, up.Interval = 300, true, 2*time.Millisecond
 	port := freePort(t)
 	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix lease%d\n }", port), `budget g {
 			limit 40000
@@ -354,7 +354,7 @@ func TestTheRunningCountFollowsTheHighestSignal(t *testing.T) {
 // within its limit.
 func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 	up := newFakeLLM(t)
-	up.Output, up.StopAtCap, up.Words, up.Interval = 3000, true, true, time.Millisecond
+	up.Output, up.Words, up.Interval = 3000, true, time.Millisecond
 	port := freePort(t)
 	logPath := filepath.Join(t.TempDir(), "caddy.log")
 	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix cut%d\n }\n log default {\n output file %s\n level DEBUG\n }", port, logPath), `budget g {
@@ -376,13 +376,8 @@ func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 	if n := len(events); n < 3 || events[n-1] != "data: [DONE]" || !strings.Contains(events[n-2], `"finish_reason":"length"`) {
 		t.Fatalf("the stream ends %q, want the length chunk, then [DONE]", events[max(0, len(events)-3):])
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for up.Stopped() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the upstream still generates (%d tokens so far): its request was not cancelled", up.Generated())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventuallyValue(t, 5*time.Second, "the upstream's request cancelled (tokens generated so far)", up.Generated,
+		func(int64) bool { return up.Stopped() > 0 })
 	if up.Generated() >= 3000 {
 		t.Fatalf("the upstream generated its whole answer (%d)", up.Generated())
 	}
@@ -414,7 +409,7 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 		t.Run(fmt.Sprintf("fail_open=%v", failOpen), func(t *testing.T) {
 			srv := redistest.StartWith(t, "--enable-debug-command", "yes")
 			up := newFakeLLM(t)
-			up.Output, up.StopAtCap, up.Words, up.Interval = 600, true, true, time.Millisecond
+			up.Output, up.Words, up.Interval = 600, true, time.Millisecond
 			port := freePort(t)
 			options := ""
 			if failOpen {
@@ -470,18 +465,12 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 			case !failOpen && (usageChunk.Usage.CompletionTokens < DefaultOutputLeaseMin || usageChunk.Usage.CompletionTokens >= 4096):
 				t.Fatalf("cut at %d output tokens, want the lease it held", usageChunk.Usage.CompletionTokens)
 			}
-			deadline := time.Now().Add(15 * time.Second)
-			for {
+			type standing struct{ used, records int64 }
+			eventuallyValue(t, 15*time.Second, fmt.Sprintf("after the stall, %d used and no records", charged), func() standing {
 				records, _ := admin.Keys(context.Background(), "stallstream:bg:{b}:res:*").Result()
 				used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
-				if len(records) == 0 && used == charged {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("after the stall: %d used and %d records, want %d and none", used, len(records), charged)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+				return standing{used, int64(len(records))}
+			}, func(s standing) bool { return s.records == 0 && s.used == charged })
 		})
 	}
 }
@@ -826,7 +815,7 @@ func TestALeaseGrowsGeometricallyAtAnyEventRate(t *testing.T) {
 				w.Write([]byte(ev))
 				w.(http.Flusher).Flush()
 				if iv > 0 {
-					time.Sleep(iv)
+					time.Sleep(iv) // the event rate under test
 				}
 			}
 			return nil

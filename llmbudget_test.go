@@ -275,7 +275,7 @@ func TestLLMBudgetSettlesFromTheResponse(t *testing.T) {
 	}
 	// Anthropic format, recognised by its path.
 	before := counter()
-	resp, body := do(t, http.MethodPost, url+"/v1/messages", `{"model":"claude-x","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`)
+	resp, body := do(t, http.MethodPost, url+"/v1/messages", `{"model":"claude-x","max_tokens":70,"messages":[{"role":"user","content":"hi"}]}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
@@ -337,9 +337,9 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	remaining := func() int64 {
 		// A small request shows what the budget holds after its reservation
 		// (the settles before it done); it then settles to the upstream's 100
-		// tokens.
+		// tokens (30 and its cap of 70).
 		waitSettles()
-		resp, _ := chat(t, url, `{"model":"gpt-4o","max_tokens":1,"messages":[]}`, "Authorization: Bearer json")
+		resp, _ := chat(t, url, `{"model":"gpt-4o","max_tokens":70,"messages":[]}`, "Authorization: Bearer json")
 		h := resp.Header.Get("RateLimit")
 		r, _, _ := strings.Cut(strings.TrimPrefix(h, `"per_key";r=`), ";")
 		n, err := strconv.ParseInt(r, 10, 64)
@@ -355,23 +355,22 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	ctx, giveUp := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
 	req.Header.Set("Authorization", "Bearer json")
-	req.Header.Set("X-Fake-Delay", "700ms")
+	// The upstream holds its answer until the client has given up.
+	gate := make(chan struct{})
+	up.Gate = gate
 	hits, abandoned := up.Hits(), settles("abandoned")
+	sent := make(chan error, 1)
 	go func() {
-		for up.Hits() == hits {
-			time.Sleep(time.Millisecond)
-		}
-		giveUp()
+		_, err := http.DefaultClient.Do(req)
+		sent <- err
 	}()
-	if _, err := http.DefaultClient.Do(req); err == nil {
+	eventually(t, 5*time.Second, "the upstream receiving the request", func() bool { return up.Hits() != hits })
+	giveUp()
+	if err := <-sent; err == nil {
 		t.Fatal("the client was meant to give up")
 	}
-	for deadline := time.Now().Add(5 * time.Second); settles("abandoned") == abandoned; {
-		if time.Now().After(deadline) {
-			t.Fatal("no settle after the client gave up")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	close(gate)
+	eventually(t, 5*time.Second, "a settle after the client gave up", func() bool { return settles("abandoned") != abandoned })
 	// The 100 tokens of the first remaining() call, and the abandoned
 	// request's reservation: 200 max_tokens and its prompt.
 	held := 200 + promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", chatBody)
@@ -415,22 +414,15 @@ func TestOnRedisCluster(t *testing.T) {
 	}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	defer cc.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	eventuallyValue(t, 5*time.Second, "one fleet counter key on the cluster", func() int64 {
 		var n atomic.Int64 // ForEachMaster visits the nodes concurrently
 		_ = cc.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
 			keys, _ := node.Keys(ctx, "*:rl:{z:*").Result()
 			n.Add(int64(len(keys)))
 			return nil
 		})
-		if n.Load() == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fleet counter keys on the cluster: %d, want 1", n.Load())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return n.Load()
+	}, func(n int64) bool { return n == 1 })
 }
 
 // Budgeting is decided on the normalized path: variants of a budgeted path
@@ -467,7 +459,7 @@ func TestLLMBudgetPathsAreNormalizedAndUnknownPostsRefused(t *testing.T) {
 		t.Fatalf("embeddings charged %d, want the reported 30 input tokens", got)
 	}
 	before = counter()
-	if resp, body := do(t, http.MethodPost, url+"/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"Say hi","max_tokens":20}`, "Content-Type: application/json"); resp.StatusCode != http.StatusOK {
+	if resp, body := do(t, http.MethodPost, url+"/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"Say hi","max_tokens":70}`, "Content-Type: application/json"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("legacy completions: %d %s", resp.StatusCode, body)
 	}
 	if got := counter() - before; got != 100 {
@@ -537,11 +529,10 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 	defer rc.Close()
 	// The stall begins once a few requests were admitted, so that it spares
 	// some and catches the ones that follow.
-	var okBeforeStall atomic.Int64
+	var admittedSoFar atomic.Int64
+	fifthAdmitted := make(chan struct{})
 	go func() {
-		for okBeforeStall.Load() < 5 {
-			time.Sleep(time.Millisecond)
-		}
+		<-fifthAdmitted
 		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "0.8").Err()
 	}()
 	type answer struct {
@@ -555,11 +546,13 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			resp, _ := chat(t, url, chatBody)
-			if resp.StatusCode == http.StatusOK {
-				okBeforeStall.Add(1)
+			if resp.StatusCode == http.StatusOK && admittedSoFar.Add(1) == 5 {
+				close(fifthAdmitted)
 			}
 			answers <- answer{resp.StatusCode, resp.Header.Get("Retry-After")}
 		}()
+		// The pace of the traffic (40 requests a second, 1.5 s of it)
+		// spreads it around the 0.8 s stall; it waits for nothing.
 		time.Sleep(25 * time.Millisecond)
 	}
 	wg.Wait()
@@ -582,13 +575,9 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 		t.Fatalf("%d admitted, %d unavailable: the stall must catch some requests and spare others", admitted, unavailable)
 	}
 	want := int64(admitted) * 100
-	deadline := time.Now().Add(10 * time.Second) // background releases of the lost reserves
-	for counter() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("counter %d, want %d: the usage of the %d admitted requests (%d answered 503)", counter(), want, admitted, unavailable)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// 10 s: the background releases of the lost reserves.
+	eventuallyValue(t, 10*time.Second, fmt.Sprintf("the counter at %d: the usage of the %d admitted requests (%d answered 503)", want, admitted, unavailable),
+		counter, func(n int64) bool { return n == want })
 }
 
 // Without a principal, each API's own credential keys the budget: Anthropic

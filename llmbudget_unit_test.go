@@ -80,9 +80,7 @@ func waitSettles() {
 		// then is a wait on the settles' WaitGroup free of a race with a
 		// handler still on its way to its settle.
 		e := v.(*store)
-		for deadline := time.Now().Add(5 * time.Second); e.inFlight.n.Load() > 0 && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
-		}
+		poll(5*time.Second, func() bool { return e.inFlight.n.Load() == 0 })
 		e.waitSettles(5 * time.Second)
 		return true
 	})

@@ -102,7 +102,7 @@ func run(ctx context.Context) error {
 
 	// The upstream, in this process so its Generated counter can be read.
 	up := &fakellm.Server{Input: *input, Output: *output, Interval: *interval,
-		Words: true, StopAtCap: true, Jitter: *jitter}
+		Words: true, Jitter: *jitter}
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err

@@ -49,7 +49,7 @@ func wordsStream(t *testing.T, url string, limit int) (text string, chunks int, 
 }
 
 func TestWordsStream(t *testing.T) {
-	s := &Server{Input: 20, Output: 40, Interval: time.Millisecond, Words: true, StopAtCap: true}
+	s := &Server{Input: 20, Output: 40, Interval: time.Millisecond, Words: true}
 	ts := httptest.NewServer(s)
 	defer ts.Close()
 	text, chunks, finish, prompt, completion := wordsStream(t, ts.URL, 4096)
@@ -121,7 +121,7 @@ func TestJitter(t *testing.T) {
 // response.incomplete when max_output_tokens cut it.
 func TestResponsesStream(t *testing.T) {
 	s := New()
-	s.Output, s.Interval, s.StopAtCap = 12, 0, true
+	s.Output, s.Interval = 12, 0
 	ts := httptest.NewServer(s)
 	defer ts.Close()
 	for _, tc := range []struct {
