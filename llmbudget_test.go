@@ -355,7 +355,8 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	ctx, giveUp := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
 	req.Header.Set("Authorization", "Bearer json")
-	// The upstream holds its answer until the client has given up.
+	// The upstream holds its answer until the client has given up and the
+	// request is settled.
 	gate := make(chan struct{})
 	up.Gate = gate
 	hits, abandoned := up.Hits(), settles("abandoned")
@@ -369,8 +370,8 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	if err := <-sent; err == nil {
 		t.Fatal("the client was meant to give up")
 	}
-	close(gate)
 	eventually(t, 5*time.Second, "a settle after the client gave up", func() bool { return settles("abandoned") != abandoned })
+	close(gate)
 	// The 100 tokens of the first remaining() call, and the abandoned
 	// request's reservation: 200 max_tokens and its prompt.
 	held := 200 + promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", chatBody)

@@ -63,10 +63,10 @@ type Server struct {
 	Delay        time.Duration // before answering
 	Chunks       int           // chunks per stream
 	Interval     time.Duration // between chunks
-	// Gate, when set, is received from before a non-streamed answer and
-	// after a stream's first chunk: a test holds an answer until it says
-	// (close the channel, or send once per answer), where a fixed delay
-	// would guess how long the test needs.
+	// Gate, when set, is received from before a non-streamed answer (or
+	// until its client goes away) and after a stream's first chunk: a test
+	// holds an answer until it says (close the channel, or send once per
+	// answer), where a fixed delay would guess how long the test needs.
 	Gate chan struct{}
 	// Words streams a chat completion one word-like token per chunk (see
 	// the package comment).
@@ -113,7 +113,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(s.Delay)
 	stream := req.Stream != nil && *req.Stream
 	if !stream && s.Gate != nil {
-		<-s.Gate
+		select {
+		case <-s.Gate:
+		case <-r.Context().Done(): // the client went away: no one to answer
+			return
+		}
 	}
 	if code, err := strconv.Atoi(r.Header.Get("X-Fake-Status")); err == nil {
 		w.Header().Set("Content-Type", "application/json")
