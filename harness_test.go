@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,6 +130,51 @@ type caddyconfigWarning = caddyconfig.Warning
 
 func adaptCaddyfileFile(src []byte, filename string) ([]byte, []caddyconfig.Warning, error) {
 	return caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": filename})
+}
+
+// provisionedPrefixes numbers the memory stores of provisionedHandler.
+var provisionedPrefixes atomic.Int64
+
+// provisionedHandler loads an llmbudget handler of cfg (its JSON config) as
+// Caddy loads one from a config: the fleetguard app of app (a memory store
+// of a prefix of its own when app is nil or names none) and the events app
+// loaded, then the module decoded, provisioned and validated, so the handler
+// is compiled once and its metrics and budgets bound as in a running Caddy.
+// The test's end cleans both up as a config's unload does.
+func provisionedHandler(t testing.TB, cfg *LLMBudget, app *App) *LLMBudget {
+	t.Helper()
+	if app == nil {
+		app = &App{}
+	}
+	if app.Prefix == "" {
+		app.Prefix = fmt.Sprintf("provisioned%d", provisionedPrefixes.Add(1))
+	}
+	appJSON, err := json.Marshal(app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handlerJSON, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := &caddy.Config{}
+	root, err := caddy.ProvisionContext(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The app is loaded into a context of the test's, which cleans it up;
+	// ProvisionContext's own context is never cancelled.
+	config.AppsRaw = caddy.ModuleMap{"fleetguard": appJSON}
+	ctx, cancel := caddy.NewContext(root)
+	t.Cleanup(cancel)
+	if _, err := ctx.App("fleetguard"); err != nil {
+		t.Fatal(err)
+	}
+	h, err := ctx.LoadModuleByID("http.handlers.llmbudget", handlerJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.(*LLMBudget)
 }
 
 // eventually waits until cond holds, checking every 10 ms, and fails the

@@ -109,15 +109,10 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 	}
 }
 
-// capHandler is a handler on its own memory engine with the options set.
+// capHandler is directHandler with the options set on its config.
 func capHandler(t *testing.T, options func(h *LLMBudget)) *LLMBudget {
 	t.Helper()
-	h := directHandler(t)
-	options(h)
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
-	return h
+	return directHandler(t, options)
 }
 
 // forwarded is what ServeHTTP did with one request: the body and the hold

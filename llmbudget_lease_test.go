@@ -155,7 +155,6 @@ func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
 	for _, tt := range tests {
 		format := usage.FormatFromPath(strings.Split(tt.path, "?")[0])
 		t.Run(format.String(), func(t *testing.T) {
-			h := directHandler(t)
 			req, err := usage.ParseRequest(format, strings.Split(tt.path, "?")[0], []byte(tt.body))
 			if err != nil {
 				t.Fatal(err)
@@ -163,10 +162,7 @@ func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
 			// Room for the prompt, the lease and 20 tokens: the first
 			// extension (64 or more) is refused.
 			limit := req.PromptTokens + DefaultOutputLeaseMin + 20
-			h.Budgets[0].Limit = float64(limit)
-			if err := h.compile(); err != nil {
-				t.Fatal(err)
-			}
+			h := directHandler(t, func(h *LLMBudget) { h.Budgets[0].Limit = float64(limit) })
 			contentType, events := streamOf(format, 400, "ten bytes.") // 10 tokens a delta by the strict bound
 			cancelled := make(chan struct{})
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -478,12 +474,10 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 // TestShadowNeverCutsAStream: in shadow mode nothing is enforced, so a
 // stream past its budget runs to its end, and is charged what it reports.
 func TestShadowNeverCutsAStream(t *testing.T) {
-	h := directHandler(t)
-	h.Shadow = true
-	h.Budgets[0].Limit = 300
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
+	h := directHandler(t, func(h *LLMBudget) {
+		h.Shadow = true
+		h.Budgets[0].Limit = 300
+	})
 	contentType, events := streamOf(usage.OpenAIChat, 400, "ten bytes.")
 	next := streaming(contentType, events)
 	const body = `{"model":"m","stream":true,"max_tokens":4096,"messages":[]}`
@@ -638,16 +632,12 @@ func TestOutputHistoryLearns(t *testing.T) {
 // it reports is past the lease and the budget has no room: the answer was
 // already delivered, and the settle charges what the upstream reports.
 func TestAUsageReportIsNeverHeldAtTheLease(t *testing.T) {
-	h := directHandler(t)
 	const body = `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
 	req, err := usage.ParseRequest(usage.OpenAIChat, "/v1/chat/completions", []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.Budgets[0].Limit = float64(req.PromptTokens + DefaultOutputLeaseMin + 10)
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
+	h := directHandler(t, func(h *LLMBudget) { h.Budgets[0].Limit = float64(req.PromptTokens + DefaultOutputLeaseMin + 10) })
 	contentType, events := streamOf(usage.OpenAIChat, 10, "short")
 	events = append(events[:len(events)-1], `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2000,"total_tokens":2005}}`+"\n\n", events[len(events)-1])
 	next := streaming(contentType, events)
@@ -695,12 +685,10 @@ func FuzzLeasedStream(f *testing.F) {
 		if format == usage.Gemini {
 			body = `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`
 		}
-		h := directHandler(t)
-		h.Budgets[0].Limit = float64(24 + int64(room%512))
-		h.OutputLeaseMin = 16
-		if err := h.compile(); err != nil {
-			t.Fatal(err)
-		}
+		h := directHandler(t, func(h *LLMBudget) {
+			h.Budgets[0].Limit = float64(24 + int64(room%512))
+			h.OutputLeaseMin = 16
+		})
 		contentType := "text/event-stream"
 		if format == usage.Ollama {
 			contentType = "application/x-ndjson"
@@ -746,15 +734,13 @@ func FuzzLeasedStream(f *testing.F) {
 // that has no room cuts the stream, and both budgets end at what the lease
 // held, the dollar one within its limit.
 func TestADollarBudgetExtendsAndCutsInDollars(t *testing.T) {
-	h := directHandler(t)
-	h.Budgets = []BudgetConfig{
-		{Name: "tokens", Limit: 1e9, Window: caddy.Duration(time.Hour)},
-		{Name: "dollars", Unit: "usd", Limit: 0.004, Window: caddy.Duration(time.Hour)}, // 400 output tokens at $10/1M
-	}
-	h.Prices = map[string]PriceConfig{"gpt-4o": {Input: 2.5, Output: 10}}
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
+	h := directHandler(t, func(h *LLMBudget) {
+		h.Budgets = []BudgetConfig{
+			{Name: "tokens", Limit: 1e9, Window: caddy.Duration(time.Hour)},
+			{Name: "dollars", Unit: "usd", Limit: 0.004, Window: caddy.Duration(time.Hour)}, // 400 output tokens at $10/1M
+		}
+		h.Prices = map[string]PriceConfig{"gpt-4o": {Input: 2.5, Output: 10}}
+	})
 	const body = `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
 	contentType, events := streamOf(usage.OpenAIChat, 400, "ten bytes.")
 	got := serveStream(t, h, "/v1/chat/completions", body, streaming(contentType, events)).Body.String()
