@@ -19,26 +19,10 @@ import (
 
 // statusCaddyfile has a fleet limit and a budget in front of an upstream.
 func statusCaddyfile(port int, upstream, global string) string {
-	return fmt.Sprintf(`{
-	admin {ADMIN}
-	%s
-}
-:%d {
-	fleetlimit {
-		zone per_key {
-			key {http.request.header.X-API-Key}
-			events 100000
-			window 1m
-		}
-	}
-	llmbudget {
-		budget g {
-			limit 100000000
-			window 1h
-		}
-	}
-	reverse_proxy %s
-}`, global, port, strings.TrimPrefix(upstream, "http://"))
+	return testCaddyfile{Global: []string{global}, Port: port, Upstream: upstream,
+		FleetLimit: []string{perKeyZone(100000, "")},
+		LLMBudget:  []string{"budget g {\n\t\t\tlimit 100000000\n\t\t\twindow 1h\n\t\t}"},
+	}.String()
 }
 
 // storeStatusOf is the status of the store whose identity has prefix.

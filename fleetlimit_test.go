@@ -17,25 +17,25 @@ import (
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
-func fleetCaddyfile(port int, extraGlobal, zoneExtra string) string {
-	return fmt.Sprintf(`{
-	admin {ADMIN}
-	%s
-}
-:%d {
-	fleetlimit {
-		zone per_key {
-			key {http.request.header.X-API-Key}
-			events 5
-			window 1m
-			%s
-		}
-	}
-	handle_errors 429 {
+// fleetSite is a site on port that answers "ok" under a fleet limit of 5 a
+// minute per X-API-Key (zone per_key, with zoneExtra in its block), and
+// says so when it refuses, with the global options extraGlobal.
+func fleetSite(port int, extraGlobal, zoneExtra string) testCaddyfile {
+	return testCaddyfile{Global: []string{extraGlobal}, Port: port,
+		FleetLimit: []string{perKeyZone(5, zoneExtra)},
+		Directives: []string{`handle_errors 429 {
 		respond "limited by {http.fleetlimit.zone}, retry in {http.fleetlimit.retry_after}s" 429
-	}
-	respond "ok"
-}`, extraGlobal, port, zoneExtra)
+	}`}}
+}
+
+// perKeyZone is the zone per_key: events a minute per X-API-Key, with extra
+// in its block.
+func perKeyZone(events int, extra string) string {
+	return fmt.Sprintf("zone per_key {\n\t\t\tkey {http.request.header.X-API-Key}\n\t\t\tevents %d\n\t\t\twindow 1m\n\t\t\t%s\n\t\t}", events, extra)
+}
+
+func fleetCaddyfile(port int, extraGlobal, zoneExtra string) string {
+	return fleetSite(port, extraGlobal, zoneExtra).String()
 }
 
 // assertFiveThenLimited sends five admitted requests and one denied one.
@@ -95,7 +95,9 @@ func TestFleetLimitCaddyfileAndReload(t *testing.T) {
 	assertLimited(t, url, "alice")
 
 	// A bad config is refused with the field named, and the running one stays.
-	bad := strings.Replace(cfg, "events 5", "events 0", 1)
+	badSite := fleetSite(port, "", "")
+	badSite.FleetLimit = []string{perKeyZone(0, "")}
+	bad := badSite.String()
 	code, body := tc.load("text/caddyfile", bad)
 	if code == http.StatusOK || !strings.Contains(body, "events must be > 0") {
 		t.Fatalf("bad reload: %d %s, want an error naming events", code, body)
@@ -163,7 +165,9 @@ func TestInvalidRedisURLIsRefusedAtLoad(t *testing.T) {
 func TestFleetLimitDryRunAdmits(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	startCaddy(t, strings.Replace(fleetCaddyfile(port, "", ""), "zone per_key {", "dry_run\n\t\tzone per_key {", 1))
+	site := fleetSite(port, "", "")
+	site.FleetLimit = append([]string{"dry_run"}, site.FleetLimit...)
+	startCaddy(t, site.String())
 	for i := 0; i < 8; i++ {
 		if resp, _ := get(t, url, "X-API-Key: dry"); resp.StatusCode != http.StatusOK {
 			t.Fatalf("dry run request %d: %d, want 200", i+1, resp.StatusCode)

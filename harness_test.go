@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -130,6 +131,59 @@ type caddyconfigWarning = caddyconfig.Warning
 
 func adaptCaddyfileFile(src []byte, filename string) ([]byte, []caddyconfig.Warning, error) {
 	return caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": filename})
+}
+
+// testCaddyfile is the Caddyfile of a test's Caddy: global options and one site
+// on Port with llmbudget, fleetlimit or both in front of an upstream. String
+// renders it; a test that wants a variant sets a field, never patches the
+// text. Each line of a block may itself be a block ("budget g {\n…\n}").
+type testCaddyfile struct {
+	// Admin is the admin endpoint; startCaddy's own ({ADMIN}) when empty.
+	Admin string
+	// Global are global options after admin: a fleetguard block, metrics,
+	// a log block.
+	Global []string
+	Port   int
+	// FleetLimit are the fleetlimit block's lines; no fleetlimit when nil.
+	FleetLimit []string
+	// LLMBudget are the llmbudget block's lines; no llmbudget when nil.
+	LLMBudget []string
+	// Directives are more directives of the site (handle_errors, log).
+	Directives []string
+	// Upstream is the URL reverse_proxy proxies to; the site responds "ok"
+	// when it is empty.
+	Upstream string
+}
+
+func (c testCaddyfile) String() string {
+	var b strings.Builder
+	b.WriteString("{\n\tadmin " + cmp.Or(c.Admin, "{ADMIN}") + "\n")
+	for _, g := range c.Global {
+		b.WriteString("\t" + g + "\n")
+	}
+	fmt.Fprintf(&b, "}\n:%d {\n", c.Port)
+	block := func(name string, lines []string) {
+		if lines == nil {
+			return
+		}
+		b.WriteString("\t" + name + " {\n")
+		for _, l := range lines {
+			b.WriteString("\t\t" + l + "\n")
+		}
+		b.WriteString("\t}\n")
+	}
+	block("fleetlimit", c.FleetLimit)
+	block("llmbudget", c.LLMBudget)
+	for _, d := range c.Directives {
+		b.WriteString("\t" + d + "\n")
+	}
+	if c.Upstream == "" {
+		b.WriteString("\trespond \"ok\"\n")
+	} else {
+		b.WriteString("\treverse_proxy " + strings.TrimPrefix(c.Upstream, "http://") + "\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
 }
 
 // provisionedPrefixes numbers the memory stores of provisionedHandler.

@@ -34,10 +34,12 @@ func newStreamSetup(t *testing.T, extra string) *streamSetup {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	prefix := fmt.Sprintf("stream%d", port)
-	cfg := strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
+	site := llmSite(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
 			limit 1000000
 			window 1h
-		}`), "max_request_body 4KiB", "max_request_body 4KiB\n\t\t"+extra, 1)
+		}`)
+	site.LLMBudget = append(site.LLMBudget, extra)
+	cfg := site.String()
 	s := &streamSetup{t: t, up: up, url: fmt.Sprintf("http://127.0.0.1:%d", port), cfg: cfg,
 		redis: redis.NewClient(&redis.Options{Addr: srv.Addr()})}
 	t.Cleanup(func() { s.redis.Close() })

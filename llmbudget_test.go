@@ -34,22 +34,22 @@ func newFakeLLM(t *testing.T) *upstream {
 	return &upstream{Server: s, URL: ts.URL}
 }
 
-func llmCaddyfile(port int, upstream, global, budgets string) string {
-	return fmt.Sprintf(`{
-	admin {ADMIN}
-	%s
+// llmSite is a site on port with llmbudget (the budgets, keyed by the
+// Authorization and X-Team headers, gpt-4o* priced, settles not waited
+// for) in front of upstream, with the global options global.
+func llmSite(port int, upstream, global, budgets string) testCaddyfile {
+	return testCaddyfile{Global: []string{global}, Port: port, Upstream: upstream, LLMBudget: []string{
+		"principal {http.request.header.Authorization}",
+		"team {http.request.header.X-Team}",
+		budgets,
+		"price gpt-4o* 2.50 10.00 1.25",
+		"max_request_body 4KiB",
+		"settle_wait 0",
+	}}
 }
-:%d {
-	llmbudget {
-		principal {http.request.header.Authorization}
-		team {http.request.header.X-Team}
-		%s
-		price gpt-4o* 2.50 10.00 1.25
-		max_request_body 4KiB
-		settle_wait 0
-	}
-	reverse_proxy %s
-}`, global, port, budgets, strings.TrimPrefix(upstream, "http://"))
+
+func llmCaddyfile(port int, upstream, global, budgets string) string {
+	return llmSite(port, upstream, global, budgets).String()
 }
 
 const chatBody = `{"model":"gpt-4o","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`
@@ -300,10 +300,12 @@ func TestLLMBudgetFailOpen(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	srv.Stop()
-	startCaddy(t, strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n }", `budget g {
+	site := llmSite(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n }", `budget g {
 			limit 1000
 			window 1h
-		}`), "max_request_body 4KiB", "max_request_body 4KiB\n\t\tfail_open", 1))
+		}`)
+	site.LLMBudget = append(site.LLMBudget, "fail_open")
+	startCaddy(t, site.String())
 	if resp, body := chat(t, url, chatBody); resp.StatusCode != 200 {
 		t.Fatalf("fail_open with the store down: %d %s, want 200", resp.StatusCode, body)
 	}
@@ -393,7 +395,7 @@ func TestOnRedisCluster(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	cfg := strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis_cluster "+c.URL()+"\n sync_interval 50ms\n }", `budget per_key {
+	site := llmSite(port, up.URL, "fleetguard {\n redis_cluster "+c.URL()+"\n sync_interval 50ms\n }", `budget per_key {
 			scope key
 			limit 1000
 			window 1h
@@ -401,8 +403,9 @@ func TestOnRedisCluster(t *testing.T) {
 		budget all {
 			limit 100000
 			window 1h
-		}`), "reverse_proxy", "fleetlimit {\n zone z {\n key {http.request.header.Authorization}\n events 10\n window 1m\n }\n }\n reverse_proxy", 1)
-	startCaddy(t, cfg)
+		}`)
+	site.FleetLimit = []string{"zone z {\n key {http.request.header.Authorization}\n events 10\n window 1m\n }"}
+	startCaddy(t, site.String())
 	for i := 1; i <= 8; i++ {
 		waitSettles() // each request sees the last one settled
 		if resp, body := chat(t, url, chatBody, "Authorization: Bearer cluster"); resp.StatusCode != http.StatusOK {
