@@ -17,6 +17,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // testCaddy is a real Caddy running in this test process, driven through its
@@ -233,13 +235,12 @@ func provisionedHandler(t testing.TB, cfg *LLMBudget, app *App) *LLMBudget {
 
 // eventually waits until cond holds, checking every 10 ms, and fails the
 // test saying what did not happen when timeout passes first. Every test that
-// waits for something to happen waits through it (or eventuallyValue): one
-// place polls, and every failed wait reads alike.
+// waits for something to happen waits through it or eventuallyValue (and
+// the other packages' tests through internal/wait, as these do): one loop
+// polls, and every failed wait reads alike.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	if !poll(timeout, cond) {
-		t.Fatalf("after %s: %s did not happen", timeout, what)
-	}
+	wait.Until(t, timeout, what, cond)
 }
 
 // eventuallyValue reads until ok accepts what read returns, and returns that;
@@ -248,19 +249,8 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 func eventuallyValue[T any](t testing.TB, timeout time.Duration, what string, read func() T, ok func(T) bool) T {
 	t.Helper()
 	var v T
-	if !poll(timeout, func() bool { v = read(); return ok(v) }) {
+	if !wait.Poll(timeout, func() bool { v = read(); return ok(v) }) {
 		t.Fatalf("after %s: %s did not happen; last read: %+v", timeout, what, v)
 	}
 	return v
-}
-
-// poll checks cond every 10 ms until it holds (true) or timeout passes
-// (false).
-func poll(timeout time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-	return true
 }

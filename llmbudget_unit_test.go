@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // directHandler is an llmbudget handler with one budget, g (100,000 tokens
@@ -74,7 +75,7 @@ func waitSettles() {
 		// then is a wait on the settles' WaitGroup free of a race with a
 		// handler still on its way to its settle.
 		e := v.(*store)
-		poll(5*time.Second, func() bool { return e.inFlight.n.Load() == 0 })
+		wait.Poll(5*time.Second, func() bool { return e.inFlight.n.Load() == 0 })
 		e.waitSettles(5 * time.Second)
 		return true
 	})

@@ -11,13 +11,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // waitIdle waits for the engine's background releases and for its breaker to
 // close again.
 func waitIdle(t *testing.T, e *Engine) {
 	t.Helper()
-	eventually(t, 20*time.Second, "the breaker closing after the store came back", func() bool { return !e.Down() })
+	wait.Until(t, 20*time.Second, "the breaker closing after the store came back", func() bool { return !e.Down() })
 	e.Close(20 * time.Second)
 }
 
@@ -25,7 +26,7 @@ func waitIdle(t *testing.T, e *Engine) {
 // call failed too.
 func waitDown(t *testing.T, e *Engine) {
 	t.Helper()
-	eventually(t, 20*time.Second, "the breaker opening while the store was down", e.Down)
+	wait.Until(t, 20*time.Second, "the breaker opening while the store was down", e.Down)
 }
 
 // A reserve whose reply is lost in a stall longer than the client's timeout
@@ -252,7 +253,7 @@ func TestTheBreakerOpensOnAFailedProbeNotOnOneTimeout(t *testing.T) {
 	if !timedOut {
 		t.Fatal("no reserve timed out in 10 pauses of 200 ms: the test proves nothing")
 	}
-	eventually(t, 20*time.Second, "the probe ending", func() bool { return !e.probing.Load() })
+	wait.Until(t, 20*time.Second, "the probe ending", func() bool { return !e.probing.Load() })
 	if e.Down() {
 		t.Fatal("one reserve timed out in a 200 ms pause, and the breaker opened")
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // wordsStream posts a streamed chat request asking for usage with max_tokens
@@ -86,7 +88,7 @@ func TestWordsStreamStopsWhenClientLeaves(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // the client reads for 50 ms: about 10 tokens
 	cancel()
 	resp.Body.Close()
-	eventually(t, 2*time.Second, "the stream stopping", func() bool { return s.Stopped() > 0 })
+	wait.Until(t, 2*time.Second, "the stream stopping", func() bool { return s.Stopped() > 0 })
 	if s.Stopped() != 1 {
 		t.Fatalf("Stopped %d, want 1", s.Stopped())
 	}

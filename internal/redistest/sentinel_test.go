@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // A failover client follows the sentinels to the replica they promote after
@@ -32,7 +34,7 @@ func TestSentinelFailsOverToTheReplica(t *testing.T) {
 	}
 	t.Logf("failover %s → %s in %s", from, promoted.Addr(), time.Since(killed).Round(time.Millisecond))
 	var v string
-	eventually(t, 5*time.Second, "the failover client reaching the new master", func() bool {
+	wait.Until(t, 5*time.Second, "the failover client reaching the new master", func() bool {
 		var err error
 		v, err = c.Get(ctx, "before").Result()
 		return err == nil
