@@ -590,19 +590,8 @@ func TestLLMBudgetDefaultPrincipalIsTheAPICredential(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	llmbudget {
-		budget per_key {
-			scope key
-			limit 300
-			window 1h
-		}
-	}
-	reverse_proxy %s
-}`, port, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		LLMBudget: []string{"budget per_key {\n scope key\n limit 300\n window 1h\n }"}}.String())
 	const msg = `{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
 	send := func(key string) int {
 		resp, _ := do(t, http.MethodPost, url+"/v1/messages", msg, "Content-Type: application/json", "X-Api-Key: "+key, "Anthropic-Version: 2023-06-01")
@@ -623,26 +612,9 @@ func TestRateLimitItemsOfBothHandlersJoin(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	fleetlimit {
-		zone rps {
-			key {http.request.header.Authorization}
-			events 100
-			window 1m
-		}
-	}
-	llmbudget {
-		budget tokens {
-			limit 100000
-			window 1h
-		}
-		ratelimit_scopes global
-	}
-	reverse_proxy %s
-}`, port, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		FleetLimit: []string{"zone rps {\n key {http.request.header.Authorization}\n events 100\n window 1m\n }"},
+		LLMBudget:  []string{"budget tokens {\n limit 100000\n window 1h\n }", "ratelimit_scopes global"}}.String())
 	resp, body := chat(t, url, chatBody, "Authorization: Bearer joined")
 	rl, policy := resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(rl, `"rps";r=`) || !strings.Contains(rl, `"tokens";r=`) ||
