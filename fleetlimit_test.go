@@ -403,20 +403,8 @@ func TestRateLimitHeadersOption(t *testing.T) {
 		t.Run(tc.mode, func(t *testing.T) {
 			port := freePort(t)
 			url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-			startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	fleetlimit {
-		zone one {
-			key {http.request.header.X-API-Key}
-			events 1
-			window 1m
-		}
-		%s
-	}
-	respond "ok"
-}`, port, tc.mode))
+			startCaddy(t, testCaddyfile{Port: port,
+				FleetLimit: []string{"zone one {\n key {http.request.header.X-API-Key}\n events 1\n window 1m\n }", tc.mode}}.String())
 			for i, want := range []struct {
 				status  int
 				headers bool
@@ -445,20 +433,8 @@ func TestRateLimitHeadersOption(t *testing.T) {
 func TestMaxKeysFloodDoesNotRefuseANewKey(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	fleetlimit {
-		zone flood {
-			key {http.request.header.X-Key}
-			events 2
-			window 1m
-			max_keys 8
-		}
-	}
-	respond "ok"
-}`, port))
+	startCaddy(t, testCaddyfile{Port: port,
+		FleetLimit: []string{"zone flood {\n key {http.request.header.X-Key}\n events 2\n window 1m\n max_keys 8\n }"}}.String())
 	for i := range 1000 {
 		get(t, url, "X-Key: flood-"+strconv.Itoa(i))
 	}

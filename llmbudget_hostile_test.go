@@ -390,8 +390,7 @@ func TestExampleLogFilterKeepsKeysOutOfTheAccessLog(t *testing.T) {
 	logBlock := strings.Replace(string(block), "\tlog {\n", "\tlog {\n\t\toutput file "+logFile+"\n", 1)
 	up := newFakeLLM(t)
 	port := freePort(t)
-	startCaddy(t, fmt.Sprintf("{\n\tadmin {ADMIN}\n}\n:%d {\n\tllmbudget {\n\t\t%s\n\t}\n\treverse_proxy %s\n%s}\n",
-		port, oneBudget, strings.TrimPrefix(up.URL, "http://"), logBlock))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL, LLMBudget: []string{oneBudget}, Directives: []string{logBlock}}.String())
 	const secret = "AIzaSy-not-a-real-key-0123456789"
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1beta/models/gemini-2.0-flash:generateContent?key=%s&alt=json", port, secret)
 	if resp, body := do(t, http.MethodPost, url, `{"contents":[{"parts":[{"text":"hi"}]}]}`,

@@ -264,24 +264,10 @@ func TestShadowForwardsCountsAndCharges(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		redis %s
-		prefix shadow
-	}
-}
-:%d {
-	llmbudget {
-		shadow
-		budget shadow_tokens {
-			scope key
-			limit 150
-			window 1h
-		}
-	}
-	reverse_proxy %s
-}`, srv.URL(), port, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		Global:    []string{"fleetguard {\n redis " + srv.URL() + "\n prefix shadow\n }"},
+		LLMBudget: []string{"shadow", "budget shadow_tokens {\n scope key\n limit 150\n window 1h\n }"},
+	}.String())
 	before := scrapeDefault(t)
 	for i := range 4 {
 		waitSettles()
@@ -495,20 +481,8 @@ func TestShadowForwardsATooLargeBodyWhole(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	llmbudget {
-		shadow
-		max_request_body 1KiB
-		budget big {
-			limit 1000000
-			window 1h
-		}
-	}
-	reverse_proxy %s
-}`, port, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		LLMBudget: []string{"shadow", "max_request_body 1KiB", "budget big {\n limit 1000000\n window 1h\n }"}}.String())
 	body := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`
 	for _, chunked := range []bool{false, true} {
 		var reader io.Reader = strings.NewReader(body)

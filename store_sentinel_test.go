@@ -221,24 +221,10 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 	)
 	s := redistest.StartSentinel(t, 3)
 	port := freePort(t)
-	tc := startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		redis_sentinel %s
-		prefix %s
-		sync_interval 50ms
-	}
-}
-:%d {
-	fleetlimit {
-		zone failover {
-			key {http.request.header.X-API-Key}
-			events %d
-			window %s
-		}
-	}
-	respond "ok"
-}`, s.URL(), prefix, port, events, window))
+	tc := startCaddy(t, testCaddyfile{Port: port,
+		Global:     []string{fmt.Sprintf("fleetguard {\n redis_sentinel %s\n prefix %s\n sync_interval 50ms\n }", s.URL(), prefix)},
+		FleetLimit: []string{fmt.Sprintf("zone failover {\n key {http.request.header.X-API-Key}\n events %d\n window %s\n }", events, window)},
+	}.String())
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 
 	// About 20 requests/s for one key, against a limit of 15/s: once the
