@@ -807,10 +807,7 @@ func TestALeaseGrowsGeometricallyAtAnyEventRate(t *testing.T) {
 			return nil
 		})
 		before := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted"))
-		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
-		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-		h.ServeHTTP(httptest.NewRecorder(), r, next)
+		serveStream(t, h, "/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`, next)
 		// 1,516 counted (a token a byte) from a first lease of 256, about
 		// 1.75 times more each time: 4 extensions, with one to spare for
 		// the count that passes while one is in flight.
@@ -837,20 +834,9 @@ func TestATrainedStreamEndsWithinItsLearnedLease(t *testing.T) {
 		for range 10 {
 			o.learn(answerSeen{count: 1516, bound: 1516, text: 1500, reported: 300})
 		}
-		_, events := streamOf(usage.OpenAIChat, c.events, " word")
-		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			w.Header().Set("Content-Type", "text/event-stream")
-			w.WriteHeader(200)
-			for _, ev := range events {
-				w.Write([]byte(ev))
-			}
-			return nil
-		})
+		next := streaming(streamOf(usage.OpenAIChat, c.events, " word"))
 		before := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted"))
-		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
-		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-		h.ServeHTTP(httptest.NewRecorder(), r, next)
+		serveStream(t, h, "/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`, next)
 		if n := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted")) - before; n != c.want {
 			t.Errorf("a stream of %d events under a lease learned from answers of 300: %v extensions, want %v", c.events, n, c.want)
 		}
