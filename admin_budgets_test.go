@@ -403,34 +403,21 @@ func TestAdminBudgetList(t *testing.T) {
 // team budget of 1000 tokens with research's own 2000 and blue's 100000 in
 // the config, and a key budget of 1200.
 func limitsFleetCaddyfile(adminPort, port int, redisURL, upstream string) string {
-	return fmt.Sprintf(`{
-	admin localhost:%d
-	fleetguard {
-		redis %s
-		prefix limits
-	}
+	return fleetInstance(adminPort, port, redisURL, "limits", upstream,
+		"budget per_team {\n\t\t\tscope team\n\t\t\tlimit 1000\n\t\t\tlimit_for team research 2000\n\t\t\tlimit_for team blue 100000\n\t\t\twindow 1h\n\t\t}",
+		"budget per_key {\n\t\t\tscope key\n\t\t\tlimit 1200\n\t\t\twindow 1h\n\t\t}",
+	).String()
 }
-:%d {
-	llmbudget {
-		team {http.request.header.X-Team}
-		store_timeout 2s
-		settle_wait 0
-		budget per_team {
-			scope team
-			limit 1000
-			limit_for team research 2000
-			limit_for team blue 100000
-			window 1h
-		}
-		budget per_key {
-			scope key
-			limit 1200
-			window 1h
-		}
+
+// fleetInstance is one Caddy process of a fleet on the Redis at redisURL
+// (under prefix), its admin endpoint on adminPort: llmbudget with budgets,
+// teams from X-Team, a 2 s store timeout (a loaded machine is no outage) and
+// settles not waited for, in front of upstream.
+func fleetInstance(adminPort, port int, redisURL, prefix, upstream string, budgets ...string) testCaddyfile {
+	return testCaddyfile{Admin: fmt.Sprintf("localhost:%d", adminPort), Port: port, Upstream: upstream,
+		Global:    []string{"fleetguard {\n\t\tredis " + redisURL + "\n\t\tprefix " + prefix + "\n\t}"},
+		LLMBudget: append([]string{"team {http.request.header.X-Team}", "store_timeout 2s", "settle_wait 0"}, budgets...),
 	}
-	reverse_proxy %s
-}
-`, adminPort, redisURL, port, strings.TrimPrefix(upstream, "http://"))
 }
 
 // A limit set through one instance's admin API applies on the other at its

@@ -29,14 +29,15 @@ func poolStore(t *testing.T, id storeIdentity) *store {
 	return v.(*store)
 }
 
-func handlerWith(t *testing.T, e *store, budgets ...BudgetConfig) *LLMBudget {
+// handlerWith is a handler of budgets provisioned on the memory store of
+// prefix, then taken out of the budget registry, which the test drives
+// itself as its configs' loads and unloads would.
+func handlerWith(t *testing.T, prefix string, budgets ...BudgetConfig) *LLMBudget {
 	t.Helper()
 	// A team and a price, which team and usd budgets need.
-	h := &LLMBudget{Budgets: budgets, Team: "{http.request.header.X-Team}", Prices: map[string]PriceConfig{"m": {Input: 1, Output: 1}}}
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
-	h.store = e
+	h := provisionedHandler(t, &LLMBudget{Budgets: budgets, Team: "{http.request.header.X-Team}", Prices: map[string]PriceConfig{"m": {Input: 1, Output: 1}}},
+		&App{Prefix: prefix})
+	h.unregisterBudgets()
 	return h
 }
 
@@ -56,7 +57,7 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	hour := caddy.Duration(time.Hour)
 	memory := poolStore(t, memoryIdentity("registry-test"))
 	old, next := &App{}, &App{}
-	hOld := handlerWith(t, memory, BudgetConfig{Name: "reg_b", Limit: 100, Window: hour})
+	hOld := handlerWith(t, "registry-test", BudgetConfig{Name: "reg_b", Limit: 100, Window: hour})
 	memory.budgetDefs.add(hOld, old)
 	if got := limitOf(t, "reg_b"); got != 100 {
 		t.Fatalf("one config: limit %d, want 100", got)
@@ -64,7 +65,7 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 
 	// A reload that changes the limit, on another store.
 	another := poolStore(t, memoryIdentity("registry-test-another"))
-	hNew := handlerWith(t, another, BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
+	hNew := handlerWith(t, "registry-test-another", BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
 	another.budgetDefs.add(hNew, next)
 	if e, b, err := lookupBudget("reg_b"); err != nil || b.Limit != 200 || e != another {
 		t.Fatalf("during the reload: %+v on %p, %v; want the new config's 200 on its store", b, e, err)
@@ -82,7 +83,7 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	}
 
 	// A second handler of the running config with another definition.
-	hOther := handlerWith(t, another, BudgetConfig{Name: "reg_b", Scope: "team", Unit: "usd", Limit: 2.5, Window: hour})
+	hOther := handlerWith(t, "registry-test-another", BudgetConfig{Name: "reg_b", Scope: "team", Unit: "usd", Limit: 2.5, Window: hour})
 	another.budgetDefs.add(hOther, next)
 	_, _, err := lookupBudget("reg_b")
 	if !errors.Is(err, errBudgetConflict) || !strings.Contains(err.Error(), "scope global, limit 200 tokens per 1h0m0s") ||
@@ -91,7 +92,7 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	}
 	// The same definition twice is no conflict.
 	another.budgetDefs.remove(hOther)
-	hSame := handlerWith(t, another, BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
+	hSame := handlerWith(t, "registry-test-another", BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
 	another.budgetDefs.add(hSame, next)
 	if got := limitOf(t, "reg_b"); got != 200 {
 		t.Fatalf("one definition twice: limit %d", got)

@@ -19,26 +19,10 @@ import (
 
 // statusCaddyfile has a fleet limit and a budget in front of an upstream.
 func statusCaddyfile(port int, upstream, global string) string {
-	return fmt.Sprintf(`{
-	admin {ADMIN}
-	%s
-}
-:%d {
-	fleetlimit {
-		zone per_key {
-			key {http.request.header.X-API-Key}
-			events 100000
-			window 1m
-		}
-	}
-	llmbudget {
-		budget g {
-			limit 100000000
-			window 1h
-		}
-	}
-	reverse_proxy %s
-}`, global, port, strings.TrimPrefix(upstream, "http://"))
+	return testCaddyfile{Global: []string{global}, Port: port, Upstream: upstream,
+		FleetLimit: []string{perKeyZone(100000, "")},
+		LLMBudget:  []string{"budget g {\n\t\t\tlimit 100000000\n\t\t\twindow 1h\n\t\t}"},
+	}.String()
 }
 
 // storeStatusOf is the status of the store whose identity has prefix.
@@ -68,21 +52,16 @@ func storeStatuses(t *testing.T, admin string) []storeStatus {
 	return status.Stores
 }
 
-// waitStatus polls the status, calling poke between reads, until ok holds.
+// waitStatus reads the status, calling poke between reads, until ok holds.
 func waitStatus(t *testing.T, tc *testCaddy, prefix, what string, poke func(), ok func(storeStatus) bool) storeStatus {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := storeStatusOf(t, tc, prefix)
-		if ok(st) {
-			return st
+	reads := 0
+	return eventuallyValue(t, 10*time.Second, what, func() storeStatus {
+		if reads++; reads > 1 {
+			poke()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: status still %+v", what, st)
-		}
-		poke()
-		time.Sleep(50 * time.Millisecond)
-	}
+		return storeStatusOf(t, tc, prefix)
+	}, ok)
 }
 
 // The status shows when the reconciler last reached the store and the errors

@@ -16,20 +16,8 @@ import (
 func TestAFleetLimitDenialSaysSoInTheAPIsOwnShape(t *testing.T) {
 	for _, option := range []string{"", "error_body off"} {
 		port := freePort(t)
-		startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	fleetlimit {
-		zone per_path {
-			key %d{http.request.uri.path}
-			events 1
-			window 1m
-		}
-		%s
-	}
-	respond "ok"
-}`, port, port, option))
+		startCaddy(t, testCaddyfile{Port: port,
+			FleetLimit: []string{fmt.Sprintf("zone per_path {\n key %d{http.request.uri.path}\n events 1\n window 1m\n }", port), option}}.String())
 		for _, tt := range []struct {
 			path, want string
 		}{

@@ -257,24 +257,10 @@ func BenchmarkKeyForms(b *testing.B) {
 // replacer, and requests are counted under the key they carry.
 func TestKeyShorthandsThroughCaddy(t *testing.T) {
 	port := freePort(t)
-	caddyfile := fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	fleetlimit {
-		zone by_query {
-			key {query.tenant}
-			events 1
-			window 1m
-		}
-		zone by_cookie {
-			key {cookie.session}
-			events 1
-			window 1m
-		}
-	}
-	respond "ok"
-}`, port)
+	caddyfile := testCaddyfile{Port: port, FleetLimit: []string{
+		"zone by_query {\n key {query.tenant}\n events 1\n window 1m\n }",
+		"zone by_cookie {\n key {cookie.session}\n events 1\n window 1m\n }",
+	}}.String()
 	cfg, _, err := adaptCaddyfile(strings.ReplaceAll(caddyfile, "{ADMIN}", "localhost:0"))
 	if err != nil {
 		t.Fatal(err)

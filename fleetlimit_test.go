@@ -17,25 +17,25 @@ import (
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
-func fleetCaddyfile(port int, extraGlobal, zoneExtra string) string {
-	return fmt.Sprintf(`{
-	admin {ADMIN}
-	%s
-}
-:%d {
-	fleetlimit {
-		zone per_key {
-			key {http.request.header.X-API-Key}
-			events 5
-			window 1m
-			%s
-		}
-	}
-	handle_errors 429 {
+// fleetSite is a site on port that answers "ok" under a fleet limit of 5 a
+// minute per X-API-Key (zone per_key, with zoneExtra in its block), and
+// says so when it refuses, with the global options extraGlobal.
+func fleetSite(port int, extraGlobal, zoneExtra string) testCaddyfile {
+	return testCaddyfile{Global: []string{extraGlobal}, Port: port,
+		FleetLimit: []string{perKeyZone(5, zoneExtra)},
+		Directives: []string{`handle_errors 429 {
 		respond "limited by {http.fleetlimit.zone}, retry in {http.fleetlimit.retry_after}s" 429
-	}
-	respond "ok"
-}`, extraGlobal, port, zoneExtra)
+	}`}}
+}
+
+// perKeyZone is the zone per_key: events a minute per X-API-Key, with extra
+// in its block.
+func perKeyZone(events int, extra string) string {
+	return fmt.Sprintf("zone per_key {\n\t\t\tkey {http.request.header.X-API-Key}\n\t\t\tevents %d\n\t\t\twindow 1m\n\t\t\t%s\n\t\t}", events, extra)
+}
+
+func fleetCaddyfile(port int, extraGlobal, zoneExtra string) string {
+	return fleetSite(port, extraGlobal, zoneExtra).String()
 }
 
 // assertFiveThenLimited sends five admitted requests and one denied one.
@@ -95,7 +95,9 @@ func TestFleetLimitCaddyfileAndReload(t *testing.T) {
 	assertLimited(t, url, "alice")
 
 	// A bad config is refused with the field named, and the running one stays.
-	bad := strings.Replace(cfg, "events 5", "events 0", 1)
+	badSite := fleetSite(port, "", "")
+	badSite.FleetLimit = []string{perKeyZone(0, "")}
+	bad := badSite.String()
 	code, body := tc.load("text/caddyfile", bad)
 	if code == http.StatusOK || !strings.Contains(body, "events must be > 0") {
 		t.Fatalf("bad reload: %d %s, want an error naming events", code, body)
@@ -163,7 +165,9 @@ func TestInvalidRedisURLIsRefusedAtLoad(t *testing.T) {
 func TestFleetLimitDryRunAdmits(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	startCaddy(t, strings.Replace(fleetCaddyfile(port, "", ""), "zone per_key {", "dry_run\n\t\tzone per_key {", 1))
+	site := fleetSite(port, "", "")
+	site.FleetLimit = append([]string{"dry_run"}, site.FleetLimit...)
+	startCaddy(t, site.String())
 	for i := 0; i < 8; i++ {
 		if resp, _ := get(t, url, "X-API-Key: dry"); resp.StatusCode != http.StatusOK {
 			t.Fatalf("dry run request %d: %d, want 200", i+1, resp.StatusCode)
@@ -228,21 +232,16 @@ func TestAdminStatusAndMetrics(t *testing.T) {
 	if code, body := tc.load("text/caddyfile", fleetCaddyfile(port, "fleetguard {\n redis "+srv.URL()+"\n prefix status\n sync_interval 50ms\n }", "")); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	m := eventuallyValue(t, 5*time.Second, "the fleetguard metrics on /metrics", func() string {
 		_, m := get(t, "http://"+tc.admin+"/metrics")
-		if strings.Contains(m, `fleetguard_fleetlimit_requests_total{decision="allowed",zone="per_key"}`) &&
+		return m
+	}, func(m string) bool {
+		return strings.Contains(m, `fleetguard_fleetlimit_requests_total{decision="allowed",zone="per_key"}`) &&
 			strings.Contains(m, "fleetguard_fleetlimit_early_syncs_total") &&
-			strings.Contains(m, `fleetguard_fleetlimit_reconcile_passes_total{result="ok"}`) {
-			if strings.Contains(m, "status-key") {
-				t.Fatal("metrics must not carry user keys")
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fleetguard metrics missing from /metrics:\n%s", grepLines(m, "fleetguard"))
-		}
-		time.Sleep(50 * time.Millisecond)
+			strings.Contains(m, `fleetguard_fleetlimit_reconcile_passes_total{result="ok"}`)
+	})
+	if strings.Contains(m, "status-key") {
+		t.Fatal("metrics must not carry user keys")
 	}
 }
 
@@ -404,20 +403,8 @@ func TestRateLimitHeadersOption(t *testing.T) {
 		t.Run(tc.mode, func(t *testing.T) {
 			port := freePort(t)
 			url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-			startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	fleetlimit {
-		zone one {
-			key {http.request.header.X-API-Key}
-			events 1
-			window 1m
-		}
-		%s
-	}
-	respond "ok"
-}`, port, tc.mode))
+			startCaddy(t, testCaddyfile{Port: port,
+				FleetLimit: []string{"zone one {\n key {http.request.header.X-API-Key}\n events 1\n window 1m\n }", tc.mode}}.String())
 			for i, want := range []struct {
 				status  int
 				headers bool
@@ -446,20 +433,8 @@ func TestRateLimitHeadersOption(t *testing.T) {
 func TestMaxKeysFloodDoesNotRefuseANewKey(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	fleetlimit {
-		zone flood {
-			key {http.request.header.X-Key}
-			events 2
-			window 1m
-			max_keys 8
-		}
-	}
-	respond "ok"
-}`, port))
+	startCaddy(t, testCaddyfile{Port: port,
+		FleetLimit: []string{"zone flood {\n key {http.request.header.X-Key}\n events 2\n window 1m\n max_keys 8\n }"}}.String())
 	for i := range 1000 {
 		get(t, url, "X-Key: flood-"+strconv.Itoa(i))
 	}
@@ -550,7 +525,7 @@ http://%s {
 					checked++
 				}
 				answers = append(answers, a)
-				time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond)
+				time.Sleep(time.Duration(rng.IntN(50)) * time.Millisecond) // a client's uneven pace, not a wait
 			}
 			if checked < events {
 				t.Fatalf("only %d admitted responses to check", checked)

@@ -2,12 +2,14 @@ package fleetguard
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // testCaddy is a real Caddy running in this test process, driven through its
@@ -131,13 +135,122 @@ func adaptCaddyfileFile(src []byte, filename string) ([]byte, []caddyconfig.Warn
 	return caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": filename})
 }
 
+// testCaddyfile is the Caddyfile of a test's Caddy: global options and one site
+// on Port with llmbudget, fleetlimit or both in front of an upstream. String
+// renders it; a test that wants a variant sets a field, never patches the
+// text. Each line of a block may itself be a block ("budget g {\n…\n}").
+type testCaddyfile struct {
+	// Admin is the admin endpoint; startCaddy's own ({ADMIN}) when empty.
+	Admin string
+	// Global are global options after admin: a fleetguard block, metrics,
+	// a log block.
+	Global []string
+	Port   int
+	// FleetLimit are the fleetlimit block's lines; no fleetlimit when nil.
+	FleetLimit []string
+	// LLMBudget are the llmbudget block's lines; no llmbudget when nil.
+	LLMBudget []string
+	// Directives are more directives of the site (handle_errors, log).
+	Directives []string
+	// Upstream is the URL reverse_proxy proxies to; the site responds "ok"
+	// when it is empty.
+	Upstream string
+}
+
+func (c testCaddyfile) String() string {
+	var b strings.Builder
+	b.WriteString("{\n\tadmin " + cmp.Or(c.Admin, "{ADMIN}") + "\n")
+	for _, g := range c.Global {
+		b.WriteString("\t" + g + "\n")
+	}
+	fmt.Fprintf(&b, "}\n:%d {\n", c.Port)
+	block := func(name string, lines []string) {
+		if lines == nil {
+			return
+		}
+		b.WriteString("\t" + name + " {\n")
+		for _, l := range lines {
+			b.WriteString("\t\t" + l + "\n")
+		}
+		b.WriteString("\t}\n")
+	}
+	block("fleetlimit", c.FleetLimit)
+	block("llmbudget", c.LLMBudget)
+	for _, d := range c.Directives {
+		b.WriteString("\t" + d + "\n")
+	}
+	if c.Upstream == "" {
+		b.WriteString("\trespond \"ok\"\n")
+	} else {
+		b.WriteString("\treverse_proxy " + strings.TrimPrefix(c.Upstream, "http://") + "\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// provisionedPrefixes numbers the memory stores of provisionedHandler.
+var provisionedPrefixes atomic.Int64
+
+// provisionedHandler loads an llmbudget handler of cfg (its JSON config) as
+// Caddy loads one from a config: the fleetguard app of app (a memory store
+// of a prefix of its own when app is nil or names none) and the events app
+// loaded, then the module decoded, provisioned and validated, so the handler
+// is compiled once and its metrics and budgets bound as in a running Caddy.
+// The test's end cleans both up as a config's unload does.
+func provisionedHandler(t testing.TB, cfg *LLMBudget, app *App) *LLMBudget {
+	t.Helper()
+	if app == nil {
+		app = &App{}
+	}
+	if app.Prefix == "" {
+		app.Prefix = fmt.Sprintf("provisioned%d", provisionedPrefixes.Add(1))
+	}
+	appJSON, err := json.Marshal(app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handlerJSON, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := &caddy.Config{}
+	root, err := caddy.ProvisionContext(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The app is loaded into a context of the test's, which cleans it up;
+	// ProvisionContext's own context is never cancelled.
+	config.AppsRaw = caddy.ModuleMap{"fleetguard": appJSON}
+	ctx, cancel := caddy.NewContext(root)
+	t.Cleanup(cancel)
+	if _, err := ctx.App("fleetguard"); err != nil {
+		t.Fatal(err)
+	}
+	h, err := ctx.LoadModuleByID("http.handlers.llmbudget", handlerJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.(*LLMBudget)
+}
+
 // eventually waits until cond holds, checking every 10 ms, and fails the
-// test saying what did not happen when timeout passes first.
+// test saying what did not happen when timeout passes first. Every test that
+// waits for something to happen waits through it or eventuallyValue (and
+// the other packages' tests through internal/wait, as these do): one loop
+// polls, and every failed wait reads alike.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s did not happen", timeout, what)
-		}
+	wait.Until(t, timeout, what, cond)
+}
+
+// eventuallyValue reads until ok accepts what read returns, and returns that;
+// when timeout passes first it fails the test with the last value read, so
+// the failure shows how far the wait got.
+func eventuallyValue[T any](t testing.TB, timeout time.Duration, what string, read func() T, ok func(T) bool) T {
+	t.Helper()
+	var v T
+	if !wait.Poll(timeout, func() bool { v = read(); return ok(v) }) {
+		t.Fatalf("after %s: %s did not happen; last read: %+v", timeout, what, v)
 	}
+	return v
 }

@@ -33,7 +33,7 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			up := newFakeLLM(t)
-			up.Output, up.StopAtCap = 10000, true // 10,000 unless told to stop sooner
+			up.Output = 10000 // 10,000 unless told to stop sooner
 			// A stream's text is as long as the tokens it reports.
 			up.Words, up.Interval = true, 0
 			port := freePort(t)
@@ -109,15 +109,10 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 	}
 }
 
-// capHandler is a handler on its own memory engine with the options set.
+// capHandler is directHandler with the options set on its config.
 func capHandler(t *testing.T, options func(h *LLMBudget)) *LLMBudget {
 	t.Helper()
-	h := directHandler(t)
-	options(h)
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
-	return h
+	return directHandler(t, options)
 }
 
 // forwarded is what ServeHTTP did with one request: the body and the hold

@@ -89,24 +89,13 @@ func newCeilingSetup(t *testing.T, limit int64, options string) *ceilingSetup {
 
 // caddyfile is the setup's config with a limit.
 func (s *ceilingSetup) caddyfile(limit int64, options string) string {
-	return fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		prefix ceiling%d
-	}
-}
-:%d {
-	llmbudget {
-		budget ceiling {
-			scope model
-			limit %d
-			window 1h
-		}
-		max_request_body 4MiB
-		%s
-	}
-	reverse_proxy %s
-}`, s.port, s.port, limit, options, strings.TrimPrefix(s.upstream, "http://"))
+	return testCaddyfile{Port: s.port, Upstream: s.upstream,
+		Global: []string{fmt.Sprintf("fleetguard {\n\t\tprefix ceiling%d\n\t}", s.port)},
+		LLMBudget: []string{
+			fmt.Sprintf("budget ceiling {\n\t\t\tscope model\n\t\t\tlimit %d\n\t\t\twindow 1h\n\t\t}", limit),
+			"max_request_body 4MiB",
+			options,
+		}}.String()
 }
 
 // reload loads the config with another limit.
@@ -411,7 +400,7 @@ func TestAnAnswerTheMeterCannotReadIsNeverFree(t *testing.T) {
 						return
 					}
 					w.(http.Flusher).Flush()
-					time.Sleep(2 * time.Millisecond)
+					time.Sleep(2 * time.Millisecond) // an upstream's pace: the refusal must come mid-answer
 				}
 			}))
 			defer up.Close()

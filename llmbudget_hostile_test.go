@@ -356,13 +356,7 @@ func TestSettleAfterTheStoreLostItsDataIsLost(t *testing.T) {
 		done <- resp.StatusCode
 	}()
 	// The reservation is in Redis once the request reaches the upstream.
-	deadline := time.Now().Add(5 * time.Second)
-	for len(s.keys()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the reservation never reached Redis")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually(t, 5*time.Second, "the reservation reaching Redis", func() bool { return len(s.keys()) > 0 })
 	s.srv.Stop()
 	if err := s.srv.Restart(); err != nil {
 		t.Fatal(err)
@@ -396,22 +390,17 @@ func TestExampleLogFilterKeepsKeysOutOfTheAccessLog(t *testing.T) {
 	logBlock := strings.Replace(string(block), "\tlog {\n", "\tlog {\n\t\toutput file "+logFile+"\n", 1)
 	up := newFakeLLM(t)
 	port := freePort(t)
-	startCaddy(t, fmt.Sprintf("{\n\tadmin {ADMIN}\n}\n:%d {\n\tllmbudget {\n\t\t%s\n\t}\n\treverse_proxy %s\n%s}\n",
-		port, oneBudget, strings.TrimPrefix(up.URL, "http://"), logBlock))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL, LLMBudget: []string{oneBudget}, Directives: []string{logBlock}}.String())
 	const secret = "AIzaSy-not-a-real-key-0123456789"
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1beta/models/gemini-2.0-flash:generateContent?key=%s&alt=json", port, secret)
 	if resp, body := do(t, http.MethodPost, url, `{"contents":[{"parts":[{"text":"hi"}]}]}`,
 		"Content-Type: application/json", "X-Goog-Api-Key: "+secret, "X-Api-Key: "+secret); resp.StatusCode != http.StatusOK {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	var logged []byte
-	for deadline := time.Now().Add(5 * time.Second); len(logged) == 0; {
-		logged, _ = os.ReadFile(logFile)
-		if time.Now().After(deadline) {
-			t.Fatal("no access log line")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	logged := eventuallyValue(t, 5*time.Second, "an access log line", func() []byte {
+		logged, _ := os.ReadFile(logFile)
+		return logged
+	}, func(logged []byte) bool { return len(logged) > 0 })
 	if strings.Contains(string(logged), secret) {
 		t.Fatalf("the access log holds the key:\n%s", logged)
 	}

@@ -122,10 +122,10 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
 	up := newFakeLLM(t)
 	const output = 300
-	up.Output, up.StopAtCap, up.Words, up.Interval = output, true, true, 20*time.Millisecond
+	up.Output, up.Words, up.Interval = output, true, 20*time.Millisecond
 	// The warm-up answers come from an upstream of their own, at once.
 	warmUp := newFakeLLM(t)
-	warmUp.Output, warmUp.StopAtCap, warmUp.Words, warmUp.Interval = output, true, true, 0
+	warmUp.Output, warmUp.Words, warmUp.Interval = output, true, 0
 	var urls, admins []string
 	for range 2 {
 		port, admin := freePort(t), fmt.Sprintf("127.0.0.1:%d", freePort(t))

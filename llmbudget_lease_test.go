@@ -155,7 +155,6 @@ func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
 	for _, tt := range tests {
 		format := usage.FormatFromPath(strings.Split(tt.path, "?")[0])
 		t.Run(format.String(), func(t *testing.T) {
-			h := directHandler(t)
 			req, err := usage.ParseRequest(format, strings.Split(tt.path, "?")[0], []byte(tt.body))
 			if err != nil {
 				t.Fatal(err)
@@ -163,10 +162,7 @@ func TestATruncatedStreamEndsInItsAPIsForm(t *testing.T) {
 			// Room for the prompt, the lease and 20 tokens: the first
 			// extension (64 or more) is refused.
 			limit := req.PromptTokens + DefaultOutputLeaseMin + 20
-			h.Budgets[0].Limit = float64(limit)
-			if err := h.compile(); err != nil {
-				t.Fatal(err)
-			}
+			h := directHandler(t, func(h *LLMBudget) { h.Budgets[0].Limit = float64(limit) })
 			contentType, events := streamOf(format, 400, "ten bytes.") // 10 tokens a delta by the strict bound
 			cancelled := make(chan struct{})
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -293,7 +289,7 @@ func eachEventIsJSON(t *testing.T, f usage.Format, stream string) {
 // end.)
 func TestLeasesAdmitWhatTheBudgetCanServe(t *testing.T) {
 	up := newFakeLLM(t)
-	up.Output, up.StopAtCap, up.Words, up.Interval = 300, true, true, 2*time.Millisecond
+	up.Output, up.Words, up.Interval = 300, true, 2*time.Millisecond
 	port := freePort(t)
 	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix lease%d\n }", port), `budget g {
 			limit 40000
@@ -354,7 +350,7 @@ func TestTheRunningCountFollowsTheHighestSignal(t *testing.T) {
 // within its limit.
 func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 	up := newFakeLLM(t)
-	up.Output, up.StopAtCap, up.Words, up.Interval = 3000, true, true, time.Millisecond
+	up.Output, up.Words, up.Interval = 3000, true, time.Millisecond
 	port := freePort(t)
 	logPath := filepath.Join(t.TempDir(), "caddy.log")
 	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix cut%d\n }\n log default {\n output file %s\n level DEBUG\n }", port, logPath), `budget g {
@@ -376,13 +372,8 @@ func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 	if n := len(events); n < 3 || events[n-1] != "data: [DONE]" || !strings.Contains(events[n-2], `"finish_reason":"length"`) {
 		t.Fatalf("the stream ends %q, want the length chunk, then [DONE]", events[max(0, len(events)-3):])
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for up.Stopped() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the upstream still generates (%d tokens so far): its request was not cancelled", up.Generated())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventuallyValue(t, 5*time.Second, "the upstream's request cancelled (tokens generated so far)", up.Generated,
+		func(int64) bool { return up.Stopped() > 0 })
 	if up.Generated() >= 3000 {
 		t.Fatalf("the upstream generated its whole answer (%d)", up.Generated())
 	}
@@ -414,7 +405,7 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 		t.Run(fmt.Sprintf("fail_open=%v", failOpen), func(t *testing.T) {
 			srv := redistest.StartWith(t, "--enable-debug-command", "yes")
 			up := newFakeLLM(t)
-			up.Output, up.StopAtCap, up.Words, up.Interval = 600, true, true, time.Millisecond
+			up.Output, up.Words, up.Interval = 600, true, time.Millisecond
 			port := freePort(t)
 			options := ""
 			if failOpen {
@@ -470,18 +461,12 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 			case !failOpen && (usageChunk.Usage.CompletionTokens < DefaultOutputLeaseMin || usageChunk.Usage.CompletionTokens >= 4096):
 				t.Fatalf("cut at %d output tokens, want the lease it held", usageChunk.Usage.CompletionTokens)
 			}
-			deadline := time.Now().Add(15 * time.Second)
-			for {
+			type standing struct{ used, records int64 }
+			eventuallyValue(t, 15*time.Second, fmt.Sprintf("after the stall, %d used and no records", charged), func() standing {
 				records, _ := admin.Keys(context.Background(), "stallstream:bg:{b}:res:*").Result()
 				used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
-				if len(records) == 0 && used == charged {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("after the stall: %d used and %d records, want %d and none", used, len(records), charged)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+				return standing{used, int64(len(records))}
+			}, func(s standing) bool { return s.records == 0 && s.used == charged })
 		})
 	}
 }
@@ -489,12 +474,10 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 // TestShadowNeverCutsAStream: in shadow mode nothing is enforced, so a
 // stream past its budget runs to its end, and is charged what it reports.
 func TestShadowNeverCutsAStream(t *testing.T) {
-	h := directHandler(t)
-	h.Shadow = true
-	h.Budgets[0].Limit = 300
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
+	h := directHandler(t, func(h *LLMBudget) {
+		h.Shadow = true
+		h.Budgets[0].Limit = 300
+	})
 	contentType, events := streamOf(usage.OpenAIChat, 400, "ten bytes.")
 	next := streaming(contentType, events)
 	const body = `{"model":"m","stream":true,"max_tokens":4096,"messages":[]}`
@@ -649,16 +632,12 @@ func TestOutputHistoryLearns(t *testing.T) {
 // it reports is past the lease and the budget has no room: the answer was
 // already delivered, and the settle charges what the upstream reports.
 func TestAUsageReportIsNeverHeldAtTheLease(t *testing.T) {
-	h := directHandler(t)
 	const body = `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
 	req, err := usage.ParseRequest(usage.OpenAIChat, "/v1/chat/completions", []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.Budgets[0].Limit = float64(req.PromptTokens + DefaultOutputLeaseMin + 10)
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
+	h := directHandler(t, func(h *LLMBudget) { h.Budgets[0].Limit = float64(req.PromptTokens + DefaultOutputLeaseMin + 10) })
 	contentType, events := streamOf(usage.OpenAIChat, 10, "short")
 	events = append(events[:len(events)-1], `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2000,"total_tokens":2005}}`+"\n\n", events[len(events)-1])
 	next := streaming(contentType, events)
@@ -706,12 +685,10 @@ func FuzzLeasedStream(f *testing.F) {
 		if format == usage.Gemini {
 			body = `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`
 		}
-		h := directHandler(t)
-		h.Budgets[0].Limit = float64(24 + int64(room%512))
-		h.OutputLeaseMin = 16
-		if err := h.compile(); err != nil {
-			t.Fatal(err)
-		}
+		h := directHandler(t, func(h *LLMBudget) {
+			h.Budgets[0].Limit = float64(24 + int64(room%512))
+			h.OutputLeaseMin = 16
+		})
 		contentType := "text/event-stream"
 		if format == usage.Ollama {
 			contentType = "application/x-ndjson"
@@ -757,15 +734,13 @@ func FuzzLeasedStream(f *testing.F) {
 // that has no room cuts the stream, and both budgets end at what the lease
 // held, the dollar one within its limit.
 func TestADollarBudgetExtendsAndCutsInDollars(t *testing.T) {
-	h := directHandler(t)
-	h.Budgets = []BudgetConfig{
-		{Name: "tokens", Limit: 1e9, Window: caddy.Duration(time.Hour)},
-		{Name: "dollars", Unit: "usd", Limit: 0.004, Window: caddy.Duration(time.Hour)}, // 400 output tokens at $10/1M
-	}
-	h.Prices = map[string]PriceConfig{"gpt-4o": {Input: 2.5, Output: 10}}
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
-	}
+	h := directHandler(t, func(h *LLMBudget) {
+		h.Budgets = []BudgetConfig{
+			{Name: "tokens", Limit: 1e9, Window: caddy.Duration(time.Hour)},
+			{Name: "dollars", Unit: "usd", Limit: 0.004, Window: caddy.Duration(time.Hour)}, // 400 output tokens at $10/1M
+		}
+		h.Prices = map[string]PriceConfig{"gpt-4o": {Input: 2.5, Output: 10}}
+	})
 	const body = `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
 	contentType, events := streamOf(usage.OpenAIChat, 400, "ten bytes.")
 	got := serveStream(t, h, "/v1/chat/completions", body, streaming(contentType, events)).Body.String()
@@ -826,16 +801,13 @@ func TestALeaseGrowsGeometricallyAtAnyEventRate(t *testing.T) {
 				w.Write([]byte(ev))
 				w.(http.Flusher).Flush()
 				if iv > 0 {
-					time.Sleep(iv)
+					time.Sleep(iv) // the event rate under test
 				}
 			}
 			return nil
 		})
 		before := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted"))
-		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
-		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-		h.ServeHTTP(httptest.NewRecorder(), r, next)
+		serveStream(t, h, "/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`, next)
 		// 1,516 counted (a token a byte) from a first lease of 256, about
 		// 1.75 times more each time: 4 extensions, with one to spare for
 		// the count that passes while one is in flight.
@@ -862,20 +834,9 @@ func TestATrainedStreamEndsWithinItsLearnedLease(t *testing.T) {
 		for range 10 {
 			o.learn(answerSeen{count: 1516, bound: 1516, text: 1500, reported: 300})
 		}
-		_, events := streamOf(usage.OpenAIChat, c.events, " word")
-		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			w.Header().Set("Content-Type", "text/event-stream")
-			w.WriteHeader(200)
-			for _, ev := range events {
-				w.Write([]byte(ev))
-			}
-			return nil
-		})
+		next := streaming(streamOf(usage.OpenAIChat, c.events, " word"))
 		before := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted"))
-		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`
-		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-		h.ServeHTTP(httptest.NewRecorder(), r, next)
+		serveStream(t, h, "/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`, next)
 		if n := testutil.ToFloat64(metrics.llmLeaseExtensions.WithLabelValues("granted")) - before; n != c.want {
 			t.Errorf("a stream of %d events under a lease learned from answers of 300: %v extensions, want %v", c.events, n, c.want)
 		}

@@ -34,10 +34,12 @@ func newStreamSetup(t *testing.T, extra string) *streamSetup {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	prefix := fmt.Sprintf("stream%d", port)
-	cfg := strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
+	site := llmSite(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
 			limit 1000000
 			window 1h
-		}`), "max_request_body 4KiB", "max_request_body 4KiB\n\t\t"+extra, 1)
+		}`)
+	site.LLMBudget = append(site.LLMBudget, extra)
+	cfg := site.String()
 	s := &streamSetup{t: t, up: up, url: fmt.Sprintf("http://127.0.0.1:%d", port), cfg: cfg,
 		redis: redis.NewClient(&redis.Options{Addr: srv.Addr()})}
 	t.Cleanup(func() { s.redis.Close() })
@@ -63,13 +65,8 @@ func (s *streamSetup) counter() int64 {
 // waitCounter waits until the counter equals want, failing after 5 s.
 func (s *streamSetup) waitCounter(want int64) {
 	s.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for s.counter() != want {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("budget counter %d, want %d", s.counter(), want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventuallyValue(s.t, 5*time.Second, fmt.Sprintf("the budget counter at %d", want), s.counter,
+		func(n int64) bool { return n == want })
 }
 
 // open sends a streaming request and returns the response with its body
@@ -261,13 +258,7 @@ func TestStreamClientCancelSettlesOnce(t *testing.T) {
 	resp.Body.Close()
 	close(gate)
 	prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", streamBody)
-	deadline := time.Now().Add(5 * time.Second)
-	for settles("estimated") == before {
-		if time.Now().After(deadline) {
-			t.Fatal("no settle after the client went away")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, 5*time.Second, "a settle after the client went away", func() bool { return settles("estimated") != before })
 	// Charged: the prompt plus the strict bound of the output that had
 	// started (at least the first chunk, at most all five), never the
 	// 200-token reservation.

@@ -10,6 +10,15 @@ import (
 	"time"
 )
 
+// pricesFileSite is a site on port whose llmbudget, with lines, prices by
+// pricesFile and settles at once, on a memory store of its own (prefix and
+// port).
+func pricesFileSite(port int, prefix, upstream, pricesFile string, lines ...string) string {
+	return testCaddyfile{Port: port, Upstream: upstream,
+		Global:    []string{fmt.Sprintf("fleetguard {\n\t\tprefix %s%d\n\t}", prefix, port)},
+		LLMBudget: append(lines, "prices_file "+pricesFile, "settle_wait 0")}.String()
+}
+
 // TestPricesFileAloneRunsADollarBudget: a Caddyfile with prices_file and no
 // price line runs a dollar budget for a dated model name, priced to the
 // micro-dollar by LiteLLM's table; an Azure deployment path is priced as
@@ -22,27 +31,9 @@ func TestPricesFileAloneRunsADollarBudget(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		prefix pf%d
-	}
-}
-:%d {
-	llmbudget {
-		team {http.request.header.X-Team}
-		budget team_usd {
-			scope team
-			unit usd
-			limit 0.004
-			window 1h
-		}
-		prices_file %s
-		deployment prod-chat gpt-4o-2024-08-06
-		settle_wait 0
-	}
-	reverse_proxy %s
-}`, port, port, prices, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, pricesFileSite(port, "pf", up.URL, prices, "team {http.request.header.X-Team}",
+		"budget team_usd {\n scope team\n unit usd\n limit 0.004\n window 1h\n }",
+		"deployment prod-chat gpt-4o-2024-08-06"))
 	// gpt-4o-2024-08-06 in the table: $2.50 and $10 per 1M tokens. Each
 	// request reserves about 2030 micro-dollars (200 output tokens at $10
 	// and the prompt) and settles to 30 x 2.5 + 70 x 10 = 775.
@@ -105,24 +96,7 @@ func TestPricesFileReload(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	cfg := fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		prefix pr%d
-	}
-}
-:%d {
-	llmbudget {
-		budget all_usd {
-			unit usd
-			limit 1
-			window 1h
-		}
-		prices_file %s
-		settle_wait 0
-	}
-	reverse_proxy %s
-}`, port, port, file, strings.TrimPrefix(up.URL, "http://"))
+	cfg := pricesFileSite(port, "pr", up.URL, file, "budget all_usd {\n unit usd\n limit 1\n window 1h\n }")
 	tc := startCaddy(t, cfg)
 	const dated = `{"model":"gpt-4o-2024-08-06","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`
 	if resp, body := chat(t, url, dated); resp.StatusCode != http.StatusOK {
@@ -183,26 +157,8 @@ func TestReserveForTheWorstTier(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		prefix wt%d
-	}
-}
-:%d {
-	llmbudget {
-		team {http.request.header.X-Team}
-		budget team_usd {
-			scope team
-			unit usd
-			limit 1
-			window 1h
-		}
-		prices_file %s
-		settle_wait 0
-	}
-	reverse_proxy %s
-}`, port, port, prices, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, pricesFileSite(port, "wt", up.URL, prices, "team {http.request.header.X-Team}",
+		"budget team_usd {\n scope team\n unit usd\n limit 1\n window 1h\n }"))
 	// gpt-4o: 60,000 output tokens hold $0.60 at $10 per 1M, $1.02 at
 	// priority's $17: over the $1 limit.
 	// claude-sonnet-4-5: a prompt of 180,000 bytes holds 180,000 tokens at
@@ -248,24 +204,7 @@ func TestAzureDeploymentTakesAzurePrice(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		prefix az%d
-	}
-}
-:%d {
-	llmbudget {
-		budget all_usd {
-			unit usd
-			limit 1
-			window 1h
-		}
-		prices_file %s
-		settle_wait 0
-	}
-	reverse_proxy %s
-}`, port, port, file, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, pricesFileSite(port, "az", up.URL, file, "budget all_usd {\n unit usd\n limit 1\n window 1h\n }"))
 	const body = `{"model":"gpt-4o","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`
 	for _, tt := range []struct {
 		path   string

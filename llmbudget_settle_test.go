@@ -19,34 +19,12 @@ import (
 // budgets alert at 50%, 80% and 95% of 5000 tokens, logging every level
 // (Caddy's events app logs each event at debug) to logPath.
 func alertsCaddyfile(adminPort, port int, redisURL, upstream, logPath string) string {
-	return fmt.Sprintf(`{
-	admin localhost:%d
-	%s
-	fleetguard {
-		redis %s
-		prefix alerts
-	}
-}
-:%d {
-	llmbudget {
-		team {http.request.header.X-Team}
-		store_timeout 2s
-		settle_wait 0
-		budget per_team {
-			scope team
-			limit 5000
-			window 1h
-			alert_at 50%% 80%% 95%%
-		}
-		budget all {
-			limit 5000
-			window 1h
-			alert_at 50%% 80%% 95%%
-		}
-	}
-	reverse_proxy %s
-}
-`, adminPort, logTo(logPath), redisURL, port, strings.TrimPrefix(upstream, "http://"))
+	c := fleetInstance(adminPort, port, redisURL, "alerts", upstream,
+		"budget per_team {\n\t\t\tscope team\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\t}",
+		"budget all {\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\t}",
+	)
+	c.Global = append([]string{logTo(logPath)}, c.Global...)
+	return c.String()
 }
 
 // Two Caddy instances on one Redis, under concurrent load past every

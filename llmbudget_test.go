@@ -34,22 +34,22 @@ func newFakeLLM(t *testing.T) *upstream {
 	return &upstream{Server: s, URL: ts.URL}
 }
 
-func llmCaddyfile(port int, upstream, global, budgets string) string {
-	return fmt.Sprintf(`{
-	admin {ADMIN}
-	%s
+// llmSite is a site on port with llmbudget (the budgets, keyed by the
+// Authorization and X-Team headers, gpt-4o* priced, settles not waited
+// for) in front of upstream, with the global options global.
+func llmSite(port int, upstream, global, budgets string) testCaddyfile {
+	return testCaddyfile{Global: []string{global}, Port: port, Upstream: upstream, LLMBudget: []string{
+		"principal {http.request.header.Authorization}",
+		"team {http.request.header.X-Team}",
+		budgets,
+		"price gpt-4o* 2.50 10.00 1.25",
+		"max_request_body 4KiB",
+		"settle_wait 0",
+	}}
 }
-:%d {
-	llmbudget {
-		principal {http.request.header.Authorization}
-		team {http.request.header.X-Team}
-		%s
-		price gpt-4o* 2.50 10.00 1.25
-		max_request_body 4KiB
-		settle_wait 0
-	}
-	reverse_proxy %s
-}`, global, port, budgets, strings.TrimPrefix(upstream, "http://"))
+
+func llmCaddyfile(port int, upstream, global, budgets string) string {
+	return llmSite(port, upstream, global, budgets).String()
 }
 
 const chatBody = `{"model":"gpt-4o","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`
@@ -275,7 +275,7 @@ func TestLLMBudgetSettlesFromTheResponse(t *testing.T) {
 	}
 	// Anthropic format, recognised by its path.
 	before := counter()
-	resp, body := do(t, http.MethodPost, url+"/v1/messages", `{"model":"claude-x","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`)
+	resp, body := do(t, http.MethodPost, url+"/v1/messages", `{"model":"claude-x","max_tokens":70,"messages":[{"role":"user","content":"hi"}]}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
@@ -300,10 +300,12 @@ func TestLLMBudgetFailOpen(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	srv.Stop()
-	startCaddy(t, strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n }", `budget g {
+	site := llmSite(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n }", `budget g {
 			limit 1000
 			window 1h
-		}`), "max_request_body 4KiB", "max_request_body 4KiB\n\t\tfail_open", 1))
+		}`)
+	site.LLMBudget = append(site.LLMBudget, "fail_open")
+	startCaddy(t, site.String())
 	if resp, body := chat(t, url, chatBody); resp.StatusCode != 200 {
 		t.Fatalf("fail_open with the store down: %d %s, want 200", resp.StatusCode, body)
 	}
@@ -337,9 +339,9 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	remaining := func() int64 {
 		// A small request shows what the budget holds after its reservation
 		// (the settles before it done); it then settles to the upstream's 100
-		// tokens.
+		// tokens (30 and its cap of 70).
 		waitSettles()
-		resp, _ := chat(t, url, `{"model":"gpt-4o","max_tokens":1,"messages":[]}`, "Authorization: Bearer json")
+		resp, _ := chat(t, url, `{"model":"gpt-4o","max_tokens":70,"messages":[]}`, "Authorization: Bearer json")
 		h := resp.Header.Get("RateLimit")
 		r, _, _ := strings.Cut(strings.TrimPrefix(h, `"per_key";r=`), ";")
 		n, err := strconv.ParseInt(r, 10, 64)
@@ -355,23 +357,23 @@ func TestLLMBudgetJSONConfigAndClientGone(t *testing.T) {
 	ctx, giveUp := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
 	req.Header.Set("Authorization", "Bearer json")
-	req.Header.Set("X-Fake-Delay", "700ms")
+	// The upstream holds its answer until the client has given up and the
+	// request is settled.
+	gate := make(chan struct{})
+	up.Gate = gate
 	hits, abandoned := up.Hits(), settles("abandoned")
+	sent := make(chan error, 1)
 	go func() {
-		for up.Hits() == hits {
-			time.Sleep(time.Millisecond)
-		}
-		giveUp()
+		_, err := http.DefaultClient.Do(req)
+		sent <- err
 	}()
-	if _, err := http.DefaultClient.Do(req); err == nil {
+	eventually(t, 5*time.Second, "the upstream receiving the request", func() bool { return up.Hits() != hits })
+	giveUp()
+	if err := <-sent; err == nil {
 		t.Fatal("the client was meant to give up")
 	}
-	for deadline := time.Now().Add(5 * time.Second); settles("abandoned") == abandoned; {
-		if time.Now().After(deadline) {
-			t.Fatal("no settle after the client gave up")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually(t, 5*time.Second, "a settle after the client gave up", func() bool { return settles("abandoned") != abandoned })
+	close(gate)
 	// The 100 tokens of the first remaining() call, and the abandoned
 	// request's reservation: 200 max_tokens and its prompt.
 	held := 200 + promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", chatBody)
@@ -393,7 +395,7 @@ func TestOnRedisCluster(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	cfg := strings.Replace(llmCaddyfile(port, up.URL, "fleetguard {\n redis_cluster "+c.URL()+"\n sync_interval 50ms\n }", `budget per_key {
+	site := llmSite(port, up.URL, "fleetguard {\n redis_cluster "+c.URL()+"\n sync_interval 50ms\n }", `budget per_key {
 			scope key
 			limit 1000
 			window 1h
@@ -401,8 +403,9 @@ func TestOnRedisCluster(t *testing.T) {
 		budget all {
 			limit 100000
 			window 1h
-		}`), "reverse_proxy", "fleetlimit {\n zone z {\n key {http.request.header.Authorization}\n events 10\n window 1m\n }\n }\n reverse_proxy", 1)
-	startCaddy(t, cfg)
+		}`)
+	site.FleetLimit = []string{"zone z {\n key {http.request.header.Authorization}\n events 10\n window 1m\n }"}
+	startCaddy(t, site.String())
 	for i := 1; i <= 8; i++ {
 		waitSettles() // each request sees the last one settled
 		if resp, body := chat(t, url, chatBody, "Authorization: Bearer cluster"); resp.StatusCode != http.StatusOK {
@@ -415,22 +418,15 @@ func TestOnRedisCluster(t *testing.T) {
 	}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	defer cc.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	eventuallyValue(t, 5*time.Second, "one fleet counter key on the cluster", func() int64 {
 		var n atomic.Int64 // ForEachMaster visits the nodes concurrently
 		_ = cc.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
 			keys, _ := node.Keys(ctx, "*:rl:{z:*").Result()
 			n.Add(int64(len(keys)))
 			return nil
 		})
-		if n.Load() == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fleet counter keys on the cluster: %d, want 1", n.Load())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return n.Load()
+	}, func(n int64) bool { return n == 1 })
 }
 
 // Budgeting is decided on the normalized path: variants of a budgeted path
@@ -467,7 +463,7 @@ func TestLLMBudgetPathsAreNormalizedAndUnknownPostsRefused(t *testing.T) {
 		t.Fatalf("embeddings charged %d, want the reported 30 input tokens", got)
 	}
 	before = counter()
-	if resp, body := do(t, http.MethodPost, url+"/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"Say hi","max_tokens":20}`, "Content-Type: application/json"); resp.StatusCode != http.StatusOK {
+	if resp, body := do(t, http.MethodPost, url+"/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"Say hi","max_tokens":70}`, "Content-Type: application/json"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("legacy completions: %d %s", resp.StatusCode, body)
 	}
 	if got := counter() - before; got != 100 {
@@ -537,11 +533,10 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 	defer rc.Close()
 	// The stall begins once a few requests were admitted, so that it spares
 	// some and catches the ones that follow.
-	var okBeforeStall atomic.Int64
+	var admittedSoFar atomic.Int64
+	fifthAdmitted := make(chan struct{})
 	go func() {
-		for okBeforeStall.Load() < 5 {
-			time.Sleep(time.Millisecond)
-		}
+		<-fifthAdmitted
 		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "0.8").Err()
 	}()
 	type answer struct {
@@ -555,11 +550,13 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			resp, _ := chat(t, url, chatBody)
-			if resp.StatusCode == http.StatusOK {
-				okBeforeStall.Add(1)
+			if resp.StatusCode == http.StatusOK && admittedSoFar.Add(1) == 5 {
+				close(fifthAdmitted)
 			}
 			answers <- answer{resp.StatusCode, resp.Header.Get("Retry-After")}
 		}()
+		// The pace of the traffic (40 requests a second, 1.5 s of it)
+		// spreads it around the 0.8 s stall; it waits for nothing.
 		time.Sleep(25 * time.Millisecond)
 	}
 	wg.Wait()
@@ -582,13 +579,9 @@ func TestLLMBudgetStallChargesOnlyAdmitted(t *testing.T) {
 		t.Fatalf("%d admitted, %d unavailable: the stall must catch some requests and spare others", admitted, unavailable)
 	}
 	want := int64(admitted) * 100
-	deadline := time.Now().Add(10 * time.Second) // background releases of the lost reserves
-	for counter() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("counter %d, want %d: the usage of the %d admitted requests (%d answered 503)", counter(), want, admitted, unavailable)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// 10 s: the background releases of the lost reserves.
+	eventuallyValue(t, 10*time.Second, fmt.Sprintf("the counter at %d: the usage of the %d admitted requests (%d answered 503)", want, admitted, unavailable),
+		counter, func(n int64) bool { return n == want })
 }
 
 // Without a principal, each API's own credential keys the budget: Anthropic
@@ -597,19 +590,8 @@ func TestLLMBudgetDefaultPrincipalIsTheAPICredential(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	llmbudget {
-		budget per_key {
-			scope key
-			limit 300
-			window 1h
-		}
-	}
-	reverse_proxy %s
-}`, port, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		LLMBudget: []string{"budget per_key {\n scope key\n limit 300\n window 1h\n }"}}.String())
 	const msg = `{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
 	send := func(key string) int {
 		resp, _ := do(t, http.MethodPost, url+"/v1/messages", msg, "Content-Type: application/json", "X-Api-Key: "+key, "Anthropic-Version: 2023-06-01")
@@ -630,26 +612,9 @@ func TestRateLimitItemsOfBothHandlersJoin(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	fleetlimit {
-		zone rps {
-			key {http.request.header.Authorization}
-			events 100
-			window 1m
-		}
-	}
-	llmbudget {
-		budget tokens {
-			limit 100000
-			window 1h
-		}
-		ratelimit_scopes global
-	}
-	reverse_proxy %s
-}`, port, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		FleetLimit: []string{"zone rps {\n key {http.request.header.Authorization}\n events 100\n window 1m\n }"},
+		LLMBudget:  []string{"budget tokens {\n limit 100000\n window 1h\n }", "ratelimit_scopes global"}}.String())
 	resp, body := chat(t, url, chatBody, "Authorization: Bearer joined")
 	rl, policy := resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(rl, `"rps";r=`) || !strings.Contains(rl, `"tokens";r=`) ||

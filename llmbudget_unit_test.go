@@ -12,29 +12,24 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
-// directHandler is an llmbudget handler on its own memory engine, for tests
-// that drive ServeHTTP with a next handler of their own.
-func directHandler(t testing.TB) *LLMBudget {
+// directHandler is an llmbudget handler with one budget, g (100,000 tokens
+// an hour), and the options set on its config, provisioned as Caddy does on
+// a memory store of its own, for tests that drive ServeHTTP with a next
+// handler of their own.
+func directHandler(t testing.TB, options ...func(h *LLMBudget)) *LLMBudget {
 	t.Helper()
-	eng, err := newStore(memoryIdentity("direct"), nil, time.Second, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = eng.Destruct() })
 	noWait := caddy.Duration(0) // a refusal is answered at once
-	h := &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: 100000, Window: caddy.Duration(time.Hour)}}, SettleWait: &noWait}
-	if err := h.compile(); err != nil {
-		t.Fatal(err)
+	cfg := &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: 100000, Window: caddy.Duration(time.Hour)}}, SettleWait: &noWait}
+	for _, option := range options {
+		option(cfg)
 	}
-	h.store, h.logger = eng, zap.NewNop()
-	h.bindCounters()
-	proveModels(eng, leasedTestModels...)
+	h := provisionedHandler(t, cfg, nil)
+	proveModels(h.store, leasedTestModels...)
 	return h
 }
 
@@ -80,9 +75,7 @@ func waitSettles() {
 		// then is a wait on the settles' WaitGroup free of a race with a
 		// handler still on its way to its settle.
 		e := v.(*store)
-		for deadline := time.Now().Add(5 * time.Second); e.inFlight.n.Load() > 0 && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
-		}
+		wait.Poll(5*time.Second, func() bool { return e.inFlight.n.Load() == 0 })
 		e.waitSettles(5 * time.Second)
 		return true
 	})

@@ -125,7 +125,7 @@ func TestMetricsTellTheStory(t *testing.T) {
 		}
 		for range 4 {
 			waitSettles()
-			resp, body := chat(t, url, `{"model":"obsmodel-1","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`, "Authorization: Bearer obs-secret-bearer")
+			resp, body := chat(t, url, `{"model":"obsmodel-1","max_tokens":70,"messages":[{"role":"user","content":"hi"}]}`, "Authorization: Bearer obs-secret-bearer")
 			switch resp.StatusCode {
 			case http.StatusOK:
 				admittedLLM++
@@ -156,18 +156,11 @@ func TestMetricsTellTheStory(t *testing.T) {
 	eq := func(n float64) func(float64) bool { return func(v float64) bool { return v == n } }
 	pos := func(v float64) bool { return v > 0 }
 
-	var m string
-	deadline := time.Now().Add(5 * time.Second)
-	for { // the reconciler's pass metrics come on its own schedule
-		m = scrape(t, tc)
-		if v, _ := metricValue(m, `fleetguard_fleetlimit_reconcile_duration_seconds_count`); v > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no reconcile pass observed:\n%s", grepLines(m, "fleetguard"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// The reconciler's pass metrics come on its own schedule.
+	m := eventuallyValue(t, 5*time.Second, "a reconcile pass on /metrics", func() string { return scrape(t, tc) }, func(m string) bool {
+		v, _ := metricValue(m, `fleetguard_fleetlimit_reconcile_duration_seconds_count`)
+		return v > 0
+	})
 	allowed := want(m, `fleetguard_fleetlimit_requests_total{decision="allowed",zone="obs_zone"}`, eq(3), "3 (events 3)")
 	deniedFleet, _ := metricValue(m, `fleetguard_fleetlimit_requests_total{decision="denied_fleet",zone="obs_zone"}`)
 	deniedLocal, _ := metricValue(m, `fleetguard_fleetlimit_requests_total{decision="denied_local",zone="obs_zone"}`)
@@ -242,20 +235,13 @@ func TestMetricsShowAStoreOutage(t *testing.T) {
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 	tc := startCaddy(t, fleetCaddyfile(port, "fleetguard {\n redis "+srv.URL()+"\n prefix outage\n sync_interval 50ms\n }", ""))
 	healthy := `fleetguard_store_healthy{component="fleetlimit",store="redis|` + srv.Addr() + `|0|outage|plain"}`
+	// waitFor reads the fleetguard_store series until ok holds of them.
 	waitFor := func(what string, ok func(m string) bool) string {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		return eventuallyValue(t, 5*time.Second, what+" on /metrics", func() string {
 			get(t, url, "X-API-Key: outage-key") // keep a key active, so passes run
-			m := scrape(t, tc)
-			if ok(m) {
-				return m
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never showed:\n%s", what, grepLines(m, "fleetguard_store"))
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return grepLines(scrape(t, tc), "fleetguard_store")
+		}, ok)
 	}
 	m := waitFor("healthy", func(m string) bool { v, _ := metricValue(m, healthy); return v == 1 })
 	errorsBefore, _ := metricValue(m, `fleetguard_store_errors_total{op="sync"}`)
@@ -278,24 +264,10 @@ func TestShadowForwardsCountsAndCharges(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		redis %s
-		prefix shadow
-	}
-}
-:%d {
-	llmbudget {
-		shadow
-		budget shadow_tokens {
-			scope key
-			limit 150
-			window 1h
-		}
-	}
-	reverse_proxy %s
-}`, srv.URL(), port, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		Global:    []string{"fleetguard {\n redis " + srv.URL() + "\n prefix shadow\n }"},
+		LLMBudget: []string{"shadow", "budget shadow_tokens {\n scope key\n limit 150\n window 1h\n }"},
+	}.String())
 	before := scrapeDefault(t)
 	for i := range 4 {
 		waitSettles()
@@ -509,20 +481,8 @@ func TestShadowForwardsATooLargeBodyWhole(t *testing.T) {
 	up := newFakeLLM(t)
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port)
-	startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-}
-:%d {
-	llmbudget {
-		shadow
-		max_request_body 1KiB
-		budget big {
-			limit 1000000
-			window 1h
-		}
-	}
-	reverse_proxy %s
-}`, port, strings.TrimPrefix(up.URL, "http://")))
+	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		LLMBudget: []string{"shadow", "max_request_body 1KiB", "budget big {\n limit 1000000\n window 1h\n }"}}.String())
 	body := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`
 	for _, chunked := range []bool{false, true} {
 		var reader io.Reader = strings.NewReader(body)

@@ -143,20 +143,10 @@ func TestUnreachableRedisAtLoadIsSaidPlainly(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := freePort(t)
 	dead := freePort(t) // nothing listens there
-	tc := startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-	log {
-		output file %s
-		level WARN
-	}
-	fleetguard {
-		redis redis://127.0.0.1:%d/0
-		prefix unreachable%d
-	}
-}
-:%d {
-	respond ok
-}`, logFile, dead, port, port))
+	tc := startCaddy(t, testCaddyfile{Port: port, Global: []string{
+		"log {\n output file " + logFile + "\n level WARN\n }",
+		fmt.Sprintf("fleetguard {\n redis redis://127.0.0.1:%d/0\n prefix unreachable%d\n }", dead, port),
+	}}.String())
 	_ = tc
 	raw, err := os.ReadFile(logFile)
 	if err != nil {

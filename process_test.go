@@ -49,18 +49,14 @@ func startCaddyProcess(t *testing.T, caddyfile, addr string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	eventuallyValue(t, 20*time.Second, "Caddy in its own process answering on "+addr, func() error {
 		resp, err := http.Get("http://" + addr + "/")
 		if err == nil {
 			resp.Body.Close()
-			return cmd
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Caddy in its own process does not answer on %s: %v", addr, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	}, func(err error) bool { return err == nil })
+	return cmd
 }
 
 // TestKillingCaddyMidStreamKeepsOnlyTheLease: a Caddy killed with -9 in the
@@ -71,7 +67,7 @@ func startCaddyProcess(t *testing.T, caddyfile, addr string) *exec.Cmd {
 func TestKillingCaddyMidStreamKeepsOnlyTheLease(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newFakeLLM(t)
-	up.Output, up.StopAtCap, up.Words, up.Interval = 3000, true, true, 2*time.Millisecond
+	up.Output, up.Words, up.Interval = 3000, true, 2*time.Millisecond
 	port := freePort(t)
 	caddyfile := fmt.Sprintf(`{
 	admin localhost:%d
@@ -174,17 +170,10 @@ func TestKillingCaddyMidStreamKeepsOnlyTheLease(t *testing.T) {
 	if resp2.StatusCode != http.StatusOK {
 		t.Fatalf("after the restart: %d %s", resp2.StatusCode, got)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	eventuallyValue(t, 5*time.Second, fmt.Sprintf("after a request on the new Caddy, %d held + what it reported", all), func() int64 {
 		after, _ := held()
-		if after == all+int64(up.Input)+int64(min(up.Output, 4096)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after a request on the new Caddy: %d held, want %d + what it reported", after, all)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return after
+	}, func(after int64) bool { return after == all+int64(up.Input)+int64(min(up.Output, 4096)) })
 }
 
 // isBudgetCounter reports whether a budget store key is a counter, not a

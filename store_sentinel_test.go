@@ -89,7 +89,7 @@ func startTraffic(workers int, pause time.Duration, send func(client *http.Clien
 				tr.mu.Lock()
 				tr.answers = append(tr.answers, a)
 				tr.mu.Unlock()
-				time.Sleep(pause)
+				time.Sleep(pause) // the client's pace, which the test sets
 			}
 		}()
 	}
@@ -127,19 +127,6 @@ func send(client *http.Client, req *http.Request, label string) answer {
 	b, _ := io.ReadAll(resp.Body)
 	a.status, a.retry, a.body = resp.StatusCode, resp.Header.Get("Retry-After"), string(b)
 	return a
-}
-
-// await polls cond every 20ms until it holds or timeout passes.
-func await(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Time {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Now()
 }
 
 // sentinelStoreHealthy reads /fleetguard/status for the Sentinel store of
@@ -234,24 +221,10 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 	)
 	s := redistest.StartSentinel(t, 3)
 	port := freePort(t)
-	tc := startCaddy(t, fmt.Sprintf(`{
-	admin {ADMIN}
-	fleetguard {
-		redis_sentinel %s
-		prefix %s
-		sync_interval 50ms
-	}
-}
-:%d {
-	fleetlimit {
-		zone failover {
-			key {http.request.header.X-API-Key}
-			events %d
-			window %s
-		}
-	}
-	respond "ok"
-}`, s.URL(), prefix, port, events, window))
+	tc := startCaddy(t, testCaddyfile{Port: port,
+		Global:     []string{fmt.Sprintf("fleetguard {\n redis_sentinel %s\n prefix %s\n sync_interval 50ms\n }", s.URL(), prefix)},
+		FleetLimit: []string{fmt.Sprintf("zone failover {\n key {http.request.header.X-API-Key}\n events %d\n window %s\n }", events, window)},
+	}.String())
 	url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 
 	// About 20 requests/s for one key, against a limit of 15/s: once the
@@ -269,8 +242,8 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 		}
 		return n
 	}
-	await(t, 5*time.Second, "counts on the master", func() bool { return sum(fleetSlots(t, s.Master, prefix), 0) > 0 })
-	await(t, 2*window, "a full window", func() bool {
+	eventually(t, 5*time.Second, "counts on the master", func() bool { return sum(fleetSlots(t, s.Master, prefix), 0) > 0 })
+	eventually(t, 2*window, "a full window", func() bool {
 		return tr.count(func(a answer) bool { return a.status == http.StatusTooManyRequests }) > 0
 	})
 
@@ -309,20 +282,22 @@ func TestFleetLimitAcrossSentinelFailover(t *testing.T) {
 	// The reconciler pushes to the new master: a slot that began after the
 	// promotion holds counts there.
 	after := int64(promotedAt.UnixNano()/int64(slot)) + 1
-	recovered := await(t, 10*time.Second, "counts on the promoted replica", func() bool { return sum(fleetSlots(t, promoted, prefix), after) > 0 })
+	eventually(t, 10*time.Second, "counts on the promoted replica", func() bool { return sum(fleetSlots(t, promoted, prefix), after) > 0 })
+	recovered := time.Now()
 	// What the store kept of the outage: pushes that failed are dropped,
 	// never re-sent (reported, not asserted: the instance counts its own).
 	outageSlots := fleetSlots(t, promoted, prefix)
-	await(t, 5*time.Second, "a healthy status", func() bool { h, _ := sentinelStoreHealthy(tc.admin, prefix); return h })
+	eventually(t, 5*time.Second, "a healthy status", func() bool { h, _ := sentinelStoreHealthy(tc.admin, prefix); return h })
 	close(stopWatch)
 	<-watchDone
 
-	// One more window, all of it after the recovery, then a last sync.
+	// One more window, all of it after the recovery, then a last sync: the
+	// traffic of a window is what the test measures, so it sleeps that long.
 	time.Sleep(window + 2*slot)
 	answers := tr.finish()
 	// The last admits are pushed by the first pass that starts after them.
 	finished := time.Now()
-	await(t, 5*time.Second, "a pass after the last request", func() bool {
+	eventually(t, 5*time.Second, "a pass after the last request", func() bool {
 		st := storeStatusOf(t, tc, prefix)
 		return st.LastSyncAgeMS != nil && time.Duration(*st.LastSyncAgeMS)*time.Millisecond < time.Since(finished)-100*time.Millisecond
 	})
@@ -428,7 +403,7 @@ func TestLLMBudgetAcrossSentinelFailover(t *testing.T) {
 	admittedAs := func(label string, since time.Time) func(answer) bool {
 		return func(a answer) bool { return a.label == label && a.status == http.StatusOK && !a.sent.Before(since) }
 	}
-	await(t, 10*time.Second, "admitted requests", func() bool { return tr.count(admittedAs("before", time.Time{})) >= 20 })
+	eventually(t, 10*time.Second, "admitted requests", func() bool { return tr.count(admittedAs("before", time.Time{})) >= 20 })
 
 	from := s.Master.Addr()
 	killed := time.Now()
@@ -439,7 +414,7 @@ func TestLLMBudgetAcrossSentinelFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	promotedAt := time.Now()
-	await(t, 10*time.Second, "requests admitted after the failover", func() bool { return tr.count(admittedAs("after", promotedAt)) >= 20 })
+	eventually(t, 10*time.Second, "requests admitted after the failover", func() bool { return tr.count(admittedAs("after", promotedAt)) >= 20 })
 	answers := tr.finish()
 
 	counted := map[string]struct{ admitted, unavailable int }{}
@@ -477,14 +452,9 @@ func TestLLMBudgetAcrossSentinelFailover(t *testing.T) {
 	}
 	// Reserves whose reply the kill cut off are released in the background.
 	want := int64(counted["after"].admitted) * 100
-	deadline := time.Now().Add(10 * time.Second)
-	for teamCounter("after") != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("the new master counts %d for the requests sent after the kill, want %d: the usage of the %d admitted (%d answered 503)",
-				teamCounter("after"), want, counted["after"].admitted, counted["after"].unavailable)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	eventuallyValue(t, 10*time.Second, fmt.Sprintf("the new master counting %d for the requests sent after the kill: the usage of the %d admitted (%d answered 503)",
+		want, counted["after"].admitted, counted["after"].unavailable), func() int64 { return teamCounter("after") },
+		func(n int64) bool { return n == want })
 	before, charged := teamCounter("before"), int64(counted["before"].admitted)*100
 	var resolutions []string
 	for k, v := range resolved() {

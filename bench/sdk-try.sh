@@ -11,7 +11,7 @@
 # Prints PASS/FAIL per check (bench/sdk/try.mjs says what each checks).
 source "$(dirname "$0")/lib.sh"
 "$work/fakellm" -addr 127.0.0.1:11503 -input 30 -output 70 -chunks 40 -interval 2ms 2>"$work/fakellm.log" &
-"$work/fakellm" -addr 127.0.0.1:11504 -input 30 -words -stop-at-cap -output 3000 -chunks 600 -interval 1ms 2>"$work/fakellm-long.log" &
+"$work/fakellm" -addr 127.0.0.1:11504 -input 30 -words -output 3000 -chunks 600 -interval 1ms 2>"$work/fakellm-long.log" &
 cat >"$work/sdk.Caddyfile" <<CFG
 {
 	admin localhost:2501

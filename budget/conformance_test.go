@@ -665,6 +665,7 @@ func TestFleetNeverOvershoots(t *testing.T) {
 			}
 			admitted.Add(1)
 			actual := int64(50 + i%150) // always at most the reservation
+			// Settles spread in time, not a wait for anything.
 			time.Sleep(time.Duration(i%7) * time.Millisecond)
 			if err := e.Settle(context.Background(), r, Spend{Tokens: actual}); err != nil {
 				t.Error(err)

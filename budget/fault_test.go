@@ -11,19 +11,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // waitIdle waits for the engine's background releases and for its breaker to
 // close again.
 func waitIdle(t *testing.T, e *Engine) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for e.Down() {
-		if time.Now().After(deadline) {
-			t.Fatal("the breaker did not close after the store came back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.Until(t, 20*time.Second, "the breaker closing after the store came back", func() bool { return !e.Down() })
 	e.Close(20 * time.Second)
 }
 
@@ -31,13 +26,7 @@ func waitIdle(t *testing.T, e *Engine) {
 // call failed too.
 func waitDown(t *testing.T, e *Engine) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !e.Down() {
-		if time.Now().After(deadline) {
-			t.Fatal("the breaker did not open while the store was down")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.Until(t, 20*time.Second, "the breaker opening while the store was down", e.Down)
 }
 
 // A reserve whose reply is lost in a stall longer than the client's timeout
@@ -259,14 +248,12 @@ func TestTheBreakerOpensOnAFailedProbeNotOnOneTimeout(t *testing.T) {
 			}
 			break
 		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // out of the pause before the next one
 	}
 	if !timedOut {
 		t.Fatal("no reserve timed out in 10 pauses of 200 ms: the test proves nothing")
 	}
-	for e.probing.Load() {
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.Until(t, 20*time.Second, "the probe ending", func() bool { return !e.probing.Load() })
 	if e.Down() {
 		t.Fatal("one reserve timed out in a 200 ms pause, and the breaker opened")
 	}

@@ -99,44 +99,140 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-
-	// The upstream, in this process so its Generated counter can be read.
-	up := &fakellm.Server{Input: *input, Output: *output, Interval: *interval,
-		Words: true, StopAtCap: true, Jitter: *jitter}
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	up, upAddr, stopUpstream, err := startUpstream()
 	if err != nil {
 		return err
 	}
-	upSrv := &http.Server{Handler: up}
-	go func() { _ = upSrv.Serve(upLn) }()
-	defer upSrv.Close()
+	defer stopUpstream()
+	st, err := startStore()
+	if err != nil {
+		return err
+	}
+	defer st.stop()
+	var stops []func()
+	defer func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}()
+	bases, admins, err := startInstances(ctx, bin, dir, st.global, upAddr, &stops)
+	if err != nil {
+		return err
+	}
+	admin := admins[0] // the counters are the store's: any instance shows them
+	path, body, err := request()
+	if err != nil {
+		return err
+	}
+	sites := make([]string, len(bases))
+	for i, base := range bases {
+		sites[i] = base + path
+	}
+	before, err := readCounter(admin)
+	if err != nil {
+		return err
+	}
+	if before.used != 0 {
+		return fmt.Errorf("the budget starts at %d used, want 0", before.used)
+	}
+	return measure(ctx, up, st, admins, sites, body, before)
+}
 
-	global, store, redisAddr := "", "memory store", ""
-	if *useRedis {
-		rs, err := redistest.Launch()
+// measure warms the model up, runs the clients until each is refused, and
+// prints the figures.
+func measure(ctx context.Context, up *fakellm.Server, st store, admins, sites []string, body string, before counter) error {
+	hc := &http.Client{Transport: &http.Transport{
+		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
+	}}
+	if err := warmUp(ctx, hc, sites, body); err != nil {
+		return err
+	}
+	warmGenerated := up.Generated() // not the clients' to receive
+	callsBefore, err := storeCalls(ctx, st.redisAddr, admins)
+	if err != nil {
+		return err
+	}
+	results, start, wall := runClients(ctx, hc, sites, body)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	end, err := waitStill(admins[0])
+	if err != nil {
+		return err
+	}
+	if !end.windowStart.Equal(before.windowStart) {
+		log.Printf("warning: the budget's window turned over during the run (%s → %s): run it again", before.windowStart, end.windowStart)
+	}
+	f := tally(results)
+	f.print(st.name, start, end, up, up.Generated()-warmGenerated, warmGenerated)
+	if st.redisAddr != "" {
+		after, err := storeCalls(ctx, st.redisAddr, admins)
 		if err != nil {
 			return err
 		}
-		defer rs.Stop()
-		global = fmt.Sprintf("\tfleetguard {\n\t\tredis %s\n\t\tprefix budgetutil\n\t}\n", rs.URL())
-		store, redisAddr = "redis "+rs.Addr(), rs.Addr()
+		printStoreCalls(callsBefore, after, f, results)
+	}
+	fmt.Printf("wall time: %.1f s\n", wall.Seconds())
+	return nil
+}
+
+// startUpstream serves fakellm in words mode, in this process so its
+// Generated counter can be read.
+func startUpstream() (up *fakellm.Server, addr net.Addr, stop func(), err error) {
+	up = &fakellm.Server{Input: *input, Output: *output, Interval: *interval,
+		Words: true, Jitter: *jitter}
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	upSrv := &http.Server{Handler: up}
+	go func() { _ = upSrv.Serve(upLn) }()
+	return up, upLn.Addr(), func() { _ = upSrv.Close() }, nil
+}
+
+// store is where the budget is kept: the memory store, or a throwaway
+// redis-server with -redis.
+type store struct {
+	name      string
+	global    string // the Caddyfile's global fleetguard block
+	redisAddr string // "" on the memory store
+	stop      func()
+}
+
+func startStore() (store, error) {
+	st := store{name: "memory store", stop: func() {}}
+	if *useRedis {
+		rs, err := redistest.Launch()
+		if err != nil {
+			return st, err
+		}
+		st.stop = rs.Stop
+		st.global = fmt.Sprintf("\tfleetguard {\n\t\tredis %s\n\t\tprefix budgetutil\n\t}\n", rs.URL())
+		st.name, st.redisAddr = "redis "+rs.Addr(), rs.Addr()
 	}
 	if *instances < 1 || *instances > 1 && !*useRedis {
-		return errors.New("-instances: 1, or more with -redis (they share its counters)")
+		st.stop()
+		return st, errors.New("-instances: 1, or more with -redis (they share its counters)")
 	}
+	return st, nil
+}
+
+// startInstances runs -instances Caddy processes with the budget, in front
+// of the upstream at upAddr, and returns each one's site and admin URLs
+// once it answers; stops gathers how to stop them.
+func startInstances(ctx context.Context, bin, dir, global string, upAddr net.Addr, stops *[]func()) (sites, admins []string, err error) {
 	settleWait := ""
 	if *settle >= 0 {
 		settleWait = fmt.Sprintf("\t\tsettle_wait %s\n", *settle)
 	}
-	var sitePorts, admins []string
 	for n := range *instances {
 		sitePort, err := benchkit.FreePort()
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		adminPort, err := benchkit.FreePort()
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
@@ -152,36 +248,51 @@ http://127.0.0.1:%d {
 %s	}
 	reverse_proxy %s
 }
-`, adminPort, global, sitePort, *limit, *window, settleWait, upLn.Addr())
-		cfgPath := filepath.Join(dir, fmt.Sprintf("Caddyfile%d", n))
-		if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
-			return err
-		}
-		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("caddy%d.log", n)))
-		if err != nil {
-			return err
-		}
-		defer logf.Close()
-		caddy := exec.Command(bin, "run", "--config", cfgPath, "--adapter", "caddyfile")
-		caddy.Stdout, caddy.Stderr = logf, logf
-		if err := caddy.Start(); err != nil {
-			return err
-		}
-		defer func() {
-			_ = caddy.Process.Signal(syscall.SIGTERM)
-			_ = caddy.Wait()
-		}()
+`, adminPort, global, sitePort, *limit, *window, settleWait, upAddr)
 		admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
-		if _, err := waitCounter(ctx, admin, 30*time.Second); err != nil {
-			tail, _ := os.ReadFile(logf.Name())
-			return fmt.Errorf("caddy did not come up: %w\n%s", err, tail)
+		if err := startCaddy(ctx, bin, dir, n, caddyfile, admin, stops); err != nil {
+			return nil, nil, err
 		}
-		sitePorts, admins = append(sitePorts, strconv.Itoa(sitePort)), append(admins, admin)
+		sites, admins = append(sites, "http://127.0.0.1:"+strconv.Itoa(sitePort)), append(admins, admin)
 	}
-	admin := admins[0] // the counters are the store's: any instance shows them
+	return sites, admins, nil
+}
+
+// startCaddy runs Caddy number n on caddyfile, its log in dir, and waits
+// until its admin API shows the budget.
+func startCaddy(ctx context.Context, bin, dir string, n int, caddyfile, admin string, stops *[]func()) error {
+	cfgPath := filepath.Join(dir, fmt.Sprintf("Caddyfile%d", n))
+	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o644); err != nil {
+		return err
+	}
+	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("caddy%d.log", n)))
+	if err != nil {
+		return err
+	}
+	*stops = append(*stops, func() { logf.Close() })
+	caddy := exec.Command(bin, "run", "--config", cfgPath, "--adapter", "caddyfile")
+	caddy.Stdout, caddy.Stderr = logf, logf
+	if err := caddy.Start(); err != nil {
+		return err
+	}
+	// Stopped before its log is closed, as the deferred calls of one
+	// function did.
+	*stops = append([]func(){func() {
+		_ = caddy.Process.Signal(syscall.SIGTERM)
+		_ = caddy.Wait()
+	}}, *stops...)
+	if _, err := waitCounter(ctx, admin, 30*time.Second); err != nil {
+		tail, _ := os.ReadFile(logf.Name())
+		return fmt.Errorf("caddy did not come up: %w\n%s", err, tail)
+	}
+	return nil
+}
+
+// request is the path and body every client posts, in -format.
+func request() (path, body string, err error) {
 	anthropic := *format == "anthropic"
 	if !anthropic && *format != "chat" {
-		return fmt.Errorf("-format %q: want chat or anthropic", *format)
+		return "", "", fmt.Errorf("-format %q: want chat or anthropic", *format)
 	}
 	if *model == "" {
 		*model = "gpt-4o"
@@ -189,32 +300,16 @@ http://127.0.0.1:%d {
 			*model = "claude-sonnet-4-5"
 		}
 	}
-	path := "/v1/chat/completions"
-	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"write about budgets"}]}`, *model, *capTok)
 	if anthropic {
-		path = "/v1/messages"
-		body = fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"write about budgets"}]}`, *model, *capTok)
+		return "/v1/messages", fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"write about budgets"}]}`, *model, *capTok), nil
 	}
-	sites := make([]string, len(sitePorts))
-	for i, port := range sitePorts {
-		sites[i] = "http://127.0.0.1:" + port + path
-	}
-	before, err := readCounter(admin)
-	if err != nil {
-		return err
-	}
-	if before.used != 0 {
-		return fmt.Errorf("the budget starts at %d used, want 0", before.used)
-	}
+	return "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"write about budgets"}]}`, *model, *capTok), nil
+}
 
-	// The clients: all first requests at once, then each loops until its
-	// first refusal.
-	hc := &http.Client{Transport: &http.Transport{
-		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
-	}}
-	// On each instance (each learns for itself), the first two one after the
-	// other (the first proves the model, the second its tokenizer's count),
-	// the rest at once.
+// warmUp sends -warm answers to each instance (each learns for itself): the
+// first two one after the other (the first proves the model, the second its
+// tokenizer's count), the rest at once.
+func warmUp(ctx context.Context, hc *http.Client, sites []string, body string) error {
 	for _, site := range sites {
 		for i := 0; i < *warm; {
 			n := 1
@@ -240,15 +335,15 @@ http://127.0.0.1:%d {
 			time.Sleep(200 * time.Millisecond) // their settles
 		}
 	}
-	warmGenerated := up.Generated() // not the clients' to receive
-	callsBefore, err := storeCalls(ctx, redisAddr, admins)
-	if err != nil {
-		return err
-	}
+	return nil
+}
+
+// runClients sends all the clients' first requests at once, then each
+// client loops until its first refusal (or -requests).
+func runClients(ctx context.Context, hc *http.Client, sites []string, body string) (results []result, start time.Time, wall time.Duration) {
 	var (
-		mu      sync.Mutex
-		results []result
-		wg      sync.WaitGroup
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
 	ready := make(chan struct{})
 	for c := range *clients {
@@ -268,131 +363,138 @@ http://127.0.0.1:%d {
 			}
 		}()
 	}
-	start := time.Now()
+	start = time.Now()
 	close(ready)
 	wg.Wait()
-	wall := time.Since(start)
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
+	return results, start, time.Since(start)
+}
 
-	// Settles run after the response: wait for the counter to hold still.
-	var end counter
+// waitStill reads the counter until it holds still: settles run after the
+// response.
+func waitStill(admin string) (end counter, err error) {
 	for prev := int64(-1); ; prev = end.used {
 		time.Sleep(300 * time.Millisecond)
 		if end, err = readCounter(admin); err != nil {
-			return err
+			return end, err
 		}
 		if end.used == prev {
-			break
+			return end, nil
 		}
 	}
-	if !end.windowStart.Equal(before.windowStart) {
-		log.Printf("warning: the budget's window turned over during the run (%s → %s): run it again", before.windowStart, end.windowStart)
-	}
+}
 
-	// The figures.
-	var (
-		firstAdmitted, admitted, truncated, noUsage, refusals, errs int
-		firstRefusal                                                time.Time
-		reported, received                                          int64
-		statuses                                                    = map[int]int{}
-	)
+// figures are what the clients saw, summed.
+type figures struct {
+	firstAdmitted, admitted, truncated, noUsage, refusals, errs int
+	firstRefusal                                                time.Time
+	reported, received                                          int64
+	statuses                                                    map[int]int
+	// spentBefore is what the admittedBefore requests sent before the
+	// first refusal reported.
+	spentBefore    int64
+	admittedBefore int
+	// lowestHeld and highestHeld are the counter (held and spent) when a
+	// request was refused, by its RateLimit header (-1: none shown).
+	lowestHeld, highestHeld int64
+}
+
+func tally(results []result) figures {
+	f := figures{statuses: map[int]int{}, lowestHeld: -1, highestHeld: -1}
 	for _, r := range results {
 		switch {
 		case r.err != nil:
-			errs++
+			f.errs++
 		case r.status >= 200 && r.status <= 299:
 		default:
-			refusals++
-			statuses[r.status]++
-			if firstRefusal.IsZero() || r.answered.Before(firstRefusal) {
-				firstRefusal = r.answered
+			f.refusals++
+			f.statuses[r.status]++
+			if f.firstRefusal.IsZero() || r.answered.Before(f.firstRefusal) {
+				f.firstRefusal = r.answered
+			}
+			if r.remaining >= 0 {
+				held := *limit - r.remaining
+				if f.lowestHeld < 0 || held < f.lowestHeld {
+					f.lowestHeld = held
+				}
+				f.highestHeld = max(f.highestHeld, held)
 			}
 		}
 	}
-	var spentBefore int64
-	var admittedBefore int
 	for _, r := range results {
-		if r.err != nil || r.status < 200 || r.status > 299 {
-			continue
-		}
-		admitted++
-		if r.first {
-			firstAdmitted++
-		}
-		received += int64(r.chunks)
-		if r.usage {
-			reported += int64(r.prompt + r.complete)
-		} else {
-			noUsage++
-		}
-		if (r.finish == "length" || r.finish == "max_tokens") && r.chunks < *capTok {
-			truncated++
-		}
-		if firstRefusal.IsZero() || r.sent.Before(firstRefusal) {
-			admittedBefore++
-			spentBefore += int64(r.prompt + r.complete)
+		if r.err == nil && r.status >= 200 && r.status <= 299 {
+			f.admit(r)
 		}
 	}
-	generated := up.Generated() - warmGenerated
-	pct := func(a, b int64) float64 { return 100 * float64(a) / float64(b) }
-	fmt.Printf("budget-util: one global budget of %d tokens per %s (%s), %d streaming clients (%s, model %s), max_tokens %d;\n", *limit, *window, store, *clients, *format, *model, *capTok)
+	return f
+}
+
+// admit counts an admitted request.
+func (f *figures) admit(r result) {
+	f.admitted++
+	if r.first {
+		f.firstAdmitted++
+	}
+	f.received += int64(r.chunks)
+	if r.usage {
+		f.reported += int64(r.prompt + r.complete)
+	} else {
+		f.noUsage++
+	}
+	if (r.finish == "length" || r.finish == "max_tokens") && r.chunks < *capTok {
+		f.truncated++
+	}
+	if f.firstRefusal.IsZero() || r.sent.Before(f.firstRefusal) {
+		f.admittedBefore++
+		f.spentBefore += int64(r.prompt + r.complete)
+	}
+}
+
+func pct(a, b int64) float64 { return 100 * float64(a) / float64(b) }
+
+// print prints the figures of a run that started at start and left the
+// counter at end; generated is what the upstream generated for the clients.
+func (f figures) print(storeName string, start time.Time, end counter, up *fakellm.Server, generated, warmGenerated int64) {
+	fmt.Printf("budget-util: one global budget of %d tokens per %s (%s), %d streaming clients (%s, model %s), max_tokens %d;\n", *limit, *window, storeName, *clients, *format, *model, *capTok)
 	fmt.Printf("  upstream fakellm words mode: %d prompt tokens, %d output tokens %s apart (jitter %.0f%%)\n", *input, *output, *interval, *jitter*100)
-	fmt.Printf("concurrency admitted (first %d requests, sent at once): %d of %d\n", *clients, firstAdmitted, *clients)
-	if firstRefusal.IsZero() {
-		fmt.Printf("share of the limit spent before the first refusal: no refusal (%d requests, %d tokens, %.1f%%)\n", admittedBefore, spentBefore, pct(spentBefore, *limit))
+	fmt.Printf("concurrency admitted (first %d requests, sent at once): %d of %d\n", *clients, f.firstAdmitted, *clients)
+	if f.firstRefusal.IsZero() {
+		fmt.Printf("share of the limit spent before the first refusal: no refusal (%d requests, %d tokens, %.1f%%)\n", f.admittedBefore, f.spentBefore, pct(f.spentBefore, *limit))
 	} else {
 		fmt.Printf("share of the limit spent before the first refusal: %.1f%% (%d tokens reported by the %d requests admitted before it, %.2f s in)\n",
-			pct(spentBefore, *limit), spentBefore, admittedBefore, firstRefusal.Sub(start).Seconds())
+			pct(f.spentBefore, *limit), f.spentBefore, f.admittedBefore, f.firstRefusal.Sub(start).Seconds())
 	}
 	fmt.Printf("counter at the end: %d of %d = %.1f%% of the limit\n", end.used, *limit, pct(end.used, *limit))
 	if end.used > 0 {
-		fmt.Printf("upstream's reported usage / counter: %d / %d = %.4f\n", reported, end.used, float64(reported)/float64(end.used))
+		fmt.Printf("upstream's reported usage / counter: %d / %d = %.4f\n", f.reported, end.used, float64(f.reported)/float64(end.used))
 		bill := up.Hits()*int64(*input) + generated + warmGenerated
 		fmt.Printf("upstream's bill (prompt of each request it got + tokens generated) / counter: %d / %d = %.4f\n", bill, end.used, float64(bill)/float64(end.used))
 	}
-	fmt.Printf("requests admitted: %d; truncated streams (finish_reason length below max_tokens): %d; admitted streams without a usage chunk: %d\n", admitted, truncated, noUsage)
-	if refusals > 0 {
-		lowest, highest := int64(-1), int64(-1)
-		for _, r := range results {
-			if r.err == nil && (r.status < 200 || r.status > 299) && r.remaining >= 0 {
-				held := *limit - r.remaining
-				if lowest < 0 || held < lowest {
-					lowest = held
-				}
-				highest = max(highest, held)
-			}
-		}
-		if lowest >= 0 {
-			fmt.Printf("counter (held and spent) when a request was refused, by its RateLimit header: lowest %.1f%%, highest %.1f%% of the limit\n", pct(lowest, *limit), pct(highest, *limit))
-		}
+	fmt.Printf("requests admitted: %d; truncated streams (finish_reason length below max_tokens): %d; admitted streams without a usage chunk: %d\n", f.admitted, f.truncated, f.noUsage)
+	if f.refusals > 0 && f.lowestHeld >= 0 {
+		fmt.Printf("counter (held and spent) when a request was refused, by its RateLimit header: lowest %.1f%%, highest %.1f%% of the limit\n", pct(f.lowestHeld, *limit), pct(f.highestHeld, *limit))
 	}
 	var codes []string
-	for code, n := range statuses {
+	for code, n := range f.statuses {
 		codes = append(codes, fmt.Sprintf("%d×%d", n, code))
 	}
-	fmt.Printf("refusals: %d (%s); client errors: %d\n", refusals, strings.Join(codes, ", "), errs)
+	fmt.Printf("refusals: %d (%s); client errors: %d\n", f.refusals, strings.Join(codes, ", "), f.errs)
 	fmt.Printf("upstream generated %d output tokens, clients received %d: residual (generated, never received) %d; streams the upstream stopped early: %d\n",
-		generated, received, generated-received, up.Stopped())
-	if redisAddr != "" {
-		after, err := storeCalls(ctx, redisAddr, admins)
-		if err != nil {
-			return err
-		}
-		calls, exts := after.scripts-callsBefore.scripts, after.extensions-callsBefore.extensions
-		streams := int64(admitted)
-		// An admitted stream makes one reserve, its extensions and one
-		// settle; Redis's own count has the refused requests' calls too
-		// (a reserve, and a release of one that timed out).
-		perStream := 2 + float64(exts)/float64(max(streams, 1))
-		fmt.Printf("store calls of the %d admitted streams (a reserve, %d lease extensions, a settle): %.2f a stream, %.4f an event of their %d; Redis ran %d scripts in all (refused requests' included)\n",
-			streams, exts, perStream, perStream*float64(streams)/float64(max(received, 1)), received, calls)
-		fmt.Printf("events a second a stream: nominal %.0f, received %.0f (events over each stream's time from its request to its end, mean)\n",
-			float64(time.Second)/float64(max(*interval, time.Microsecond)), eventRate(results))
-	}
-	fmt.Printf("wall time: %.1f s\n", wall.Seconds())
-	return nil
+		generated, f.received, generated-f.received, up.Stopped())
+}
+
+// printStoreCalls prints the store calls the admitted streams made, from
+// Redis's counts before and after the run.
+func printStoreCalls(before, after calls, f figures, results []result) {
+	scripts, exts := after.scripts-before.scripts, after.extensions-before.extensions
+	streams := int64(f.admitted)
+	// An admitted stream makes one reserve, its extensions and one
+	// settle; Redis's own count has the refused requests' calls too
+	// (a reserve, and a release of one that timed out).
+	perStream := 2 + float64(exts)/float64(max(streams, 1))
+	fmt.Printf("store calls of the %d admitted streams (a reserve, %d lease extensions, a settle): %.2f a stream, %.4f an event of their %d; Redis ran %d scripts in all (refused requests' included)\n",
+		streams, exts, perStream, perStream*float64(streams)/float64(max(f.received, 1)), f.received, scripts)
+	fmt.Printf("events a second a stream: nominal %.0f, received %.0f (events over each stream's time from its request to its end, mean)\n",
+		float64(time.Second)/float64(max(*interval, time.Microsecond)), eventRate(results))
 }
 
 // eventRate is the mean, over admitted streams, of the events a stream
@@ -487,7 +589,14 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return r
 	}
-	sc := bufio.NewScanner(resp.Body)
+	read(resp.Body, &r)
+	r.ended = time.Now()
+	return r
+}
+
+// read reads an admitted answer's events into r, to the end.
+func read(body io.Reader, r *result) {
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data:")
@@ -499,7 +608,7 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 			r.done = true
 			continue
 		}
-		if anthropicEvent(data, &r) {
+		if anthropicEvent(data, r) {
 			continue
 		}
 		var c fakellm.ChatChunk
@@ -521,8 +630,6 @@ func stream(ctx context.Context, hc *http.Client, url, body string) (r result) {
 	if err := sc.Err(); err != nil && !errors.Is(err, io.EOF) {
 		r.err = err
 	}
-	r.ended = time.Now()
-	return r
 }
 
 // anthropicEvent reads an Anthropic Messages event into r; false when data

@@ -138,22 +138,8 @@ type instance struct {
 }
 
 func (c *churnCase) run(ctx context.Context) error {
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+	if err := c.configure(); err != nil {
 		return err
-	}
-	for n := range *instances {
-		in := &instance{n: n}
-		var err error
-		for _, p := range []*int{&in.site, &in.tiny, &in.admin} {
-			if *p, err = benchkit.FreePort(); err != nil {
-				return err
-			}
-		}
-		in.config, in.logf = filepath.Join(c.dir, fmt.Sprintf("Caddyfile%d", n)), filepath.Join(c.dir, fmt.Sprintf("caddy%d.log", n))
-		if err := os.WriteFile(in.config, []byte(c.caddyfile(in)), 0o644); err != nil {
-			return err
-		}
-		c.insts = append(c.insts, in)
 	}
 	for i, in := range c.insts {
 		if os.Getenv("CHURN_LATE") != "" && i == len(c.insts)-*restarts {
@@ -186,6 +172,34 @@ func (c *churnCase) run(ctx context.Context) error {
 	}
 	load.Wait()
 	churn.Wait()
+	c.print(results)
+	return nil
+}
+
+// configure writes each instance's Caddyfile, on ports of its own.
+func (c *churnCase) configure() error {
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		return err
+	}
+	for n := range *instances {
+		in := &instance{n: n}
+		var err error
+		for _, p := range []*int{&in.site, &in.tiny, &in.admin} {
+			if *p, err = benchkit.FreePort(); err != nil {
+				return err
+			}
+		}
+		in.config, in.logf = filepath.Join(c.dir, fmt.Sprintf("Caddyfile%d", n)), filepath.Join(c.dir, fmt.Sprintf("caddy%d.log", n))
+		if err := os.WriteFile(in.config, []byte(c.caddyfile(in)), 0o644); err != nil {
+			return err
+		}
+		c.insts = append(c.insts, in)
+	}
+	return nil
+}
+
+// print prints a row for each flow's key.
+func (c *churnCase) print(results []keyResult) {
 	for i, f := range flows {
 		r := results[i]
 		limit := *events
@@ -205,7 +219,6 @@ func (c *churnCase) run(ctx context.Context) error {
 			fmt.Printf("%-9s %-8s %d requests found no live instance or failed\n", c.name, f.name, r.errors)
 		}
 	}
-	return nil
 }
 
 // keyResult is what the clients of one key saw.

@@ -20,7 +20,7 @@ func main() {
 	flag.IntVar(&s.Chunks, "chunks", 20, "chunks per streamed answer")
 	flag.DurationVar(&s.Interval, "interval", 50_000_000, "time between streamed chunks")
 	flag.BoolVar(&s.Words, "words", false, "stream chat completions one word-like token per chunk, output chunks in all (-chunks unused)")
-	flag.BoolVar(&s.StopAtCap, "stop-at-cap", false, "answer at most the request's output cap (max_tokens or max_completion_tokens)")
+	flag.BoolVar(&s.OverwriteCap, "overwrite-cap", false, "report -output tokens whatever the request's output cap (max_tokens, max_completion_tokens, max_output_tokens); by default an answer stops at the cap")
 	flag.Float64Var(&s.Jitter, "jitter", 0, "vary each answer's output by up to this fraction either way (0.2: ±20%)")
 	flag.Parse()
 	log.Printf("fakellm on %s: %d input + %d output tokens per request", *addr, s.Input, s.Output)

@@ -156,41 +156,13 @@ func main() {
 	runsPath := flag.String("runs", "fleet-runs.csv", "CSV output: the figures of every run")
 	flag.Parse()
 
-	var runs []scenario
-	if *suite {
-		for _, sc := range suiteScenarios() {
-			if (*group == "" || sc.Group == *group) && strings.Contains(sc.Name, *only) {
-				runs = append(runs, sc)
-			}
-		}
-		if len(runs) == 0 {
-			log.Fatalf("no case in group %q", *group)
-		}
-	} else {
-		s.Name = fmt.Sprintf("%d inst, %g req/s %s, %d keys, %s", s.Instances, s.Rate, s.Pattern, s.Keys, s.Duration)
-		for _, fixed := range modes(*mode) {
-			r := s
-			r.Fixed = fixed
-			runs = append(runs, r)
-		}
-	}
-
+	runs := scenarios(s, *suite, *group, *only, *mode)
 	b, err := newBackend(*cluster)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer b.stop()
-	var results []result
-	for i, sc := range runs {
-		log.Printf("run %d/%d: %s (%s)", i+1, len(runs), sc.Name, sc.mode())
-		r, err := run(b, sc, fmt.Sprintf("bench%d", i))
-		if err != nil {
-			log.Fatal(err)
-		}
-		log.Printf("  offered %.0f req/s, worst window %d / %d, denied %d, false denials %s, Redis %.0f cmds/s, %.3f cmds/request, %.0f script calls/s",
-			float64(r.Offered)/r.Elapsed.Seconds(), r.Worst, r.Events, r.Denied, r.falseDenials(), r.perSec(r.Cmds), r.perReq(r.Cmds), r.perSec(r.Scripts))
-		results = append(results, r)
-	}
+	results := runAll(b, runs)
 	printTable(os.Stdout, results, *cluster)
 	if err := writeCSV(*csvPath, results); err != nil {
 		log.Fatal(err)
@@ -202,6 +174,46 @@ func main() {
 		log.Fatal(err)
 	}
 	log.Printf("wrote %s, %s and %s", *csvPath, *runsPath, *pngPath)
+}
+
+// scenarios are the runs asked for: the suite's cases of group whose name
+// contains only, or s in each of mode's modes.
+func scenarios(s scenario, suite bool, group, only, mode string) []scenario {
+	var runs []scenario
+	if suite {
+		for _, sc := range suiteScenarios() {
+			if (group == "" || sc.Group == group) && strings.Contains(sc.Name, only) {
+				runs = append(runs, sc)
+			}
+		}
+		if len(runs) == 0 {
+			log.Fatalf("no case in group %q", group)
+		}
+		return runs
+	}
+	s.Name = fmt.Sprintf("%d inst, %g req/s %s, %d keys, %s", s.Instances, s.Rate, s.Pattern, s.Keys, s.Duration)
+	for _, fixed := range modes(mode) {
+		r := s
+		r.Fixed = fixed
+		runs = append(runs, r)
+	}
+	return runs
+}
+
+// runAll runs each scenario on b in turn, logging its figures.
+func runAll(b *backend, runs []scenario) []result {
+	var results []result
+	for i, sc := range runs {
+		log.Printf("run %d/%d: %s (%s)", i+1, len(runs), sc.Name, sc.mode())
+		r, err := run(b, sc, fmt.Sprintf("bench%d", i))
+		if err != nil {
+			log.Fatal(err)
+		}
+		log.Printf("  offered %.0f req/s, worst window %d / %d, denied %d, false denials %s, Redis %.0f cmds/s, %.3f cmds/request, %.0f script calls/s",
+			float64(r.Offered)/r.Elapsed.Seconds(), r.Worst, r.Events, r.Denied, r.falseDenials(), r.perSec(r.Cmds), r.perReq(r.Cmds), r.perSec(r.Scripts))
+		results = append(results, r)
+	}
+	return results
 }
 
 func modes(m string) []bool {
@@ -291,12 +303,48 @@ func run(b *backend, sc scenario, prefix string) (result, error) {
 	f := &fleet{b: b, sc: sc, prefix: prefix, limit: &limit, engines: make([]*ratelimit.Engine, sc.Instances),
 		zones: make([]*ratelimit.Zone, sc.Instances), clients: make([]redis.UniversalClient, sc.Instances)}
 	defer f.close()
+	changes, err := f.start()
+	if err != nil {
+		return result{}, err
+	}
+	if sc.Group == "load" && !sc.Fixed {
+		// The store-load cases measure a fleet that runs: instances started
+		// together take their floor shares 2 s (a heartbeat lifetime) after
+		// the fleet's founding, and sync every key they see until then.
+		time.Sleep(foundingWait)
+	}
+	l := newTraffic(sc)
+	r := result{scenario: sc}
+	before, err := b.commandStats()
+	if err != nil {
+		return result{}, err
+	}
+	start := time.Now()
+	if err := l.replay(f, &r, reqs, changes, start); err != nil {
+		return result{}, err
+	}
+	f.leaving.Wait()
+	r.Elapsed = time.Since(start)
+	after, err := b.commandStats()
+	if err != nil {
+		return result{}, err
+	}
+	r.Cmds, r.Scripts = after.all-before.all, after.scripts-before.scripts
+	r.EarlySyncs = f.early.Load()
+	l.figures(&r, start)
+	return r, nil
+}
+
+// start brings up the instances that live from the start, and returns the
+// changes to come, in time order: the others' ups and downs, the restarts.
+func (f *fleet) start() ([]change, error) {
+	sc := f.sc
 	var changes []change
 	for n := 0; n < sc.Instances; n++ {
 		l := sc.life(n)
 		if l.Up == 0 {
 			if err := f.up(n); err != nil {
-				return result{}, err
+				return nil, err
 			}
 		} else {
 			changes = append(changes, change{At: l.Up, Inst: n, Up: true})
@@ -311,82 +359,88 @@ func run(b *backend, sc scenario, prefix string) (result, error) {
 		}
 	}
 	sort.SliceStable(changes, func(i, j int) bool { return changes[i].At < changes[j].At })
-	if sc.Group == "load" && !sc.Fixed {
-		// The store-load cases measure a fleet that runs: instances started
-		// together take their floor shares 2 s (a heartbeat lifetime) after
-		// the fleet's founding, and sync every key they see until then.
-		time.Sleep(foundingWait)
+	return changes, nil
+}
+
+// apply makes one change of the fleet.
+func (f *fleet) apply(c change) error {
+	switch {
+	case c.Restart:
+		return f.restart(c.Inst, f.sc.Kill)
+	case c.Up:
+		return f.up(c.Inst)
+	default:
+		f.down(c.Inst)
+		return nil
 	}
+}
+
+// traffic is the requests of a run by key: when each was offered and admitted,
+// and how many were denied.
+type traffic struct {
+	sc              scenario
+	keys            []keyhash.Hash
+	admits, offered [][]int64
+	denied          []int
+}
+
+func newTraffic(sc scenario) *traffic {
 	keys := make([]keyhash.Hash, sc.keys())
 	for i := range keys {
 		keys[i] = keyhash.Of("bench-key-" + strconv.Itoa(i))
 	}
-	admits := make([][]int64, len(keys))
-	offered := make([][]int64, len(keys))
-	denied := make([]int, len(keys))
-	r := result{scenario: sc}
-	before, err := b.commandStats()
-	if err != nil {
-		return result{}, err
-	}
+	return &traffic{sc: sc, keys: keys, admits: make([][]int64, len(keys)),
+		offered: make([][]int64, len(keys)), denied: make([]int, len(keys))}
+}
+
+// replay sends reqs on their schedule from start, making the fleet's
+// changes as their time comes, and counts the answers in r.
+func (l *traffic) replay(f *fleet, r *result, reqs []req, changes []change, start time.Time) error {
 	checks := make([]ratelimit.Check, 1)
 	out := make([]ratelimit.Verdict, 1)
 	trace := os.Getenv("FLEET_TRACE") != ""
-	start := time.Now()
 	for _, q := range reqs {
 		if wait := q.At - time.Since(start); wait > 200*time.Microsecond {
 			time.Sleep(wait - 100*time.Microsecond)
 		}
-		for len(changes) > 0 && changes[0].At <= q.At {
-			if c := changes[0]; c.Restart {
-				if err := f.restart(c.Inst, sc.Kill); err != nil {
-					return result{}, err
-				}
-			} else if c.Up {
-				if err := f.up(c.Inst); err != nil {
-					return result{}, err
-				}
-			} else {
-				f.down(c.Inst)
+		for ; len(changes) > 0 && changes[0].At <= q.At; changes = changes[1:] {
+			if err := f.apply(changes[0]); err != nil {
+				return err
 			}
-			changes = changes[1:]
 		}
-		checks[0] = ratelimit.Check{Zone: f.zones[q.Inst], Limit: &limit, Key: keys[q.Key]}
+		checks[0] = ratelimit.Check{Zone: f.zones[q.Inst], Limit: f.limit, Key: l.keys[q.Key]}
 		now := time.Now().UnixNano()
 		r.Offered++
-		offered[q.Key] = append(offered[q.Key], now)
+		l.offered[q.Key] = append(l.offered[q.Key], now)
 		if f.engines[q.Inst].Allow(now, checks, out) < 0 {
 			r.Admitted++
-			admits[q.Key] = append(admits[q.Key], now)
+			l.admits[q.Key] = append(l.admits[q.Key], now)
 			if trace {
 				fmt.Printf("trace %d %d\n", (now-start.UnixNano())/1e7, q.Inst)
 			}
 		} else {
 			r.Denied++
-			denied[q.Key]++
+			l.denied[q.Key]++
 		}
 	}
-	f.leaving.Wait()
-	r.Elapsed = time.Since(start)
-	after, err := b.commandStats()
-	if err != nil {
-		return result{}, err
-	}
-	r.Cmds, r.Scripts = after.all-before.all, after.scripts-before.scripts
-	r.EarlySyncs = f.early.Load()
+	return nil
+}
+
+// figures fills in r's worst window, false denials, overshoot and series.
+func (l *traffic) figures(r *result, start time.Time) {
+	sc := l.sc
 	r.FalseDenials = -1
-	for k, a := range admits {
+	for k, a := range l.admits {
 		// The load runs in time order; sorting guards against a wall clock step.
 		sort.Slice(a, func(i, j int) bool { return a[i] < a[j] })
-		sort.Slice(offered[k], func(i, j int) bool { return offered[k][i] < offered[k][j] })
+		sort.Slice(l.offered[k], func(i, j int) bool { return l.offered[k][i] < l.offered[k][j] })
 		r.Worst = max(r.Worst, window.MostInAny(a, sc.Window))
-		if len(offered[k]) > 0 && window.MostInAny(offered[k], sc.Window) < int(sc.Events) {
-			r.FalseDenials = max(r.FalseDenials, 0) + denied[k]
+		if len(l.offered[k]) > 0 && window.MostInAny(l.offered[k], sc.Window) < int(sc.Events) {
+			r.FalseDenials = max(r.FalseDenials, 0) + l.denied[k]
 		}
 	}
 	r.Overshoot = 100 * float64(r.Worst-int(sc.Events)) / float64(sc.Events)
-	r.Series = series(admits[0], start.UnixNano(), sc.Duration+sc.Window/2, sc.Window)
-	return r, nil
+	r.Series = series(l.admits[0], start.UnixNano(), sc.Duration+sc.Window/2, sc.Window)
 }
 
 // series counts the sorted timestamps in the window (t-w, t] for t every

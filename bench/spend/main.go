@@ -117,34 +117,26 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Models of other providers bill by another tokenizer than the proxy
-	// llmbudget counts them by (o200k).
-	other := map[string]func(string) int64{}
-	for _, api := range apis {
-		if !strings.HasPrefix(api.model, "gpt-") {
-			other[api.model] = fakellm.CL100kTokens
-		}
-	}
-	up := &fakellm.Billed{Texts: answers(*tokens), ChunkBytes: *chunk, Interval: *interval, Tokenizers: other}
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	up, upAddr, stopUpstream, err := startUpstream()
 	if err != nil {
 		return err
 	}
-	upSrv := &http.Server{Handler: up}
-	go func() { _ = upSrv.Serve(upLn) }()
-	defer upSrv.Close()
-
-	c, err := startCaddy(dir, bin, upLn.Addr().String())
+	defer stopUpstream()
+	c, err := startCaddy(dir, bin, upAddr)
 	if err != nil {
 		return err
 	}
 	defer c.stop()
+	cases, err := spendCases(up)
+	if err != nil {
+		return err
+	}
 
 	fmt.Printf("spend: a budget of %d tokens an hour per case, %d streaming clients at once, answers of %d o200k tokens in events of %d bytes %s apart, cap %d\n",
 		*limit, *clients, *tokens, *chunk, *interval, *capTok)
 	fmt.Printf(rowFormat, "format", "model", "text", "history", "first wave", "spent before 1st refusal", "counter", "bill/counter", "ceiling")
 	broken := 0
-	run1 := func(cs spendCase) error {
+	for _, cs := range cases {
 		cs.c, cs.up = c, up
 		cs.model = fmt.Sprintf("%s-%s-%s-%s", apis[cs.format].model, cs.format, cs.text, cs.history)
 		row, held, err := cs.run(ctx)
@@ -155,23 +147,51 @@ func run(ctx context.Context) error {
 			broken++
 		}
 		fmt.Print(row)
-		return nil
 	}
+	if broken > 0 {
+		return fmt.Errorf("the ceiling broke in %d cases", broken)
+	}
+	return nil
+}
+
+// startUpstream serves fakellm.Billed, in this process so its answers can
+// be read.
+func startUpstream() (up *fakellm.Billed, addr string, stop func(), err error) {
+	// Models of other providers bill by another tokenizer than the proxy
+	// llmbudget counts them by (o200k).
+	other := map[string]func(string) int64{}
+	for _, api := range apis {
+		if !strings.HasPrefix(api.model, "gpt-") {
+			other[api.model] = fakellm.CL100kTokens
+		}
+	}
+	up = &fakellm.Billed{Texts: answers(*tokens), ChunkBytes: *chunk, Interval: *interval, Tokenizers: other}
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	upSrv := &http.Server{Handler: up}
+	go func() { _ = upSrv.Serve(upLn) }()
+	return up, upLn.Addr().String(), func() { _ = upSrv.Close() }, nil
+}
+
+// spendCases are the cases the flags ask for, in the order they run: for
+// each format, its texts by histories, then its extra cases.
+func spendCases(up *fakellm.Billed) ([]spendCase, error) {
+	var cases []spendCase
 	for _, format := range strings.Split(*formats, ",") {
 		if _, ok := apis[format]; !ok {
-			return fmt.Errorf("-formats: unknown format %q", format)
+			return nil, fmt.Errorf("-formats: unknown format %q", format)
 		}
 		for _, text := range strings.Split(*texts, ",") {
 			if _, ok := up.Texts[text]; !ok {
-				return fmt.Errorf("-texts: unknown text %q", text)
+				return nil, fmt.Errorf("-texts: unknown text %q", text)
 			}
 			for _, history := range strings.Split(*histories, ",") {
 				if history != "none" && history != "english" {
-					return fmt.Errorf("-histories: unknown history %q", history)
+					return nil, fmt.Errorf("-histories: unknown history %q", history)
 				}
-				if err := run1(spendCase{format: format, text: text, history: history}); err != nil {
-					return err
-				}
+				cases = append(cases, spendCase{format: format, text: text, history: history})
 			}
 		}
 		for _, extra := range strings.Split(*extras, ",") {
@@ -187,17 +207,12 @@ func run(ctx context.Context) error {
 				}
 				cs.history, cs.headers = "input", map[string]string{"X-Fake-Input": "300"}
 			default:
-				return fmt.Errorf("-extras: unknown case %q", extra)
+				return nil, fmt.Errorf("-extras: unknown case %q", extra)
 			}
-			if err := run1(cs); err != nil {
-				return err
-			}
+			cases = append(cases, cs)
 		}
 	}
-	if broken > 0 {
-		return fmt.Errorf("the ceiling broke in %d cases", broken)
-	}
-	return nil
+	return cases, nil
 }
 
 // rowFormat is a row of the table, printed as each case ends.
@@ -249,6 +264,21 @@ func (s spendCase) run(ctx context.Context) (row string, held bool, err error) {
 			s.settled(ctx)
 		}
 	}
+	outcomes := s.clients(ctx, url, api.body(s.model, *capTok))
+	if ctx.Err() != nil {
+		return "", false, ctx.Err()
+	}
+	used, err := s.settled(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	row, held = s.row(outcomes, used)
+	return row, held, nil
+}
+
+// clients runs -clients clients at once, each posting until its first
+// refusal, and returns what they saw.
+func (s spendCase) clients(ctx context.Context, url, body string) []outcome {
 	var (
 		mu       sync.Mutex
 		outcomes []outcome
@@ -261,7 +291,7 @@ func (s spendCase) run(ctx context.Context) (row string, held bool, err error) {
 			defer wg.Done()
 			<-ready
 			for first := true; ctx.Err() == nil; first = false {
-				code, err := s.post(ctx, url, api.body(s.model, *capTok), s.text, s.headers)
+				code, err := s.post(ctx, url, body, s.text, s.headers)
 				mu.Lock()
 				outcomes = append(outcomes, outcome{first: first, status: code, answered: time.Now()})
 				mu.Unlock()
@@ -273,13 +303,12 @@ func (s spendCase) run(ctx context.Context) (row string, held bool, err error) {
 	}
 	close(ready)
 	wg.Wait()
-	if ctx.Err() != nil {
-		return "", false, ctx.Err()
-	}
-	used, err := s.settled(ctx)
-	if err != nil {
-		return "", false, err
-	}
+	return outcomes
+}
+
+// row is the case's row of the table, from the clients' outcomes, the
+// upstream's bill and the counter (used), and whether the ceiling held.
+func (s spendCase) row(outcomes []outcome, used int64) (row string, held bool) {
 	var firstWave int
 	var firstRefusal time.Time
 	for _, o := range outcomes {
@@ -311,7 +340,7 @@ func (s spendCase) run(ctx context.Context) (row string, held bool, err error) {
 		verdict = "BROKEN"
 	}
 	return fmt.Sprintf(rowFormat, s.format, apis[s.format].model, s.text, s.history,
-		fmt.Sprintf("%d of %d", firstWave, *clients), pct(spent), pct(used), ratio, verdict), held, nil
+		fmt.Sprintf("%d of %d", firstWave, *clients), pct(spent), pct(used), ratio, verdict), held
 }
 
 // post sends one request for an answer of text and reads it whole.

@@ -1,6 +1,7 @@
 // Package fakellm is a local OpenAI-, Anthropic- and Ollama-compatible
-// upstream for tests and bench scripts. Every answer reports a fixed usage
-// (at most the request's own output cap with StopAtCap).
+// upstream for tests and bench scripts. Every answer reports a fixed usage,
+// at most the request's own output cap as a model stops at its cap
+// (OverwriteCap reports the fixed usage whatever the cap).
 //
 // An embeddings request reports Input tokens only. A chat completion with
 // "stream": true is streamed as Chunks SSE chunks
@@ -20,7 +21,7 @@
 // per output token, each one word-like token of a fixed list (4.5 bytes a
 // token on average; the first chunk's delta also names the role, as
 // OpenAI's does), Output of them Interval apart (Chunks is not used), or
-// the request's cap with StopAtCap when that is smaller, then a chunk with
+// the request's cap when that is smaller, then a chunk with
 // finish_reason "length" (the cap cut the answer) or "stop". Its usage chunk
 // reports Input and the tokens generated. A words stream stops generating
 // when a write fails or the request's context is done (the client went
@@ -32,8 +33,8 @@
 // varies each answer's length by up to that fraction of Output, either way.
 //
 // Request headers change one answer: X-Fake-Status (answer with that status),
-// X-Fake-No-Usage (report no usage), X-Fake-Delay (wait first), X-Fake-Cut
-// (close a stream after that many chunks, before any usage).
+// X-Fake-No-Usage (report no usage), X-Fake-Cut (close a stream after that
+// many chunks, before any usage).
 package fakellm
 
 import (
@@ -53,16 +54,19 @@ import (
 // Server answers like an LLM API.
 type Server struct {
 	Input, Output int // tokens reported per request
-	// StopAtCap makes a chat or Anthropic request that names an output cap
-	// (max_completion_tokens or max_tokens) report at most that many output
-	// tokens, as a model stops at its cap; Output is then what a request
-	// without one writes.
-	StopAtCap bool
-	Delay     time.Duration // before answering
-	Chunks    int           // chunks per stream
-	Interval  time.Duration // between chunks
-	// Gate, when set, is received from after a stream's first chunk, so a
-	// test can hold a stream open.
+	// A request that names an output cap (max_completion_tokens,
+	// max_tokens or max_output_tokens) reports at most that many output
+	// tokens, as a model stops at its cap; Output is what a request without
+	// one writes. OverwriteCap reports Output whatever the cap: an upstream
+	// that writes past the cap it was given, the case a meter must survive.
+	OverwriteCap bool
+	Delay        time.Duration // before answering
+	Chunks       int           // chunks per stream
+	Interval     time.Duration // between chunks
+	// Gate, when set, is received from before a non-streamed answer (or
+	// until its client goes away) and after a stream's first chunk: a test
+	// holds an answer until it says (close the channel, or send once per
+	// answer), where a fixed delay would guess how long the test needs.
 	Gate chan struct{}
 	// Words streams a chat completion one word-like token per chunk (see
 	// the package comment).
@@ -104,37 +108,17 @@ func (s *Server) LastBody() string {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.hits.Add(1)
-	body, _ := io.ReadAll(r.Body)
-	s.mu.Lock()
-	s.lastBody = body
-	s.mu.Unlock()
-	var req struct {
-		Model         string `json:"model"`
-		Stream        *bool  `json:"stream"`
-		StreamOptions struct {
-			IncludeUsage bool `json:"include_usage"`
-		} `json:"stream_options"`
-		MaxCompletionTokens int `json:"max_completion_tokens"`
-		MaxTokens           int `json:"max_tokens"`
-		MaxOutputTokens     int `json:"max_output_tokens"`
+	req := s.read(r)
+	output, capCut := s.outputFor(req)
+	time.Sleep(s.Delay)
+	stream := req.Stream != nil && *req.Stream
+	if !stream && s.Gate != nil {
+		select {
+		case <-s.Gate:
+		case <-r.Context().Done(): // the client went away: no one to answer
+			return
+		}
 	}
-	_ = json.Unmarshal(body, &req)
-	output := s.Output
-	if s.Jitter > 0 {
-		spread := int(s.Jitter * float64(s.Output))
-		output = max(1, output-spread+rand.IntN(2*spread+1))
-	}
-	capCut := false
-	if limit := cmp.Or(req.MaxCompletionTokens, req.MaxTokens, req.MaxOutputTokens); s.StopAtCap && limit > 0 {
-		capCut = limit < output
-		output = min(output, limit)
-	}
-
-	delay := s.Delay
-	if d, err := time.ParseDuration(r.Header.Get("X-Fake-Delay")); err == nil {
-		delay = d
-	}
-	time.Sleep(delay)
 	if code, err := strconv.Atoi(r.Header.Get("X-Fake-Status")); err == nil {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)
@@ -149,21 +133,65 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if cut, err := strconv.Atoi(r.Header.Get("X-Fake-Cut")); err == nil {
 		a.chunks, a.cut = cut, true
 	}
-	stream := req.Stream != nil && *req.Stream
+	a.write(r, req, stream, capCut)
+}
+
+// request is what the server reads of a request's body.
+type request struct {
+	Model         string `json:"model"`
+	Stream        *bool  `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxCompletionTokens int `json:"max_completion_tokens"`
+	MaxTokens           int `json:"max_tokens"`
+	MaxOutputTokens     int `json:"max_output_tokens"`
+}
+
+// read reads and keeps the request's body (for LastBody), and decodes it.
+func (s *Server) read(r *http.Request) request {
+	body, _ := io.ReadAll(r.Body)
+	s.mu.Lock()
+	s.lastBody = body
+	s.mu.Unlock()
+	var req request
+	_ = json.Unmarshal(body, &req)
+	return req
+}
+
+// outputFor is how many output tokens the answer to req reports: Output,
+// jittered, then no more than the request's cap unless OverwriteCap; capCut
+// says the cap cut it.
+func (s *Server) outputFor(req request) (output int, capCut bool) {
+	output = s.Output
+	if s.Jitter > 0 {
+		spread := int(s.Jitter * float64(s.Output))
+		output = max(1, output-spread+rand.IntN(2*spread+1))
+	}
+	if limit := cmp.Or(req.MaxCompletionTokens, req.MaxTokens, req.MaxOutputTokens); !s.OverwriteCap && limit > 0 {
+		capCut = limit < output
+		output = min(output, limit)
+	}
+	return output, capCut
+}
+
+// write answers in the shape of the API the path names, streamed or not.
+func (a *answer) write(r *http.Request, req request, stream, capCut bool) {
+	s, path := a.s, r.URL.Path
 	switch {
-	case strings.HasSuffix(r.URL.Path, "/messages") && stream && s.Words:
+	case strings.HasSuffix(path, "/messages") && stream && s.Words:
 		a.anthropicWordStream(r, capCut)
-	case strings.HasSuffix(r.URL.Path, "/messages") && stream:
+	case strings.HasSuffix(path, "/messages") && stream:
 		a.anthropicStream()
-	case strings.HasSuffix(r.URL.Path, "/messages"):
+	case strings.HasSuffix(path, "/messages"):
 		a.json(fmt.Sprintf(`{"id":"msg_fake","type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":"hello"}],"stop_reason":"end_turn"%s}`,
-			req.Model, a.usage(`,"usage":{"input_tokens":%d,"output_tokens":%d}`, s.Input, output)))
-	case strings.HasSuffix(r.URL.Path, "/embeddings"):
+			req.Model, a.usage(`,"usage":{"input_tokens":%d,"output_tokens":%d}`, s.Input, a.output)))
+	case strings.HasSuffix(path, "/embeddings"):
 		a.json(fmt.Sprintf(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":%q%s}`,
 			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"total_tokens":%d}`, s.Input, s.Input)))
-	case strings.HasSuffix(r.URL.Path, "/completions") && !strings.HasSuffix(r.URL.Path, "/chat/completions") && stream:
+	case strings.HasSuffix(path, "/completions") && !strings.HasSuffix(path, "/chat/completions") && stream:
 		a.completionStream(req.StreamOptions.IncludeUsage)
-	case strings.HasSuffix(r.URL.Path, "/responses") && stream:
+	case strings.HasSuffix(path, "/responses") && stream:
 		a.responsesStream(r, capCut)
 	case stream && s.Words:
 		a.wordStream(r, req.StreamOptions.IncludeUsage, capCut)
@@ -171,7 +199,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.chatStream(req.StreamOptions.IncludeUsage)
 	default:
 		a.json(fmt.Sprintf(`{"id":"chatcmpl-fake","object":"chat.completion","model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]%s}`,
-			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.Input, output, s.Input+output)))
+			req.Model, a.usage(`,"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.Input, a.output, s.Input+a.output)))
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // wordsStream posts a streamed chat request asking for usage with max_tokens
@@ -49,7 +51,7 @@ func wordsStream(t *testing.T, url string, limit int) (text string, chunks int, 
 }
 
 func TestWordsStream(t *testing.T) {
-	s := &Server{Input: 20, Output: 40, Interval: time.Millisecond, Words: true, StopAtCap: true}
+	s := &Server{Input: 20, Output: 40, Interval: time.Millisecond, Words: true}
 	ts := httptest.NewServer(s)
 	defer ts.Close()
 	text, chunks, finish, prompt, completion := wordsStream(t, ts.URL, 4096)
@@ -83,13 +85,10 @@ func TestWordsStreamStopsWhenClientLeaves(t *testing.T) {
 	}
 	buf := make([]byte, 1)
 	_, _ = resp.Body.Read(buf)
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the client reads for 50 ms: about 10 tokens
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for s.Stopped() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Until(t, 2*time.Second, "the stream stopping", func() bool { return s.Stopped() > 0 })
 	if s.Stopped() != 1 {
 		t.Fatalf("Stopped %d, want 1", s.Stopped())
 	}
@@ -121,7 +120,7 @@ func TestJitter(t *testing.T) {
 // response.incomplete when max_output_tokens cut it.
 func TestResponsesStream(t *testing.T) {
 	s := New()
-	s.Output, s.Interval, s.StopAtCap = 12, 0, true
+	s.Output, s.Interval = 12, 0
 	ts := httptest.NewServer(s)
 	defer ts.Close()
 	for _, tc := range []struct {
@@ -165,6 +164,40 @@ func TestResponsesStream(t *testing.T) {
 		}
 		if r := last.Response; r.Usage.OutputTokens != tc.want || len(r.Output) != 1 || r.Output[0].Content[0].Text != deltas.String() {
 			t.Fatalf("final response %+v, want %d output tokens and the deltas' text %q", r, tc.want, deltas.String())
+		}
+	}
+}
+
+// An answer stops at the request's cap, as a model does; OverwriteCap
+// reports Output whatever the cap, an upstream that writes past it.
+func TestAnswersStopAtTheCapUnlessOverwriteCap(t *testing.T) {
+	for _, tc := range []struct {
+		overwrite  bool
+		body       string
+		completion int
+	}{
+		{false, `{"model":"m","max_tokens":5}`, 5},
+		{false, `{"model":"m","max_completion_tokens":500}`, 70},
+		{false, `{"model":"m"}`, 70},
+		{true, `{"model":"m","max_tokens":5}`, 70},
+	} {
+		s := New()
+		s.OverwriteCap = tc.overwrite
+		ts := httptest.NewServer(s)
+		resp, err := http.Post(ts.URL+"/v1/chat/completions", "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var answer struct {
+			Usage struct {
+				Completion int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&answer)
+		resp.Body.Close()
+		ts.Close()
+		if err != nil || answer.Usage.Completion != tc.completion {
+			t.Errorf("OverwriteCap %v, %s: %d output tokens (%v), want %d", tc.overwrite, tc.body, answer.Usage.Completion, err, tc.completion)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // A failover client follows the sentinels to the replica they promote after
@@ -31,19 +33,14 @@ func TestSentinelFailsOverToTheReplica(t *testing.T) {
 		t.Fatalf("promoted %s, want the replica %s", promoted.Addr(), s.Replica.Addr())
 	}
 	t.Logf("failover %s → %s in %s", from, promoted.Addr(), time.Since(killed).Round(time.Millisecond))
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		v, err := c.Get(ctx, "before").Result()
-		if err == nil {
-			if v != "1" {
-				t.Fatalf("after the failover: %q, want the replicated 1", v)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the failover client never reached the new master: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var v string
+	wait.Until(t, 5*time.Second, "the failover client reaching the new master", func() bool {
+		var err error
+		v, err = c.Get(ctx, "before").Result()
+		return err == nil
+	})
+	if v != "1" {
+		t.Fatalf("after the failover: %q, want the replicated 1", v)
 	}
 	if err := c.Set(ctx, "after", "2", 0).Err(); err != nil {
 		t.Fatalf("writing to the new master: %v", err)
