@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/wait"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
@@ -160,7 +161,7 @@ func TestStoreOutageKeepsTheWindowOnOwnAdmits(t *testing.T) {
 	}
 	// Nothing reaches the store for staleAfter (2 s): the engine limits on
 	// its own admits.
-	eventually(t, 5*time.Second, "the engine to give up on the store", func() bool {
+	wait.Until(t, 5*time.Second, "the engine to give up on the store", func() bool {
 		a.heartbeat(context.Background(), time.Now().UnixMilli())
 		return !a.Healthy()
 	})
@@ -178,7 +179,7 @@ func TestStoreOutageKeepsTheWindowOnOwnAdmits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// go-redis re-dials a pool whose dials failed about once a second.
-	eventually(t, 5*time.Second, "the engine's recovery when Redis is back", func() bool {
+	wait.Until(t, 5*time.Second, "the engine's recovery when Redis is back", func() bool {
 		return a.pass(context.Background(), time.Now().UnixNano(), false) == nil
 	})
 	if v := allow(a, z, l, "k", time.Now().UnixNano()); v.Allowed {

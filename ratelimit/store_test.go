@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // storeCase sets up one kind of store; the setup's result builds a client of
@@ -127,7 +128,7 @@ func TestSlotStoreConformance(t *testing.T) {
 			syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: 20 * time.Millisecond}})
 			// (Redis answers 0 for a key in the millisecond it expires, still
 			// there: a read in that millisecond would find it.)
-			eventually(t, 5*time.Second, "the key's expiry", func() bool { return expiresIn(t, s, key) < 0 })
+			wait.Until(t, 5*time.Second, "the key's expiry", func() bool { return expiresIn(t, s, key) < 0 })
 			if r := syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: time.Minute}})[0]; len(r.Slots) != 0 {
 				t.Fatalf("after the expiry: %+v, want nothing", r)
 			}
