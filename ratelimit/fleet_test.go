@@ -9,8 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
-	"github.com/fleetguard/fleetguard/internal/wait"
 	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 func fleetEngine(t testing.TB, s SlotStore, prefix string) *Engine {
