@@ -92,7 +92,9 @@ func (s *ceilingSetup) caddyfile(limit int64, options string) string {
 	return testCaddyfile{Port: s.port, Upstream: s.upstream,
 		Global: []string{fmt.Sprintf("fleetguard {\n\t\tprefix ceiling%d\n\t}", s.port)},
 		LLMBudget: []string{
-			fmt.Sprintf("budget ceiling {\n\t\t\tscope model\n\t\t\tlimit %d\n\t\t\twindow 1h\n\t\t}", limit),
+			// 30 days: a fixed window resets on its boundary (a 1h one on
+			// the hour), and a case that spans one reads a fresh counter.
+			fmt.Sprintf("budget ceiling {\n\t\t\tscope model\n\t\t\tlimit %d\n\t\t\twindow 720h\n\t\t}", limit),
 			"max_request_body 4MiB",
 			options,
 		}}.String()
@@ -408,7 +410,7 @@ func TestAnAnswerTheMeterCannotReadIsNeverFree(t *testing.T) {
 				port := freePort(t)
 				tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix opaque%d\n }", port), fmt.Sprintf(`budget g {
 			limit %d
-			window 1h
+			window 720h
 		}`, limit)))
 				proveModels(nil, "gpt-4o")
 				body := `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go"}]}`
