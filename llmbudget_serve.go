@@ -12,7 +12,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/bpe"
@@ -264,24 +263,6 @@ func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *ref
 		return nil, &refusal{kind: refusedBudget, denial: denial, dims: c.dims, note: c.holdNote}
 	}
 	return res, nil
-}
-
-// budgetStoreFailed logs the first failure of an outage.
-func (e *store) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
-	if e.budgetStoreDown.CompareAndSwap(false, true) {
-		msg := "budget store unreachable; denying budgeted requests with 503 until it returns"
-		if failOpen {
-			msg = "budget store unreachable; admitting budgeted requests unbudgeted (fail_open) until it returns"
-		}
-		log.Error(msg, zap.Error(err))
-	}
-}
-
-// budgetStoreOK logs the end of an outage.
-func (e *store) budgetStoreOK(log *zap.Logger) {
-	if e.budgetStoreDown.Load() && e.budgetStoreDown.CompareAndSwap(true, false) {
-		log.Info("budget store reachable again")
-	}
 }
 
 // apiCredential is the credential the API being called authenticates with,

@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
-	"github.com/fleetguard/fleetguard/internal/safego"
 )
 
 // settle applies the outcome of a response to its reservation, on a context
@@ -100,39 +99,6 @@ func holdNames(holds []budget.Hold) []string {
 		names[i] = h.Budget.Name
 	}
 	return names
-}
-
-// maxPendingSettles bounds the settles running in the background.
-const maxPendingSettles = 1024
-
-// settleLater runs settle in the background, or now when too many are
-// pending.
-func (e *store) settleLater(settle func()) {
-	select {
-	case e.settleSlots <- struct{}{}:
-	default:
-		defer e.inFlight.done()
-		defer safego.Recover("llmbudget settle", e.reportPanic)
-		settle()
-		return
-	}
-	e.settles.Add(1)
-	go func() {
-		defer func() { <-e.settleSlots; e.settles.Done() }()
-		defer e.inFlight.done()
-		defer safego.Recover("llmbudget settle", e.reportPanic)
-		settle()
-	}()
-}
-
-// waitSettles waits at most timeout for the pending settles.
-func (e *store) waitSettles(timeout time.Duration) {
-	done := make(chan struct{})
-	go func() { e.settles.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(timeout):
-	}
 }
 
 // reportCrossings counts, logs and emits the alert thresholds res's settle

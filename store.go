@@ -1,10 +1,8 @@
 package fleetguard
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/safego"
 	"github.com/fleetguard/fleetguard/ratelimit"
 )
 
@@ -250,168 +249,53 @@ func storeFrom(ctx caddy.Context) (*store, error) {
 	return a.store, nil
 }
 
-// Short dial and I/O timeouts: the reconciler runs every few hundred ms, and a
-// Redis that answers slower than that is treated as down. The client never
-// retries on its own (-1): a re-sent sync step or reserve script whose first
-// reply was lost would count twice; where a retry is safe the engines retry.
-const (
-	redisTimeout    = 500 * time.Millisecond
-	redisMaxRetries = -1
-	// One dial attempt per connection: go-redis's default (5 with backoff)
-	// makes every pass and reserve wait about half a second on a dead Redis.
-	redisDialAttempts = 1
-)
-
-// limitClient gives a client of any of go-redis's three kinds the settings
-// above, whatever its URL says.
-func limitClient(dialTimeout, readTimeout, writeTimeout *time.Duration, maxRetries, dialAttempts *int, contextTimeout *bool) {
-	*dialTimeout, *readTimeout, *writeTimeout = redisTimeout, redisTimeout, redisTimeout
-	*maxRetries, *dialAttempts = redisMaxRetries, redisDialAttempts
-	*contextTimeout = true // a reserve waits at most store_timeout
+// budgetStoreFailed logs the first failure of an outage.
+func (e *store) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
+	if e.budgetStoreDown.CompareAndSwap(false, true) {
+		msg := "budget store unreachable; denying budgeted requests with 503 until it returns"
+		if failOpen {
+			msg = "budget store unreachable; admitting budgeted requests unbudgeted (fail_open) until it returns"
+		}
+		log.Error(msg, zap.Error(err))
+	}
 }
 
-// configuredStore validates the store options and returns the identity of
-// the store they name and how to connect to it; connect is nil for the
-// embedded memory store.
-func (a *App) configuredStore() (storeIdentity, func() redis.UniversalClient, error) {
-	if set := a.storeFields(); len(set) > 1 {
-		both := "both"
-		if len(set) > 2 {
-			both = "all"
-		}
-		return storeIdentity{}, nil, fmt.Errorf("fleetguard: %s are %s set; set one of redis, redis_cluster and redis_sentinel", joinNames(set), both)
+// budgetStoreOK logs the end of an outage.
+func (e *store) budgetStoreOK(log *zap.Logger) {
+	if e.budgetStoreDown.Load() && e.budgetStoreDown.CompareAndSwap(true, false) {
+		log.Info("budget store reachable again")
 	}
-	switch {
-	case a.Redis != "":
-		opts, err := parseRedisURL("redis", a.Redis, redis.ParseURL)
-		if err != nil {
-			return storeIdentity{}, nil, err
-		}
-		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
-		return redisIdentity(opts, a.Prefix), func() redis.UniversalClient { return redis.NewClient(opts) }, nil
-	case a.RedisCluster != "":
-		opts, err := parseRedisURL("redis_cluster", a.RedisCluster, redis.ParseClusterURL)
-		if err != nil {
-			return storeIdentity{}, nil, err
-		}
-		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
-		return clusterIdentity(opts, a.Prefix), func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
-	case a.RedisSentinel != "":
-		opts, err := parseRedisURL("redis_sentinel", a.RedisSentinel, parseSentinelURL)
-		if err != nil {
-			return storeIdentity{}, nil, err
-		}
-		// The limits apply to the sentinel queries too, which need no retry
-		// of their own: a master lookup that fails asks every sentinel at once.
-		limitClient(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout, &opts.MaxRetries, &opts.DialerRetries, &opts.ContextTimeoutEnabled)
-		return sentinelIdentity(opts, a.Prefix), func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
-	}
-	return memoryIdentity(a.Prefix), nil, nil
 }
 
-// storeFields names the store options that are set.
-func (a *App) storeFields() []string {
-	var set []string
-	for _, f := range []struct{ name, value string }{
-		{"redis", a.Redis}, {"redis_cluster", a.RedisCluster}, {"redis_sentinel", a.RedisSentinel},
-	} {
-		if f.value != "" {
-			set = append(set, f.name)
-		}
+// maxPendingSettles bounds the settles running in the background.
+const maxPendingSettles = 1024
+
+// settleLater runs settle in the background, or now when too many are
+// pending.
+func (e *store) settleLater(settle func()) {
+	select {
+	case e.settleSlots <- struct{}{}:
+	default:
+		defer e.inFlight.done()
+		defer safego.Recover("llmbudget settle", e.reportPanic)
+		settle()
+		return
 	}
-	return set
+	e.settles.Add(1)
+	go func() {
+		defer func() { <-e.settleSlots; e.settles.Done() }()
+		defer e.inFlight.done()
+		defer safego.Recover("llmbudget settle", e.reportPanic)
+		settle()
+	}()
 }
 
-// joinNames lists names as "a and b" or "a, b and c".
-func joinNames(names []string) string {
-	if len(names) < 2 {
-		return strings.Join(names, "")
+// waitSettles waits at most timeout for the pending settles.
+func (e *store) waitSettles(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { e.settles.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
 	}
-	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
-}
-
-// parseRedisURL reads the URL of the store option named option with parse,
-// go-redis's parser for its kind of client. Its errors name the option and
-// never echo a password.
-func parseRedisURL[Options any](option, raw string, parse func(string) (*Options, error)) (*Options, error) {
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-		return nil, fmt.Errorf("fleetguard: %s: %q is not a redis:// or rediss:// URL with a host", option, redactURL(raw))
-	}
-	opts, err := parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("fleetguard: %s: %w", option, err)
-	}
-	return opts, nil
-}
-
-// parseSentinelURL is redis.ParseFailoverURL made strict: a parameter other
-// than addr given twice is refused (go-redis would take the last), and so are
-// the routing options that send commands to replicas, which fleetguard's
-// writes cannot use (NewFailoverClient panics on two of them).
-func parseSentinelURL(raw string) (*redis.FailoverOptions, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, err
-	}
-	for name, values := range u.Query() {
-		if name != "addr" && len(values) > 1 {
-			return nil, fmt.Errorf("the URL parameter %s is given %d times", name, len(values))
-		}
-	}
-	opts, err := redis.ParseFailoverURL(raw)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case opts.MasterName == "":
-		return nil, errors.New("the URL parameter master_name is required (the name the sentinels monitor, as in ?master_name=mymaster)")
-	case opts.ReplicaOnly || opts.RouteByLatency || opts.RouteRandomly:
-		return nil, errors.New("replica_only, route_by_latency and route_randomly are not supported: every fleetguard command writes, so it goes to the master")
-	}
-	if opts.TLSConfig != nil {
-		// go-redis names the first sentinel's host as the server for every
-		// connection; verify each against the host it dials instead.
-		opts.TLSConfig.ServerName = ""
-	}
-	return opts, nil
-}
-
-// redactURL shows a store URL in an error without its secrets: the user
-// info's password, and the query, which may hold one (a Sentinel URL's
-// password parameter).
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		if i := strings.LastIndex(raw, "@"); i >= 0 {
-			raw = "…@" + raw[i+1:]
-		}
-		if i := strings.Index(raw, "?"); i >= 0 {
-			raw = raw[:i] + "?…"
-		}
-		return raw
-	}
-	if u.RawQuery != "" || u.ForceQuery {
-		u.RawQuery, u.ForceQuery = "…", false
-	}
-	return u.Redacted()
-}
-
-var routeRedisLogOnce sync.Once
-
-// routeRedisLog sends go-redis's own messages (one per failed dial, every
-// reconcile pass during an outage) to Caddy's log at debug level. The
-// reconciler already warns once per outage; stderr lines per pass would
-// drown that. go-redis has one logger per process, so this also applies to
-// other modules of the same Caddy build that use go-redis.
-func routeRedisLog() {
-	routeRedisLogOnce.Do(func() {
-		redis.SetLogger(redisLogger{})
-	})
-}
-
-type redisLogger struct{}
-
-func (redisLogger) Printf(_ context.Context, format string, v ...any) {
-	caddy.Log().Named("fleetguard.redis").Debug(fmt.Sprintf(format, v...))
 }
