@@ -5,6 +5,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+
+	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
 
 // Events the handlers emit through Caddy's events app, so an `events`
@@ -52,4 +55,22 @@ func (e emitter) wants(name string) bool { return e.events != nil && e.events.Sh
 
 func (e emitter) emit(name string, data map[string]any) {
 	e.events.Emit(e.ctx, name, data)
+}
+
+// emitDenied emits llmbudget_denied for d.
+func (h *LLMBudget) emitDenied(d *budget.Denial, c *call, shadow bool) {
+	if !h.events.wants(eventLLMBudgetDenied) {
+		return
+	}
+	h.events.emit(eventLLMBudgetDenied, map[string]any{
+		"budget":     d.Budget.Name,
+		"scope":      d.Budget.Scope.String(),
+		"scope_hash": keyhash.Of(c.dims.Value(d.Budget.Scope)).String(),
+		"unit":       d.Budget.Unit.String(),
+		"requested":  d.Amount,
+		"used":       d.Used,
+		"limit":      d.Limit,
+		"shadow":     shadow,
+		"path":       c.path,
+	})
 }

@@ -8,6 +8,8 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
@@ -681,3 +684,226 @@ func nameModels(b budget.Budget, prices map[string]PriceConfig) budget.Budget {
 	b.Names = names
 	return b
 }
+
+// Values of OverMaxOutputTokens.
+const (
+	overMaxOutputLower  = "lower"
+	overMaxOutputRefuse = "refuse"
+)
+
+// compileOutputCap checks the cap options.
+func (h *LLMBudget) compileOutputCap() error {
+	h.chatCapField = usage.MaxCompletionTokens
+	if h.ChatCapField != "" {
+		c, err := usage.ParseChatCapField(h.ChatCapField)
+		if err != nil {
+			return fmt.Errorf("llmbudget: chat_cap_field: %w", err)
+		}
+		h.chatCapField = c
+	}
+	if h.MaxOutputTokens < 0 || h.MaxOutputTokens > usage.MaxOutputCap {
+		return fmt.Errorf("llmbudget: max_output_tokens: must be between 1 and %d", usage.MaxOutputCap)
+	}
+	switch h.OverMaxOutputTokens {
+	case "", overMaxOutputLower, overMaxOutputRefuse:
+	default:
+		return fmt.Errorf("llmbudget: over_max_output_tokens %q: want lower or refuse", h.OverMaxOutputTokens)
+	}
+	if h.OverMaxOutputTokens != "" && h.MaxOutputTokens == 0 {
+		return fmt.Errorf("llmbudget: over_max_output_tokens needs max_output_tokens")
+	}
+	return nil
+}
+
+// Input the body does not show (a Responses request continuing a stored
+// conversation, a file by reference, a server tool that fetches pages) is
+// billed by the upstream all the same, up to the model's context window. A
+// budget that is a ceiling holds that much for such a request, or refuses
+// it, by HiddenInput.
+const (
+	// DefaultContextWindow is ContextWindow's default: the largest input
+	// the common models take (GPT-4.1, Gemini 2.x, Claude with its 1M
+	// window).
+	DefaultContextWindow = 1_000_000
+
+	hiddenInputHold   = "hold"
+	hiddenInputRefuse = "refuse"
+)
+
+// compileInput checks the input options.
+func (h *LLMBudget) compileInput() error {
+	switch h.HiddenInput {
+	case "", hiddenInputHold, hiddenInputRefuse:
+	default:
+		return fmt.Errorf("llmbudget: hidden_input %q: want hold or refuse", h.HiddenInput)
+	}
+	if h.ContextWindow < 0 || h.ContextWindow > 1<<40 {
+		return fmt.Errorf("llmbudget: context_window: must be between 1 and %d", int64(1)<<40)
+	}
+	h.contextWindow = h.ContextWindow
+	if h.contextWindow == 0 {
+		h.contextWindow = DefaultContextWindow
+	}
+	return nil
+}
+
+// DefaultOutputLeaseMin is the smallest output lease, and the first one of a
+// model with no history.
+const DefaultOutputLeaseMin = 256
+
+// DefaultReasoningModels are the model patterns that reason by default and
+// bill reasoning tokens they do not stream: OpenAI's o-series and GPT-5,
+// Gemini 2.5 and 3 (thinking on by default), xAI's Grok 3 mini and Grok 4, and
+// any "thinking" model. A * matches any run of characters; a pattern matches
+// the model as named or after its last "/" (openai/o3 via a router).
+var DefaultReasoningModels = []string{"o1*", "o3*", "o4*", "gpt-5*", "codex-*", "gemini-2.5-*", "gemini-3*", "grok-3-mini*", "grok-4*", "*thinking*"}
+
+// DefaultTokenizers are the models counted by their own public tokenizer
+// by default, by vocabulary: OpenAI's, whose tokenizers are published
+// (tiktoken). Anthropic's and Google's are not: their models count a token
+// a byte.
+var DefaultTokenizers = map[string][]string{
+	"o200k_base": {"gpt-4o*", "chatgpt-4o*", "gpt-4.1*", "gpt-4.5*", "gpt-5*", "o1*", "o3*", "o4*",
+		"ft:gpt-4o*", "ft:gpt-4.1*"},
+	"cl100k_base": {"gpt-4", "gpt-4-*", "gpt-3.5-turbo*", "gpt-35-turbo*", "text-embedding-3*",
+		"ft:gpt-4-*", "ft:gpt-3.5-turbo*"},
+}
+
+// DefaultProxyTokenizers are the models counted by another model's
+// tokenizer, scaled to what they bill, by default: every model not counted
+// by its own.
+var DefaultProxyTokenizers = map[string][]string{"o200k_base": {"*"}}
+
+// tokenizerPatterns are the model patterns of one vocabulary.
+type tokenizerPatterns struct {
+	vocab    bpe.Vocabulary
+	patterns []string
+}
+
+// compileTokenizers checks the tokenizers and proxy_tokenizers options.
+func (h *LLMBudget) compileTokenizers() (err error) {
+	if h.tokenizers, err = compileTokenizerTable("tokenizers", h.Tokenizers, DefaultTokenizers); err != nil {
+		return err
+	}
+	h.proxyTokenizers, err = compileTokenizerTable("proxy_tokenizers", h.ProxyTokenizers, DefaultProxyTokenizers)
+	return err
+}
+
+// compileTokenizerTable checks a table of vocabularies' model patterns
+// (def when m is nil).
+func compileTokenizerTable(field string, m, def map[string][]string) ([]tokenizerPatterns, error) {
+	if m == nil {
+		m = def
+	}
+	var table []tokenizerPatterns
+	for name, patterns := range m {
+		v, ok := bpe.ParseVocabulary(name)
+		if !ok {
+			return nil, fmt.Errorf("llmbudget: %s: unknown vocabulary %q (want o200k_base or cl100k_base)", field, name)
+		}
+		tp := tokenizerPatterns{vocab: v}
+		for _, p := range patterns {
+			if strings.TrimSpace(p) == "" {
+				return nil, fmt.Errorf("llmbudget: %s: %s: a pattern is empty", field, name)
+			}
+			tp.patterns = append(tp.patterns, strings.ToLower(p))
+		}
+		table = append(table, tp)
+	}
+	// o200k_base first, whatever the map's order.
+	slices.SortFunc(table, func(a, b tokenizerPatterns) int { return cmp.Compare(a.vocab, b.vocab) })
+	return table, nil
+}
+
+// compileLeases checks the lease options.
+func (h *LLMBudget) compileLeases() error {
+	h.outputLeases = h.OutputLeases == nil || *h.OutputLeases
+	if h.OutputLeaseMin < 0 || h.OutputLeaseMin > usage.MaxOutputCap {
+		return fmt.Errorf("llmbudget: output_lease_min: must be between 1 and %d", usage.MaxOutputCap)
+	}
+	h.outputLeaseMin = cmp.Or(h.OutputLeaseMin, DefaultOutputLeaseMin)
+	h.reasoningModels = DefaultReasoningModels
+	if h.ReasoningModels != nil {
+		h.reasoningModels = make([]string, len(h.ReasoningModels))
+		for i, p := range h.ReasoningModels {
+			if strings.TrimSpace(p) == "" {
+				return errors.New("llmbudget: reasoning_models: a pattern is empty")
+			}
+			h.reasoningModels[i] = strings.ToLower(p)
+		}
+	}
+	return h.compileTokenizers()
+}
+
+// defaultRateLimitScopes are RateLimitScopes' default: a client's own.
+var defaultRateLimitScopes = []string{"key", "team"}
+
+// compileRateLimitScopes reads RateLimitScopes; the error names the field.
+func (h *LLMBudget) compileRateLimitScopes() error {
+	names := h.RateLimitScopes
+	if names == nil {
+		names = defaultRateLimitScopes
+	}
+	h.shownScopes = 0
+	for _, name := range names {
+		sc, err := budget.ParseScope(name)
+		if err != nil {
+			return fmt.Errorf("llmbudget: ratelimit_scopes: %w", err)
+		}
+		if h.shownScopes.has(sc) {
+			return fmt.Errorf("llmbudget: ratelimit_scopes: %s is listed twice", name)
+		}
+		h.shownScopes |= 1 << sc
+	}
+	return nil
+}
+
+// bindCounters looks up the handler's requests_total series once, off the
+// request path.
+func (h *LLMBudget) bindCounters() {
+	h.decisions = make([][numDecisions]prometheus.Counter, len(h.budgets))
+	h.firstUSD = 0
+	for i, b := range h.budgets {
+		for d := range numDecisions {
+			h.decisions[i][d] = metrics.llmRequests.WithLabelValues(b.Name, decisionNames[d])
+		}
+		if b.Unit == budget.USD && h.budgets[h.firstUSD].Unit != budget.USD {
+			h.firstUSD = i
+		}
+	}
+	h.rejected = metrics.llmRequests.WithLabelValues("", "rejected")
+	h.shadowRejected = metrics.llmRequests.WithLabelValues("", "shadow_rejected")
+	// The series a dashboard queries, at 0 until the first settle.
+	for _, b := range h.budgets {
+		metrics.llmCharged.WithLabelValues(b.Name, b.Unit.String())
+		if b.Scope == budget.PerKey {
+			metrics.llmKeysDenied.WithLabelValues(b.Name)
+		}
+		for _, pct := range b.AlertAt {
+			metrics.llmThresholds.WithLabelValues(b.Name, strconv.Itoa(pct))
+		}
+	}
+	for model := range h.Prices {
+		metrics.llmCost.WithLabelValues(model)
+		for _, kind := range []string{"input", "cached_input", "output"} {
+			metrics.llmTokens.WithLabelValues(model, kind)
+		}
+	}
+}
+
+// decision is what llmbudget did with a request, a label of requests_total.
+type decision int
+
+const (
+	admitted decision = iota
+	denied
+	shadowDenied
+	storeError
+	failOpen
+	numDecisions
+)
+
+var decisionNames = [numDecisions]string{"admitted", "denied", "shadow_denied", "store_error", "fail_open"}
+
+// DefaultSettleWait is SettleWait's default.
+const DefaultSettleWait = 2 * time.Second

@@ -9,85 +9,56 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/bpe"
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
-// ServeHTTP budgets a request in phases: screen (method and path), estimate
-// (read the body, bound its output, price it), reserve, then forward with the
-// response metered. The settle follows the response (llmbudget_settle.go).
-// A refusal from any phase goes through refuse (llmbudget_respond.go), which
-// applies shadow mode, fail_open, metrics, events and the API's error shape.
+// ServeHTTP budgets a request in phases, found in this file in call order:
+// screen, then gate (readBody, identify, estimate, reserve, admit), then the forward with the
+// response metered (llmbudget_meter.go, with a lease: llmbudget_lease.go)
+// and the settle after it (llmbudget_settle.go). A refusal from any phase
+// goes to refuse (llmbudget_refuse.go), which applies shadow mode,
+// fail_open, metrics, events and the API's error shape.
 func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	format := h.format
-	if format == usage.Unknown {
-		format = usage.FormatFromPath(r.URL.Path)
-	}
-	budgeted, ref := h.screen(r, format)
-	if ref != nil {
-		return h.refuse(w, r, next, format, ref)
-	}
-	if !budgeted {
-		return next.ServeHTTP(w, r)
-	}
 	var c call
-	if ref := h.estimate(r, format, &c); ref != nil {
-		return h.refuse(w, r, next, format, ref)
+	budgeted, ref := h.screen(r, &c)
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	var res *budget.Reservation
+	if budgeted {
+		res, ref = h.gate(w, r, repl, &c)
 	}
-	res, ref := h.reserve(r, &c)
-	if ref != nil {
-		return h.refuse(w, r, next, format, ref)
+	switch {
+	case ref != nil:
+		return h.refuse(w, r, repl, next, &c, ref)
+	case res == nil:
+		return next.ServeHTTP(w, r) // not an LLM call: a read, or an unknown path passed
 	}
-	h.admit(w, res.Holds)
-	h.restoreBody(r, c.forward)
-	mw := newMeteringWriter(w, format)
-	// The client did not ask for the usage chunk (or said no): it still
-	// settles the budget, but the client does not see it.
-	mw.stripUsage = c.askedUsage
-	if c.tokens != nil {
-		mw.tokens = c.tokens
-		if c.proxy {
-			mw.tokens = proxyCounter{c.tokens}
-		}
-	}
+	mw, upstream := newMeteringWriter(w, r, h, res, &c)
 	defer h.finish(r, res, mw, &c)
-	if c.lease > 0 {
-		// A stream cut at its lease cancels the upstream request, which
-		// then stops generating (and billing).
-		ctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
-		mw.lease, mw.cancelUpstream = newLease(h, res, &c), cancel
-		mw.clientAskedUsage = c.req.IncludeUsage
-		r = r.WithContext(ctx)
+	if mw.lease != nil {
 		defer endTruncated(mw)
 	}
-	err := next.ServeHTTP(mw, r)
+	err := next.ServeHTTP(mw, upstream)
 	if mw.truncated {
 		return nil // the client has a finished answer; the upstream's cancel is ours
 	}
 	return err
 }
 
-// endTruncated lets a stream ended at its lease finish cleanly: cancelled,
-// the upstream request makes reverse_proxy abort the response
-// (http.ErrAbortHandler), which would cut the client's connection after the
-// terminal form it already has. Any other panic goes on.
-func endTruncated(mw *meteringWriter) {
-	if !mw.truncated {
-		return
-	}
-	if v := recover(); v != nil && v != http.ErrAbortHandler {
-		panic(v)
-	}
-}
-
-// call is a request as the budget sees it once estimated.
+// call is a request as the budget sees it, filled in by the phases of gate.
 type call struct {
+	format usage.Format
+	path   string // as the client sent it, for the llmbudget_denied event
+	// sse: a Gemini request asked for SSE (alt=sse), which the meter reads
+	// as it passes.
+	sse bool
 	req usage.Request
 	// body is the request body as the client sent it; forward, as it is
 	// forwarded (its output bounded, its stream asked for usage).
@@ -117,13 +88,35 @@ type call struct {
 	holdNote string
 }
 
+// gate runs the phases of a budgeted request before its forward: readBody,
+// identify, estimate, reserve and admit. It returns the reservation of an
+// admitted request, or the refusal of a phase.
+func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *call) (*budget.Reservation, *refusal) {
+	body, err := h.readBody(r)
+	if ref := bodyRefusal(body, err, h.maxRequestBody); ref != nil {
+		return nil, ref
+	}
+	c.body = body
+	h.identify(r, repl, c)
+	if ref := h.estimate(c); ref != nil {
+		return nil, ref
+	}
+	res, ref := h.reserve(r, c)
+	h.admit(w, r, res, c, ref)
+	return res, ref
+}
+
 // screen decides from the method and path alone: budgeted (go on), passed
 // unbudgeted (a read, or an unknown path with unknown_paths pass), or
 // refused. Methods are compared without regard to case: some upstream
 // frameworks upper-case the method and serve a "post" like a POST.
-func (h *LLMBudget) screen(r *http.Request, format usage.Format) (budgeted bool, ref *refusal) {
+func (h *LLMBudget) screen(r *http.Request, c *call) (budgeted bool, ref *refusal) {
+	c.path, c.format = r.URL.Path, h.format
+	if c.format == usage.Unknown {
+		c.format = usage.FormatFromPath(r.URL.Path)
+	}
 	if !strings.EqualFold(r.Method, http.MethodPost) {
-		if format == usage.Unknown || isRead(r.Method) {
+		if c.format == usage.Unknown || isRead(r.Method) {
 			return false, nil // not an LLM call: reads are free
 		}
 		return false, &refusal{kind: refusedRequest, status: http.StatusMethodNotAllowed, code: "method_not_allowed",
@@ -131,7 +124,7 @@ func (h *LLMBudget) screen(r *http.Request, format usage.Format) (budgeted bool,
 			message: fmt.Sprintf("llmbudget budgets %s with POST and passes reads (GET, HEAD, OPTIONS); it does not forward %s",
 				usage.NormalizePath(r.URL.Path), r.Method)}
 	}
-	if format == usage.Unknown {
+	if c.format == usage.Unknown {
 		if h.UnknownPaths == "pass" {
 			return false, nil
 		}
@@ -149,86 +142,115 @@ func isRead(method string) bool {
 	return strings.EqualFold(method, http.MethodGet) || strings.EqualFold(method, http.MethodHead) || strings.EqualFold(method, http.MethodOptions)
 }
 
-// estimate reads the body, bounds its output, prices it and names who it is
-// budgeted for, into c.
-func (h *LLMBudget) estimate(r *http.Request, format usage.Format, c *call) *refusal {
-	body, err := h.readBody(r)
+// identify names who the request is budgeted for (its principal and team)
+// and reads the one query parameter the lease choice needs.
+func (h *LLMBudget) identify(r *http.Request, repl *caddy.Replacer, c *call) {
+	if h.Principal != "" {
+		c.dims.Principal = repl.ReplaceAll(h.Principal, "")
+	} else {
+		c.dims.Principal = apiCredential(r, c.format)
+	}
+	if h.Team != "" {
+		c.dims.Team = repl.ReplaceAll(h.Team, "")
+	}
+	if c.format == usage.Gemini && r.URL.RawQuery != "" {
+		// Streamed as SSE only with alt=sse; else a JSON array the meter
+		// does not read as it passes.
+		c.sse = strings.EqualFold(r.URL.Query().Get("alt"), "sse")
+	}
+}
+
+// bodyRefusal is the refusal of a body readBody could not read whole.
+func bodyRefusal(body []byte, err error, limit int64) *refusal {
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		return &refusal{kind: refusedRequest, status: http.StatusRequestEntityTooLarge, code: "request_too_large",
-			message: fmt.Sprintf("request body exceeds %d bytes", h.maxRequestBody), body: body, bodyStart: true}
+			message: fmt.Sprintf("request body exceeds %d bytes", limit), body: body, bodyStart: true}
 	case err != nil:
 		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "unreadable_body",
 			message: "reading the request body failed: " + err.Error(), body: body, bodyStart: true}
 	}
-	c.body = body
-	if c.req, err = usage.ParseRequest(format, r.URL.Path, body); err != nil {
+	return nil
+}
+
+// estimate reads the body as the upstream will and bounds what it can
+// bill: its output cap and forwarded body (boundOutput), its hidden input
+// (boundInput), the output it holds (chooseLease), and its price.
+func (h *LLMBudget) estimate(c *call) *refusal {
+	var err error
+	if c.req, err = usage.ParseRequest(c.format, c.path, c.body); err != nil {
 		code := "invalid_request"
 		if errors.Is(err, usage.ErrAmbiguous) {
 			code = "ambiguous_request"
 		}
-		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, message: err.Error(), body: body}
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, message: err.Error(), body: c.body}
 	}
 	if model, ok := h.deployments[c.req.Model]; ok && c.req.Deployment {
 		c.req.Model = model
 	}
-	if ref := h.boundOutput(format, c); ref != nil {
+	c.dims.Model = c.req.Model
+	if ref := h.boundOutput(c); ref != nil {
 		return ref
 	}
 	if ref := h.boundInput(c); ref != nil {
 		return ref
 	}
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	c.dims = budget.Dims{Model: c.req.Model}
-	if h.Principal != "" {
-		c.dims.Principal = repl.ReplaceAll(h.Principal, "")
-	} else {
-		c.dims.Principal = apiCredential(r, format)
+	h.chooseLease(c)
+	return h.priceEstimate(c)
+}
+
+// chooseLease decides whether the stream leases (leasable), which counter
+// counts it, and how much it holds: only a model proven to bill no output
+// its text does not show leases (outputHistory).
+func (h *LLMBudget) chooseLease(c *call) {
+	if !h.leasable(c) {
+		return
 	}
-	if h.Team != "" {
-		c.dims.Team = repl.ReplaceAll(h.Team, "")
+	c.history = h.store.histories.of(c.req.Model)
+	if v, proxy := h.tokenizerOf(c.req.Model); v != 0 && !c.history.tokensRevoked.Load() {
+		c.tokens, c.proxy = bpe.Loaded(v), proxy
 	}
+	if c.history.leases() {
+		// Learned from the answers' counts as this stream will be counted:
+		// by the tokenizer, or a token a byte.
+		learned := c.history.lease.Load()
+		if c.tokens != nil && c.history.countsTokens() {
+			learned = c.history.tokensLease.Load()
+		}
+		c.lease = min(max(learned, h.outputLeaseMin), c.outputCap)
+		c.learned = learned > 0
+	}
+}
+
+// priceEstimate prices the worst the request can reach: its prompt, and its
+// lease or its whole cap, at the tier it asks for and the long-context tier
+// when its prompt estimate is above the threshold. A dollar budget refuses
+// a model without a price.
+func (h *LLMBudget) priceEstimate(c *call) *refusal {
 	output := c.outputCap * c.req.N
-	if h.leasable(r, format, c) {
-		// Only a model proven to bill no output its text does not show
-		// leases (llmbudget_lease_history.go).
-		c.history = h.store.histories.of(c.req.Model)
-		if v, proxy := h.tokenizerOf(c.req.Model); v != 0 && !c.history.tokensRevoked.Load() {
-			c.tokens, c.proxy = bpe.Loaded(v), proxy
-		}
-		if c.history.leases() {
-			// Learned from the answers' counts as this stream will be
-			// counted: by the tokenizer, or a token a byte.
-			learned := c.history.lease.Load()
-			if c.tokens != nil && c.history.countsTokens() {
-				learned = c.history.tokensLease.Load()
-			}
-			c.lease = min(max(learned, h.outputLeaseMin), c.outputCap)
-			c.learned = learned > 0
-			output = c.lease
-		}
+	if c.lease > 0 {
+		output = c.lease
 	}
-	// The worst the request can reach: the tier it asks for, and the
-	// long-context tier when its prompt estimate is above the threshold.
 	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output, ServiceTier: c.req.ServiceTier}
 	c.spend = budget.Spend{Tokens: estimate.Tokens()}
-	var priced bool
 	priceName := c.req.Model
 	if c.req.Deployment {
 		// Azure's own price first ("azure/gpt-4o" in a prices_file), then
 		// the model's: the name resolves past the provider prefix.
 		priceName = "azure/" + priceName
 	}
+	var priced bool
 	c.model, c.price, priced = h.prices.Find(priceName)
-	if h.hasUSD {
-		if !priced {
-			return &refusal{kind: refusedUnpriced, status: http.StatusPaymentRequired, errType: "budget_exceeded", code: "model_not_priced",
-				noRetry: true, body: body, // waiting never prices it
-				message: fmt.Sprintf("model %q has no price in the price book, so a dollar budget cannot admit it", c.req.Model)}
-		}
-		c.rates = c.price.RatesFor(estimate)
-		c.spend.CostMicros = c.price.CostMicros(estimate)
+	if !h.hasUSD {
+		return nil
 	}
+	if !priced {
+		return &refusal{kind: refusedUnpriced, status: http.StatusPaymentRequired, errType: "budget_exceeded", code: "model_not_priced",
+			noRetry: true, body: c.body, // waiting never prices it
+			message: fmt.Sprintf("model %q has no price in the price book, so a dollar budget cannot admit it", c.req.Model)}
+	}
+	c.rates = c.price.RatesFor(estimate)
+	c.spend.CostMicros = c.price.CostMicros(estimate)
 	return nil
 }
 
@@ -243,7 +265,7 @@ func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *ref
 		res, denial, err = h.waitForRoom(r, c, denial)
 	}
 	if denial != nil && h.Shadow {
-		h.shadowDenied(r, denial, c.dims)
+		h.shadowDenied(denial, c)
 		res, err = h.store.budgets.ReserveOverLimit(ctx, h.budgets, c.dims, c.spend)
 		denial = nil
 	}
@@ -256,13 +278,46 @@ func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *ref
 			code: "budget_store_unavailable", message: "the budget store is unavailable; try again shortly", retryAfter: 1, body: c.body}
 	}
 	h.store.budgetStoreOK(h.logger)
-	if denial == nil {
-		h.store.inFlight.reserved()
-	}
 	if denial != nil {
-		return nil, &refusal{kind: refusedBudget, denial: denial, dims: c.dims, note: c.holdNote}
+		return nil, &refusal{kind: refusedBudget, denial: denial}
 	}
+	h.store.inFlight.reserved()
 	return res, nil
+}
+
+// shadowDenied counts, logs and announces a denial that shadow mode does not
+// enforce.
+func (h *LLMBudget) shadowDenied(d *budget.Denial, c *call) {
+	h.decisions[h.budgetIndex(d.Budget)][shadowDenied].Inc()
+	h.logger.Info("shadow: request would be denied by budget",
+		zap.String("budget", d.Budget.Name),
+		zap.String("scope", d.Budget.Scope.String()),
+		zap.Int64("requested", d.Amount),
+		zap.Int64("used", d.Used),
+		zap.Int64("limit", d.Limit))
+	h.emitDenied(d, c, true)
+}
+
+// admit hands an admitted request's body to the next handler, counts it and
+// writes its budgets' RateLimit items; a budget's denial gets the items
+// too, with the time its Retry-After counts from.
+func (h *LLMBudget) admit(w http.ResponseWriter, r *http.Request, res *budget.Reservation, c *call, ref *refusal) {
+	var holds []budget.Hold
+	switch {
+	case ref == nil:
+		h.restoreBody(r, c.forward)
+		h.countAll(admitted)
+		holds = res.Holds
+	case ref.kind == refusedBudget:
+		holds = ref.denial.Holds
+	default:
+		return
+	}
+	now := time.Now()
+	if ref != nil {
+		ref.now = now
+	}
+	h.setRateLimitHeaders(w.Header(), holds, now)
 }
 
 // apiCredential is the credential the API being called authenticates with,
@@ -322,11 +377,244 @@ func (h *LLMBudget) restoreBody(r *http.Request, body []byte) {
 	r.Header.Del("Accept-Encoding")
 }
 
-// forwardRest hands the next handler what was read of the body, then the rest
-// as it comes: shadow mode forwards a body llmbudget stopped reading.
-func forwardRest(r *http.Request, start []byte) {
-	r.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(start), r.Body), r.Body}
+// errOutputCapTooLarge is a request whose own output cap is over
+// MaxOutputTokens, with OverMaxOutputTokens "refuse".
+type errOutputCapTooLarge struct {
+	field      string
+	cap, limit int64
 }
+
+func (e errOutputCapTooLarge) Error() string {
+	return fmt.Sprintf("%s is %d, more than the largest output cap this gateway forwards (%d): lower it", e.field, e.cap, e.limit)
+}
+
+// boundOutput decides the cap per output c is held to and the body it is
+// forwarded with (its output bounded, its stream asked for usage).
+func (h *LLMBudget) boundOutput(c *call) *refusal {
+	var err error
+	if c.outputCap, err = h.outputCap(c.req); err != nil {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "output_cap_too_large", message: err.Error(), body: c.body}
+	}
+	if c.forward, c.askedUsage, err = h.forwardBody(c.format, c.req, c.body, c.outputCap); err != nil {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "invalid_request", message: err.Error(), body: c.body}
+	}
+	return nil
+}
+
+// outputCap is the cap per output a request is held to and forwarded with:
+// its own, or DefaultMaxTokens when it names none, and at most
+// MaxOutputTokens. A larger cap of its own is an errOutputCapTooLarge when
+// OverMaxOutputTokens is "refuse".
+func (h *LLMBudget) outputCap(req usage.Request) (int64, error) {
+	if req.NoOutput {
+		return 0, nil
+	}
+	limit := int64(usage.MaxOutputCap)
+	if h.MaxOutputTokens > 0 {
+		limit = h.MaxOutputTokens
+	}
+	if req.MaxOutputTokens == 0 {
+		return min(h.defaultMaxTokens, limit), nil
+	}
+	if req.MaxOutputTokens > limit && h.OverMaxOutputTokens == overMaxOutputRefuse {
+		return 0, errOutputCapTooLarge{req.MaxOutputTokensField, req.MaxOutputTokens, limit}
+	}
+	return min(req.MaxOutputTokens, limit), nil
+}
+
+// forwardBody is body as it is forwarded: an OpenAI stream that does not ask
+// for its usage is made to (askedUsage: the client does not see the usage
+// chunk it did not ask for), and the output is bounded to outputCap in the
+// API's own field. Shadow mode enforces nothing, so it leaves the cap as the
+// client wrote it.
+func (h *LLMBudget) forwardBody(format usage.Format, req usage.Request, body []byte, outputCap int64) (forward []byte, askedUsage bool, err error) {
+	rw := usage.Rewrites{
+		IncludeUsage: (format == usage.OpenAIChat || format == usage.OpenAICompletions) && req.Stream && !req.IncludeUsage && h.injectStreamUsage(),
+		ChatCapField: h.chatCapField,
+	}
+	if !h.Shadow {
+		rw.OutputCap = outputCap
+	}
+	forward, err = usage.Rewrite(format, body, rw)
+	return forward, rw.IncludeUsage, err
+}
+
+// boundInput makes the prompt estimate of a request with hidden input the
+// context window, or refuses the request (hidden_input refuse).
+func (h *LLMBudget) boundInput(c *call) *refusal {
+	why := c.req.HiddenInput
+	if why == "" {
+		return nil
+	}
+	if h.HiddenInput == hiddenInputRefuse {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "hidden_input", body: c.body, noRetry: true,
+			message: fmt.Sprintf("this request makes the upstream bill input it does not show (%s), which a budget cannot bound; send the input itself", why)}
+	}
+	c.req.PromptTokens = max(c.req.PromptTokens, h.contextWindow)
+	c.holdNote = fmt.Sprintf("(the request names input it does not show, %s, so its prompt is held at context_window, %d tokens)", why, h.contextWindow)
+	return nil
+}
+
+// tokenizerOf is the vocabulary model is counted by (0: none), and whether
+// it is a proxy's.
+func (h *LLMBudget) tokenizerOf(model string) (v bpe.Vocabulary, proxy bool) {
+	if len(h.tokenizers) == 0 && len(h.proxyTokenizers) == 0 {
+		return 0, false
+	}
+	model = strings.ToLower(model)
+	base := model[strings.LastIndexByte(model, '/')+1:]
+	if v := matchTokenizer(h.tokenizers, model, base); v != 0 {
+		return v, false
+	}
+	v = matchTokenizer(h.proxyTokenizers, model, base)
+	return v, v != 0
+}
+
+// matchTokenizer is the vocabulary of table whose pattern matches the model
+// (lowercased) or its base name, or 0.
+func matchTokenizer(table []tokenizerPatterns, model, base string) bpe.Vocabulary {
+	for _, tp := range table {
+		for _, p := range tp.patterns {
+			if globMatch(p, model) || globMatch(p, base) {
+				return tp.vocab
+			}
+		}
+	}
+	return 0
+}
+
+// leasable reports whether the output of c can be leased: a single streamed
+// answer whose every token the meter sees.
+func (h *LLMBudget) leasable(c *call) bool {
+	if !h.outputLeases || !c.req.Stream || c.req.N != 1 || c.req.NoOutput || c.req.Reasoning || c.outputCap <= h.outputLeaseMin {
+		return false
+	}
+	switch c.format {
+	case usage.Gemini:
+		return c.sse && !h.isReasoningModel(c.req.Model)
+	case usage.OpenAIChat, usage.OpenAICompletions, usage.OpenAIResponses, usage.Anthropic, usage.Ollama:
+		return !h.isReasoningModel(c.req.Model)
+	}
+	return false
+}
+
+func (h *LLMBudget) isReasoningModel(model string) bool {
+	model = strings.ToLower(model)
+	base := model[strings.LastIndexByte(model, '/')+1:]
+	for _, p := range h.reasoningModels {
+		if globMatch(p, model) || globMatch(p, base) {
+			return true
+		}
+	}
+	return false
+}
+
+// globMatch matches s against pattern, where * matches any run of
+// characters (including none) and everything else matches itself.
+func globMatch(pattern, s string) bool {
+	parts := strings.Split(pattern, "*")
+	if len(parts) == 1 {
+		return pattern == s
+	}
+	if !strings.HasPrefix(s, parts[0]) {
+		return false
+	}
+	s = s[len(parts[0]):]
+	for _, part := range parts[1 : len(parts)-1] {
+		i := strings.Index(s, part)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(part):]
+	}
+	return strings.HasSuffix(s, parts[len(parts)-1])
+}
+
+// setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per
+// budget of a shown scope (RateLimitScopes), and nothing when none is shown.
+func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
+	policy := h.policy
+	for _, hold := range holds {
+		if h.shownScopes.has(hold.Budget.Scope) && hold.Limit != hold.Budget.Limit {
+			// The client's own limit, which the config's policy does not say.
+			policy = h.policyOf(holds)
+			break
+		}
+	}
+	buf := make([]byte, 0, 48*len(holds))
+	for _, hold := range holds {
+		if h.shownScopes.has(hold.Budget.Scope) {
+			buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Limit-hold.Used, hold.WindowEnd.Sub(now))
+		}
+	}
+	if len(buf) == 0 {
+		return
+	}
+	setRateLimitHeaders(hdr, policy, string(buf))
+}
+
+// policyOf is RateLimit-Policy for holds of the shown scopes, each with the
+// limit in force for the request's scope value: for a response whose limit
+// is the value's own (set at run time, limit_for) or a reload's.
+func (h *LLMBudget) policyOf(holds []budget.Hold) string {
+	items := make([]string, 0, len(holds))
+	for _, hold := range holds {
+		if h.shownScopes.has(hold.Budget.Scope) {
+			window := hold.Budget.NominalWindow()
+			items = append(items, policyItem(hold.Budget.Name, hold.Limit, window))
+		}
+	}
+	return joinItems(items)
+}
+
+// scopeSet is a set of budget scopes, a bit each.
+type scopeSet uint8
+
+func (s scopeSet) has(sc budget.Scope) bool { return s&(1<<sc) != 0 }
+
+// countAll counts a decision that concerns every budget of the handler.
+func (h *LLMBudget) countAll(d decision) {
+	for i := range h.decisions {
+		h.decisions[i][d].Inc()
+	}
+}
+
+// waitForRoom retries a denied reserve after settles until it is admitted,
+// a settle here can no longer lift the denial (the request is larger than
+// the limit, or nothing is in flight on this instance), the store fails, or
+// SettleWait passes. It returns the last outcome. (Requests in flight on
+// other instances are not seen: without any here, a refusal is answered at
+// once.)
+func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial) (*budget.Reservation, *budget.Denial, error) {
+	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Limit || h.store.inFlight.n.Load() == 0 {
+		return nil, denial, nil
+	}
+	deadline := time.NewTimer(h.settleWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(settleRetryTick)
+	defer tick.Stop()
+	metrics.llmSettleWaits.Inc()
+	for {
+		select {
+		case <-h.store.inFlight.next():
+		case <-tick.C:
+		case <-deadline.C:
+			return nil, denial, nil
+		case <-r.Context().Done():
+			return nil, denial, nil
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
+		res, d, err := h.store.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
+		cancel()
+		if d == nil || err != nil {
+			return res, nil, err
+		}
+		if denial = d; h.store.inFlight.n.Load() == 0 {
+			return nil, denial, nil // nothing here left to settle
+		}
+	}
+}
+
+// settleRetryTick is how often a waiting request tries again without a
+// settle of its own instance.
+const settleRetryTick = 100 * time.Millisecond

@@ -115,7 +115,7 @@ func TestSettleRunsWhenALaterHandlerPanics(t *testing.T) {
 
 func TestMeteringWriterPassesFlushesThrough(t *testing.T) {
 	rec := httptest.NewRecorder()
-	mw := newMeteringWriter(rec, usage.OpenAIChat)
+	mw, _ := newMeteringWriter(rec, nil, nil, nil, &call{format: usage.OpenAIChat})
 	mw.Header().Set("Content-Type", "text/event-stream")
 	_, _ = io.WriteString(mw, "data: {}\n\n")
 	if err := http.NewResponseController(mw).Flush(); err != nil {
@@ -224,7 +224,7 @@ func TestStripUsageChunkAtAnySplit(t *testing.T) {
 		}
 		for split := 1; split < len(stream); split += 7 {
 			rec := httptest.NewRecorder()
-			mw := newMeteringWriter(rec, usage.OpenAIChat)
+			mw, _ := newMeteringWriter(rec, nil, nil, nil, &call{format: usage.OpenAIChat})
 			mw.stripUsage = true
 			mw.Header().Set("Content-Type", "text/event-stream")
 			for rest := stream; len(rest) > 0; {

@@ -299,3 +299,34 @@ func (e *store) waitSettles(timeout time.Duration) {
 	case <-time.After(timeout):
 	}
 }
+
+// inFlight counts a store's reservations not yet settled and tells those
+// waiting for room when one settles.
+type inFlight struct {
+	n       atomic.Int64
+	mu      sync.Mutex
+	settled chan struct{} // closed, and replaced, at each settle
+}
+
+func (f *inFlight) reserved() { f.n.Add(1) }
+
+// done is called once a reservation's settle has run.
+func (f *inFlight) done() {
+	f.n.Add(-1)
+	f.mu.Lock()
+	if f.settled != nil {
+		close(f.settled)
+		f.settled = nil
+	}
+	f.mu.Unlock()
+}
+
+// next is closed at the next settle.
+func (f *inFlight) next() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.settled == nil {
+		f.settled = make(chan struct{})
+	}
+	return f.settled
+}

@@ -1,10 +1,12 @@
 package fleetguard
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,7 +14,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
@@ -36,10 +37,10 @@ type refusal struct {
 	// refusal is not enforced; bodyStart: only its start (the rest follows).
 	body      []byte
 	bodyStart bool
-	// denial and dims, for refusedBudget; note, said after its message.
+	// denial, for refusedBudget; now, when admit wrote its RateLimit
+	// items, which its Retry-After counts from too.
 	denial *budget.Denial
-	dims   budget.Dims
-	note   string
+	now    time.Time
 }
 
 // refusalKind says what is refused, which decides how it is counted and
@@ -60,20 +61,25 @@ const (
 	refusedBudget
 )
 
-// refuse answers ref, or, where it is not enforced, counts and forwards the
-// request: in shadow mode nothing is refused (a budget's denial never gets
-// here in shadow mode: reserve admits it over the limit), and with
-// fail_open a store failure forwards the request unbudgeted.
-func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, format usage.Format, ref *refusal) error {
-	if ref.kind == refusedStoreDown && (h.FailOpen || h.Shadow) {
+// refuse answers ref, or, where it is not enforced, counts it and forwards
+// the request unbudgeted: in shadow mode nothing is refused (a budget's
+// denial never gets here in shadow mode: reserve admits it over the limit),
+// and with fail_open a store failure is forwarded.
+func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, c *call, ref *refusal) error {
+	switch {
+	case ref.kind == refusedStoreDown && (h.FailOpen || h.Shadow):
 		h.countAll(failOpen)
-		return h.forwardUnbudgeted(w, r, next, ref)
-	}
-	if h.Shadow {
+	case h.Shadow:
 		h.shadowRejected.Inc()
 		h.logger.Info("shadow: request would be refused", zap.Int("status", ref.status), zap.String("code", ref.code), zap.String("reason", ref.message))
-		return h.forwardUnbudgeted(w, r, next, ref)
+	default:
+		return h.answer(w, repl, c, ref)
 	}
+	return h.forwardUnbudgeted(w, r, next, ref)
+}
+
+// answer counts an enforced refusal and writes it in the API's error shape.
+func (h *LLMBudget) answer(w http.ResponseWriter, repl *caddy.Replacer, c *call, ref *refusal) error {
 	switch ref.kind {
 	case refusedRequest:
 		h.rejected.Inc()
@@ -83,7 +89,7 @@ func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, next caddyhtt
 		h.countAll(storeError)
 	case refusedBudget:
 		h.decisions[h.budgetIndex(ref.denial.Budget)][denied].Inc()
-		h.explainDenial(w, r, ref)
+		h.explainDenial(repl, c, ref)
 	}
 	hdr := w.Header()
 	if ref.allow != "" {
@@ -95,7 +101,7 @@ func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if ref.noRetry {
 		hdr.Set("X-Should-Retry", "false")
 	}
-	return writeError(w, format, ref.status, cmp.Or(ref.errType, "invalid_request_error"), ref.code, ref.message)
+	return writeError(w, c.format, ref.status, cmp.Or(ref.errType, "invalid_request_error"), ref.code, ref.message)
 }
 
 // forwardUnbudgeted hands the request to the next handler as the client sent
@@ -110,37 +116,21 @@ func (h *LLMBudget) forwardUnbudgeted(w http.ResponseWriter, r *http.Request, ne
 	return next.ServeHTTP(w, r)
 }
 
-// shadowDenied counts, logs and announces a denial that shadow mode does not
-// enforce.
-func (h *LLMBudget) shadowDenied(r *http.Request, d *budget.Denial, dims budget.Dims) {
-	h.decisions[h.budgetIndex(d.Budget)][shadowDenied].Inc()
-	h.logger.Info("shadow: request would be denied by budget",
-		zap.String("budget", d.Budget.Name),
-		zap.String("scope", d.Budget.Scope.String()),
-		zap.Int64("requested", d.Amount),
-		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Limit))
-	h.emitDenied(r, d, dims, true)
-}
-
 // explainDenial fills in a budget's denial: 429 for a token budget, 402 for
-// a dollar budget, the RateLimit headers, the placeholders, the event, the
+// a dollar budget (admit wrote its RateLimit items), the placeholders, the event, the
 // debug line, when to retry, and a message in the budget's unit.
-func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *refusal) {
+func (h *LLMBudget) explainDenial(repl *caddy.Replacer, c *call, ref *refusal) {
 	d := ref.denial
-	now := time.Now()
-	retry := ceilSeconds(d.WindowEnd.Sub(now))
+	retry := ceilSeconds(d.WindowEnd.Sub(ref.now))
 	ref.status, ref.errType, ref.code = h.denialOf(d.Budget.Unit)
-	h.setRateLimitHeaders(w.Header(), d.Holds, now)
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	repl.Set("http.llmbudget.budget", d.Budget.Name)
-	h.emitDenied(r, d, ref.dims, false)
-	h.noteDeniedKey(d, ref.dims)
+	h.emitDenied(d, c, false)
+	h.noteDeniedKey(d, c.dims)
 	h.logger.Debug("request denied by budget",
 		zap.String("budget", d.Budget.Name),
 		zap.String("scope", d.Budget.Scope.String()),
-		zap.String("principal_hash", keyhash.Of(ref.dims.Principal).String()),
-		zap.String("model", ref.dims.Model),
+		zap.String("principal_hash", keyhash.Of(c.dims.Principal).String()),
+		zap.String("model", c.dims.Model),
 		zap.Int64("requested", d.Amount),
 		zap.Int64("used", d.Used),
 		zap.Int64("limit", d.Limit))
@@ -153,8 +143,8 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 		ref.code, ref.noRetry = "request_exceeds_budget", true
 		ref.message = fmt.Sprintf("this request alone needs up to %s (its prompt plus max_tokens × n), more than the whole limit of budget %q (%s per %s): lower max_tokens or shorten the prompt",
 			amount(d.Amount), d.Budget.Name, amount(d.Limit), window)
-		if ref.note != "" {
-			ref.message += " " + ref.note
+		if c.holdNote != "" {
+			ref.message += " " + c.holdNote
 		}
 		return
 	case d.Used >= d.Limit:
@@ -166,8 +156,8 @@ func (h *LLMBudget) explainDenial(w http.ResponseWriter, r *http.Request, ref *r
 		ref.message = fmt.Sprintf("this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s); it may fit once requests in flight settle, or when the window resets in %ds",
 			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Limit-d.Used), amount(d.Limit), amount(d.Used), retry)
 	}
-	if ref.note != "" {
-		ref.message += " " + ref.note
+	if c.holdNote != "" {
+		ref.message += " " + c.holdNote
 	}
 	ref.retryAfter = retry
 	repl.Set("http.llmbudget.retry_after", retry)
@@ -192,87 +182,6 @@ func formatAmount(u budget.Unit, n int64) string {
 		fraction += "0"
 	}
 	return sign + "$" + strconv.FormatInt(n/budget.MicrosPerUSD, 10) + "." + fraction
-}
-
-// emitDenied emits llmbudget_denied for d.
-func (h *LLMBudget) emitDenied(r *http.Request, d *budget.Denial, dims budget.Dims, shadow bool) {
-	if !h.events.wants(eventLLMBudgetDenied) {
-		return
-	}
-	h.events.emit(eventLLMBudgetDenied, map[string]any{
-		"budget":     d.Budget.Name,
-		"scope":      d.Budget.Scope.String(),
-		"scope_hash": keyhash.Of(dims.Value(d.Budget.Scope)).String(),
-		"unit":       d.Budget.Unit.String(),
-		"requested":  d.Amount,
-		"used":       d.Used,
-		"limit":      d.Limit,
-		"shadow":     shadow,
-		"path":       r.URL.Path,
-	})
-}
-
-// setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per
-// budget of a shown scope (RateLimitScopes), and nothing when none is shown.
-func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
-	buf := make([]byte, 0, 48*len(holds))
-	policy := h.policy
-	for _, hold := range holds {
-		if h.shownScopes.has(hold.Budget.Scope) {
-			buf = appendRateLimitItem(buf, hold.Budget.Name, hold.Limit-hold.Used, hold.WindowEnd.Sub(now))
-			if hold.Limit != hold.Budget.Limit {
-				policy = "" // the client's own limit, which the config's policy does not say
-			}
-		}
-	}
-	if len(buf) == 0 {
-		return
-	}
-	if policy == "" {
-		policy = h.policyOf(holds)
-	}
-	setRateLimitHeaders(hdr, policy, string(buf))
-}
-
-// policyOf is RateLimit-Policy for holds of the shown scopes, each with the
-// limit in force for the request's scope value: for a response whose limit
-// is the value's own (set at run time, limit_for) or a reload's.
-func (h *LLMBudget) policyOf(holds []budget.Hold) string {
-	items := make([]string, 0, len(holds))
-	for _, hold := range holds {
-		if h.shownScopes.has(hold.Budget.Scope) {
-			items = append(items, policyItem(hold.Budget.Name, hold.Limit, hold.Budget.NominalWindow()))
-		}
-	}
-	return joinItems(items)
-}
-
-// scopeSet is a set of budget scopes, a bit each.
-type scopeSet uint8
-
-func (s scopeSet) has(sc budget.Scope) bool { return s&(1<<sc) != 0 }
-
-// defaultRateLimitScopes are RateLimitScopes' default: a client's own.
-var defaultRateLimitScopes = []string{"key", "team"}
-
-// compileRateLimitScopes reads RateLimitScopes; the error names the field.
-func (h *LLMBudget) compileRateLimitScopes() error {
-	names := h.RateLimitScopes
-	if names == nil {
-		names = defaultRateLimitScopes
-	}
-	h.shownScopes = 0
-	for _, name := range names {
-		sc, err := budget.ParseScope(name)
-		if err != nil {
-			return fmt.Errorf("llmbudget: ratelimit_scopes: %w", err)
-		}
-		if h.shownScopes.has(sc) {
-			return fmt.Errorf("llmbudget: ratelimit_scopes: %s is listed twice", name)
-		}
-		h.shownScopes |= 1 << sc
-	}
-	return nil
 }
 
 // Errors are written in the shape of the API being called, so that each
@@ -375,66 +284,6 @@ func geminiStatus(status int) string {
 	return "INVALID_ARGUMENT"
 }
 
-// bindCounters looks up the handler's requests_total series once, off the
-// request path.
-func (h *LLMBudget) bindCounters() {
-	h.decisions = make([][numDecisions]prometheus.Counter, len(h.budgets))
-	h.firstUSD = 0
-	for i, b := range h.budgets {
-		for d := range numDecisions {
-			h.decisions[i][d] = metrics.llmRequests.WithLabelValues(b.Name, decisionNames[d])
-		}
-		if b.Unit == budget.USD && h.budgets[h.firstUSD].Unit != budget.USD {
-			h.firstUSD = i
-		}
-	}
-	h.rejected = metrics.llmRequests.WithLabelValues("", "rejected")
-	h.shadowRejected = metrics.llmRequests.WithLabelValues("", "shadow_rejected")
-	// The series a dashboard queries, at 0 until the first settle.
-	for _, b := range h.budgets {
-		metrics.llmCharged.WithLabelValues(b.Name, b.Unit.String())
-		if b.Scope == budget.PerKey {
-			metrics.llmKeysDenied.WithLabelValues(b.Name)
-		}
-		for _, pct := range b.AlertAt {
-			metrics.llmThresholds.WithLabelValues(b.Name, strconv.Itoa(pct))
-		}
-	}
-	for model := range h.Prices {
-		metrics.llmCost.WithLabelValues(model)
-		for _, kind := range []string{"input", "cached_input", "output"} {
-			metrics.llmTokens.WithLabelValues(model, kind)
-		}
-	}
-}
-
-// decision is what llmbudget did with a request, a label of requests_total.
-type decision int
-
-const (
-	admitted decision = iota
-	denied
-	shadowDenied
-	storeError
-	failOpen
-	numDecisions
-)
-
-var decisionNames = [numDecisions]string{"admitted", "denied", "shadow_denied", "store_error", "fail_open"}
-
-// admit counts an admitted request and writes its RateLimit headers.
-func (h *LLMBudget) admit(w http.ResponseWriter, holds []budget.Hold) {
-	h.countAll(admitted)
-	h.setRateLimitHeaders(w.Header(), holds, time.Now())
-}
-
-// countAll counts a decision that concerns every budget of the handler.
-func (h *LLMBudget) countAll(d decision) {
-	for i := range h.decisions {
-		h.decisions[i][d].Inc()
-	}
-}
-
 // budgetIndex is the index of b among the handler's budgets.
 func (h *LLMBudget) budgetIndex(b *budget.Budget) int {
 	for i := range h.budgets {
@@ -488,4 +337,13 @@ func (h *LLMBudget) noteDeniedKey(d *budget.Denial, dims budget.Dims) {
 			metrics.llmKeysDenied.WithLabelValues(b.Name).Inc()
 		}
 	}()
+}
+
+// forwardRest hands the next handler what was read of the body, then the rest
+// as it comes: shadow mode forwards a body llmbudget stopped reading.
+func forwardRest(r *http.Request, start []byte) {
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(start), r.Body), r.Body}
 }
