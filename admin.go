@@ -105,8 +105,8 @@ func handleStatus(w http.ResponseWriter, r *http.Request) error {
 		Stores []storeStatus `json:"stores"`
 	}{Stores: []storeStatus{}}
 	now := time.Now()
-	stores.Range(func(_, value any) bool {
-		e := value.(*store)
+	enginePool.Range(func(_, value any) bool {
+		e := value.(*engines)
 		st := storeStatus{
 			Store:             e.identity.String(),
 			Healthy:           e.limiter.Healthy(),

@@ -117,7 +117,7 @@ func handleBudgetList(w http.ResponseWriter, r *http.Request) error {
 				Unit:     b.Unit.String(),
 				Limit:    amountJSON(b.Unit, b.Limit),
 				Window:   b.Period(),
-				Store:    rb.store.identity.String(),
+				Store:    rb.engines.identity.String(),
 				Conflict: rb.conflict(),
 			})
 		}
@@ -165,7 +165,7 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Allow", act.method)
 		return apiErrorf(http.StatusMethodNotAllowed, "method %s not allowed on %s; use %s", r.Method, r.URL.Path, act.method)
 	}
-	eng, b, err := lookupBudget(act.name)
+	e, b, err := lookupBudget(act.name)
 	switch {
 	case errors.Is(err, errUnknownBudget):
 		return apiErrorf(http.StatusNotFound, "%v", err)
@@ -173,7 +173,7 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 		return apiErrorf(http.StatusConflict, "%v", err)
 	}
 	if act.kind == "top" {
-		return writeTop(w, r, eng, &b)
+		return writeTop(w, r, e, &b)
 	}
 	scope, err := scopeFromQuery(&b, r.URL.Query())
 	if err != nil {
@@ -183,19 +183,19 @@ func (a *AdminAPI) handleBudget(w http.ResponseWriter, r *http.Request) error {
 	defer cancel()
 	switch {
 	case act.kind == "limit":
-		err = a.setLimit(ctx, r, eng, &b, scope)
+		err = a.setLimit(ctx, r, e, &b, scope)
 	case act.kind == "reset":
-		err = a.resetWindow(ctx, r, eng, &b, scope)
+		err = a.resetWindow(ctx, r, e, &b, scope)
 	}
 	if err != nil {
 		return err
 	}
-	return writeBudgetWindow(ctx, w, eng, &b, scope)
+	return writeBudgetWindow(ctx, w, e, &b, scope)
 }
 
 // resetWindow zeroes the budget's counter for scope in the current window.
-func (a *AdminAPI) resetWindow(ctx context.Context, r *http.Request, eng *store, b *budget.Budget, scope budgetScope) error {
-	st, err := eng.budgets.Reset(ctx, b, scope.id)
+func (a *AdminAPI) resetWindow(ctx context.Context, r *http.Request, e *engines, b *budget.Budget, scope budgetScope) error {
+	st, err := e.budgets.Reset(ctx, b, scope.id)
 	if err != nil {
 		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
 	}
@@ -215,7 +215,7 @@ const maxLimitBody = 1 << 10
 // setLimit sets (PUT, {"limit": <n>} in the budget's unit) or clears
 // (DELETE) the limit of the budget's scope value in the store, where every
 // instance's next reserve reads it.
-func (a *AdminAPI) setLimit(ctx context.Context, r *http.Request, eng *store, b *budget.Budget, scope budgetScope) error {
+func (a *AdminAPI) setLimit(ctx context.Context, r *http.Request, e *engines, b *budget.Budget, scope budgetScope) error {
 	var limit int64
 	if r.Method == http.MethodPut {
 		var body struct {
@@ -234,7 +234,7 @@ func (a *AdminAPI) setLimit(ctx context.Context, r *http.Request, eng *store, b 
 			return apiErrorf(http.StatusBadRequest, "limit %q: %v", body.Limit, err)
 		}
 	}
-	if err := eng.budgets.SetLimit(ctx, b, scope.id, limit); err != nil {
+	if err := e.budgets.SetLimit(ctx, b, scope.id, limit); err != nil {
 		if b.Scope == budget.Global {
 			return apiErrorf(http.StatusBadRequest, "budget %q: %v", b.Name, err)
 		}
@@ -251,12 +251,12 @@ func (a *AdminAPI) setLimit(ctx context.Context, r *http.Request, eng *store, b 
 
 // writeBudgetWindow answers the budget's current window for scope, with the
 // limit in force and where it comes from.
-func writeBudgetWindow(ctx context.Context, w http.ResponseWriter, eng *store, b *budget.Budget, scope budgetScope) error {
-	st, err := eng.budgets.Standing(ctx, b, scope.id)
+func writeBudgetWindow(ctx context.Context, w http.ResponseWriter, e *engines, b *budget.Budget, scope budgetScope) error {
+	st, err := e.budgets.Standing(ctx, b, scope.id)
 	var limit int64
 	var from string
 	if err == nil {
-		limit, from, err = eng.budgets.Limit(ctx, b, scope.id)
+		limit, from, err = e.budgets.Limit(ctx, b, scope.id)
 	}
 	if err != nil {
 		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
@@ -370,7 +370,7 @@ type topEntry struct {
 const defaultTopN = 20
 
 // writeTop answers GET /fleetguard/budgets/<name>/top?n=<n>.
-func writeTop(w http.ResponseWriter, r *http.Request, eng *store, b *budget.Budget) error {
+func writeTop(w http.ResponseWriter, r *http.Request, e *engines, b *budget.Budget) error {
 	n := defaultTopN
 	for name, vals := range r.URL.Query() {
 		v, err := strconv.Atoi(vals[0])
@@ -387,15 +387,15 @@ func writeTop(w http.ResponseWriter, r *http.Request, eng *store, b *budget.Budg
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminStoreTimeout)
 	defer cancel()
-	top, st, err := eng.budgets.Top(ctx, b, n)
+	top, st, err := e.budgets.Top(ctx, b, n)
 	if err != nil {
 		return apiErrorf(http.StatusServiceUnavailable, "the budget store is unavailable: %v", err)
 	}
 	out := budgetTop{Budget: b.Name, Scope: b.Scope.String(), Unit: b.Unit.String(),
 		WindowStart: st.Start.UTC(), WindowEnd: st.End.UTC(), Top: make([]topEntry, len(top))}
-	for i, e := range top {
-		_, hash, _ := strings.Cut(e.Member, "-")
-		out.Top[i] = topEntry{ScopeHash: hash, Value: b.Names[e.Member], Used: amountJSON(b.Unit, e.Used)}
+	for i, t := range top {
+		_, hash, _ := strings.Cut(t.Member, "-")
+		out.Top[i] = topEntry{ScopeHash: hash, Value: b.Names[t.Member], Used: amountJSON(b.Unit, t.Used)}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(out)

@@ -67,11 +67,11 @@ func budgetWindowAt(t *testing.T, method, url string) budgetWindow {
 }
 
 // storeWithPrefix is the store in the pool whose identity has prefix.
-func storeWithPrefix(t *testing.T, prefix string) *store {
+func storeWithPrefix(t *testing.T, prefix string) *engines {
 	t.Helper()
-	var found *store
-	stores.Range(func(_, v any) bool {
-		if e := v.(*store); e.identity.name.prefix == prefix {
+	var found *engines
+	enginePool.Range(func(_, v any) bool {
+		if e := v.(*engines); e.identity.name.prefix == prefix {
 			found = e
 		}
 		return found == nil
@@ -98,9 +98,9 @@ func storeCounter(t *testing.T, prefix string, b budget.Budget, dims budget.Dims
 // counter, remaining the rest of the limit, a reset zeroes the window and
 // admits what was denied, and the raw key reaches no log of fleetguard.
 func TestAdminBudgetWindowAndReset(t *testing.T) {
-	stores := []struct {
-		name  string
-		store func(t *testing.T) (global string, counter func(prefix, budgetName string) int64)
+	enginePool := []struct {
+		name    string
+		engines func(t *testing.T) (global string, counter func(prefix, budgetName string) int64)
 	}{
 		{"memory", func(*testing.T) (string, func(string, string) int64) { return "", nil }},
 		{"redis", func(t *testing.T) (string, func(string, string) int64) {
@@ -111,9 +111,9 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 				func(prefix, name string) int64 { return budgetCounter(t, rc, prefix, name) }
 		}},
 	}
-	for _, sc := range stores {
+	for _, sc := range enginePool {
 		t.Run(sc.name, func(t *testing.T) {
-			global, redisCounter := sc.store(t)
+			global, redisCounter := sc.engines(t)
 			prefix := "fleetguard"
 			if redisCounter != nil {
 				prefix = "adminbudget"
@@ -281,7 +281,7 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 
 // budgetDefsFor is the running definition of a budget, as the admin API
 // finds it.
-func (e *store) budgetDefsFor(t *testing.T, name string) budget.Budget {
+func (e *engines) budgetDefsFor(t *testing.T, name string) budget.Budget {
 	t.Helper()
 	eng, b, err := lookupBudget(name)
 	if err != nil || eng != e {

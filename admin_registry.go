@@ -97,20 +97,20 @@ func (reg *budgetRegistry) names() []string {
 // placedDef is a definition and the store whose registry holds it.
 type placedDef struct {
 	budgetDef
-	store *store
+	engines *engines
 }
 
 // runningDefs copies every definition the stores in the pool hold, by
 // budget name, each store's under its lock.
 func runningDefs() map[string][]placedDef {
 	byName := make(map[string][]placedDef)
-	stores.Range(func(_, v any) bool {
-		e := v.(*store)
+	enginePool.Range(func(_, v any) bool {
+		e := v.(*engines)
 		e.budgetDefs.mu.Lock()
 		defer e.budgetDefs.mu.Unlock()
 		for name, defs := range e.budgetDefs.defs {
 			for _, d := range defs {
-				byName[name] = append(byName[name], placedDef{budgetDef: d, store: e})
+				byName[name] = append(byName[name], placedDef{budgetDef: d, engines: e})
 			}
 		}
 		return true
@@ -122,7 +122,7 @@ func runningDefs() map[string][]placedDef {
 // definitions that the newest config defining it gives it, and the store
 // of that config, which keeps its counters.
 type runningBudget struct {
-	store *store
+	engines *engines
 	// definitions are distinct, sorted by scope, unit, window and limit. Two
 	// or more are a conflict: handlers of one config that define one name
 	// differently share its counter under different rules, and the admin
@@ -140,7 +140,7 @@ func resolveBudget(defs []placedDef) (rb runningBudget, ok bool) {
 		return runningBudget{}, false
 	}
 	newest := slices.MaxFunc(defs, func(a, b placedDef) int { return cmp.Compare(a.seq, b.seq) })
-	rb.store = newest.store
+	rb.engines = newest.engines
 	for _, d := range defs {
 		if d.config == newest.config && !slices.ContainsFunc(rb.definitions, func(b budget.Budget) bool { return sameBudget(b, d.budget) }) {
 			rb.definitions = append(rb.definitions, d.budget)
@@ -166,7 +166,7 @@ func sameBudget(a, b budget.Budget) bool {
 // the store that keeps its counters (resolveBudget). errUnknownBudget: no
 // running handler defines it; errBudgetConflict: the newest config that
 // does defines it in more than one way.
-func lookupBudget(name string) (*store, budget.Budget, error) {
+func lookupBudget(name string) (*engines, budget.Budget, error) {
 	rb, ok := resolveBudget(runningDefs()[name])
 	if !ok {
 		return nil, budget.Budget{}, fmt.Errorf("%w: no llmbudget handler of the running config defines budget %q", errUnknownBudget, name)
@@ -179,7 +179,7 @@ func lookupBudget(name string) (*store, budget.Budget, error) {
 		return nil, budget.Budget{}, fmt.Errorf("%w: budget %q is defined differently by llmbudget handlers of the running config (%s), so they share one counter under different rules; give each definition its own name",
 			errBudgetConflict, name, strings.Join(described, " and "))
 	}
-	return rb.store, rb.definitions[0], nil
+	return rb.engines, rb.definitions[0], nil
 }
 
 var (
@@ -207,7 +207,7 @@ func (h *LLMBudget) registerBudgets(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.store.budgetDefs.add(h, app)
+	h.engines.budgetDefs.add(h, app)
 	h.registered = true
 	return nil
 }
@@ -216,7 +216,7 @@ func (h *LLMBudget) registerBudgets(ctx caddy.Context) error {
 // not get that far.
 func (h *LLMBudget) unregisterBudgets() {
 	if h.registered {
-		h.store.budgetDefs.remove(h)
+		h.engines.budgetDefs.remove(h)
 		h.registered = false
 	}
 }

@@ -17,16 +17,16 @@ import (
 
 // poolStore puts a store of its own, under id and on a memory store
 // whatever id's kind, into the pool for the test.
-func poolStore(t *testing.T, id storeIdentity) *store {
+func poolStore(t *testing.T, id storeIdentity) *engines {
 	t.Helper()
-	v, _, err := stores.LoadOrNew(id, func() (caddy.Destructor, error) {
-		return newStore(id, nil, time.Second, zap.NewNop())
+	v, _, err := enginePool.LoadOrNew(id, func() (caddy.Destructor, error) {
+		return newEngines(id, nil, time.Second, zap.NewNop())
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = stores.Delete(id) })
-	return v.(*store)
+	t.Cleanup(func() { _, _ = enginePool.Delete(id) })
+	return v.(*engines)
 }
 
 // handlerWith is a handler of budgets provisioned on the memory store of

@@ -28,13 +28,13 @@ func statusCaddyfile(port int, upstream, global string) string {
 // storeStatusOf is the status of the store whose identity has prefix.
 func storeStatusOf(t *testing.T, tc *testCaddy, prefix string) storeStatus {
 	t.Helper()
-	stores := storeStatuses(t, tc.admin)
-	for _, st := range stores {
+	enginePool := storeStatuses(t, tc.admin)
+	for _, st := range enginePool {
 		if strings.Contains(st.Store, "|"+prefix) {
 			return st
 		}
 	}
-	t.Fatalf("no store with prefix %q in %+v", prefix, stores)
+	t.Fatalf("no store with prefix %q in %+v", prefix, enginePool)
 	return storeStatus{}
 }
 
@@ -69,11 +69,11 @@ func waitStatus(t *testing.T, tc *testCaddy, prefix, what string, poke func(), o
 // killed the error counts grow and the last sync ages.
 func TestAdminStatusShowsSyncAgeAndErrors(t *testing.T) {
 	srv := redistest.Start(t)
-	stores := []struct{ name, prefix, global string }{
+	enginePool := []struct{ name, prefix, global string }{
 		{"memory", "statusmem", "fleetguard {\n prefix statusmem\n sync_interval 50ms\n }"},
 		{"redis", "statusredis", "fleetguard {\n redis " + srv.URL() + "\n prefix statusredis\n sync_interval 50ms\n }"},
 	}
-	for _, sc := range stores {
+	for _, sc := range enginePool {
 		t.Run(sc.name, func(t *testing.T) {
 			up := newFakeLLM(t)
 			port := freePort(t)

@@ -48,7 +48,7 @@ type FleetLimit struct {
 	// headersOnAdmit and headersOnDeny: RateLimitHeaders compiled.
 	headersOnAdmit, headersOnDeny bool
 	errorBody                     bool // ErrorBody compiled
-	store                         *store
+	engines                       *engines
 	logger                        *zap.Logger
 	events                        emitter
 }
@@ -170,7 +170,7 @@ func (h *FleetLimit) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("fleetlimit: %w", err)
 	}
-	h.store = app.store
+	h.engines = app.engines
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("fleetlimit: metrics: %w", err)
 	}
@@ -202,7 +202,7 @@ func (h *FleetLimit) resolveZones() error {
 		if err != nil {
 			return fmt.Errorf("fleetlimit: zone %q: %w", name, err)
 		}
-		zone := h.store.limiter.Zone(name, &limit)
+		zone := h.engines.limiter.Zone(name, &limit)
 		h.zones = append(h.zones, zoneRuntime{
 			name:         name,
 			quotedName:   strconv.Quote(name),
@@ -267,10 +267,10 @@ func (h *FleetLimit) decide(w http.ResponseWriter, r *http.Request, checks []rat
 		z := &h.zones[i]
 		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: z.key.hash(r)}
 	}
-	denied := h.store.limiter.Allow(time.Now().UnixNano(), checks, verdicts)
+	denied := h.engines.limiter.Allow(time.Now().UnixNano(), checks, verdicts)
 	// A dry-run denial is an admitted response.
 	if refused := denied >= 0 && !h.DryRun; refused && h.headersOnDeny || !refused && h.headersOnAdmit {
-		h.setRateLimitHeaders(w.Header(), verdicts)
+		h.setZoneHeaders(w.Header(), verdicts)
 	}
 	if denied < 0 {
 		for i := range h.zones {
@@ -326,10 +326,10 @@ func (h *FleetLimit) deny(w http.ResponseWriter, r *http.Request, denied int, ke
 		fmt.Errorf("fleetlimit: zone %q: rate limit exceeded, retry after %ds", z.name, retry))
 }
 
-// setRateLimitHeaders sets RateLimit-Policy and RateLimit with an item per
+// setZoneHeaders sets RateLimit-Policy and RateLimit with an item per
 // zone; a denying zone's reset is when a retry can succeed. RateLimit is
 // rendered into the values' own allocation (a longer one moves to the heap).
-func (h *FleetLimit) setRateLimitHeaders(hdr http.Header, verdicts []ratelimit.Verdict) {
+func (h *FleetLimit) setZoneHeaders(hdr http.Header, verdicts []ratelimit.Verdict) {
 	v := new(rateLimitValues)
 	buf := v.buf[:0]
 	for i, vd := range verdicts {
@@ -340,5 +340,5 @@ func (h *FleetLimit) setRateLimitHeaders(hdr http.Header, verdicts []ratelimit.V
 		buf = appendQuotedRateLimitItem(buf, h.zones[i].quotedName, vd.Remaining, reset)
 	}
 	// buf is written no more: the string may share its bytes.
-	setRateLimitValues(hdr, &v.vals, h.policy, unsafe.String(unsafe.SliceData(buf), len(buf)))
+	appendRateLimitValues(hdr, &v.vals, h.policy, unsafe.String(unsafe.SliceData(buf), len(buf)))
 }

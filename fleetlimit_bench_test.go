@@ -34,7 +34,7 @@ func BenchmarkFleetLimitServeHTTPReplacerKey(b *testing.B) {
 // cleared between requests as a new response's would be (a map that already
 // holds Caddy's Server header, so its storage is there).
 func benchServeHTTP(b *testing.B, keys map[string]string) {
-	eng, err := newStore(memoryIdentity("bench"), nil, time.Second, zap.NewNop())
+	eng, err := newEngines(memoryIdentity("bench"), nil, time.Second, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func benchServeHTTP(b *testing.B, keys map[string]string) {
 	for name, key := range keys {
 		h.Zones[name] = &ZoneConfig{Key: key, Events: 1 << 31, Window: caddy.Duration(time.Hour)}
 	}
-	h.store, h.logger = eng, zap.NewNop()
+	h.engines, h.logger = eng, zap.NewNop()
 	if err := h.resolveZones(); err != nil {
 		b.Fatal(err)
 	}

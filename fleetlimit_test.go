@@ -260,10 +260,10 @@ func grepLines(s, sub string) string {
 func TestFailedLoadChangesNothing(t *testing.T) {
 	port := freePort(t)
 	tc := startCaddy(t, fleetCaddyfile(port, "fleetguard {\n sync_interval 100ms\n }", ""))
-	memoryStore := func() *store {
-		var found *store
-		stores.Range(func(_, v any) bool {
-			if e := v.(*store); e.identity == memoryIdentity(DefaultPrefix) {
+	memoryStore := func() *engines {
+		var found *engines
+		enginePool.Range(func(_, v any) bool {
+			if e := v.(*engines); e.identity == memoryIdentity(DefaultPrefix) {
 				found = e
 			}
 			return true
@@ -560,9 +560,9 @@ func remainingOf(t *testing.T, header, name string) int64 {
 // endpoint is admin (its one store).
 func fleetMembers(t *testing.T, admin string) int {
 	t.Helper()
-	stores := storeStatuses(t, admin)
-	if len(stores) != 1 {
-		t.Fatalf("%d stores in the status, want 1: %+v", len(stores), stores)
+	enginePool := storeStatuses(t, admin)
+	if len(enginePool) != 1 {
+		t.Fatalf("%d stores in the status, want 1: %+v", len(enginePool), enginePool)
 	}
-	return int(stores[0].FleetMembers)
+	return int(enginePool[0].FleetMembers)
 }

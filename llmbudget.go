@@ -246,7 +246,7 @@ type LLMBudget struct {
 	proxyTokenizers  []tokenizerPatterns
 	contextWindow    int64
 	settleWait       time.Duration
-	store            *store
+	engines          *engines
 	logger           *zap.Logger
 	events           emitter
 	registered       bool // its budgets are in the store's registry (admin_registry.go)
@@ -398,11 +398,11 @@ func (h *LLMBudget) Provision(ctx caddy.Context) error {
 	if h.PricesFile != "" {
 		h.logger.Info("prices_file read", zap.String("path", h.PricesFile), zap.Int("models_priced", h.prices.Len()))
 	}
-	eng, err := storeFrom(ctx)
+	e, err := enginesFrom(ctx)
 	if err != nil {
 		return fmt.Errorf("llmbudget: %w", err)
 	}
-	h.store = eng
+	h.engines = e
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("llmbudget: metrics: %w", err)
 	}
@@ -895,11 +895,11 @@ func (h *LLMBudget) bindCounters() {
 type decision int
 
 const (
-	admitted decision = iota
-	denied
-	shadowDenied
-	storeError
-	failOpen
+	decisionAdmitted decision = iota
+	decisionDenied
+	decisionShadowDenied
+	decisionStoreError
+	decisionFailOpen
 	numDecisions
 )
 

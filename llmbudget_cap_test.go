@@ -131,7 +131,7 @@ func serveCapped(t *testing.T, h *LLMBudget, path, body string) forwarded {
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		b, _ := io.ReadAll(r.Body)
 		fw.body = string(b)
-		used, err := h.store.budgets.Used(context.Background(), h.budgets, budget.Dims{})
+		used, err := h.engines.budgets.Used(context.Background(), h.budgets, budget.Dims{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -220,8 +220,8 @@ func (s *ceilingSetup) within(model string) (counter, billed int64) {
 // Caddy.
 func historyOf(model string) *outputHistory {
 	var o *outputHistory
-	stores.Range(func(_, v any) bool {
-		if h, ok := v.(*store).histories.models.Load(model); ok {
+	enginePool.Range(func(_, v any) bool {
+		if h, ok := v.(*engines).histories.models.Load(model); ok {
 			o = h.(*outputHistory)
 		}
 		return true
@@ -271,8 +271,8 @@ func TestAModelWithHiddenOutputHoldsItsCap(t *testing.T) {
 	}
 	s.within("quiet-thinker")
 	hidden := false
-	stores.Range(func(_, v any) bool {
-		if h, ok := v.(*store).histories.models.Load("quiet-thinker"); ok {
+	enginePool.Range(func(_, v any) bool {
+		if h, ok := v.(*engines).histories.models.Load("quiet-thinker"); ok {
 			hidden = h.(*outputHistory).hidden.Load() && !h.(*outputHistory).leases()
 		}
 		return true

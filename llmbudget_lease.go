@@ -107,12 +107,12 @@ type extension struct {
 }
 
 func newLease(h *LLMBudget, res *budget.Reservation, c *call) *lease {
-	l := &lease{h: h, res: res, c: c, held: c.lease, limit: c.outputCap, count: usage.OutputTokenBound(0),
-		tokenized: c.tokens != nil && c.history.countsTokens(), next: c.lease}
+	l := &lease{h: h, res: res, c: c, held: c.leaseSize, limit: c.outputCap, count: usage.OutputTokenBound(0),
+		tokenized: c.tokens != nil && c.history.countsTokens(), next: c.leaseSize}
 	if !c.learned {
 		// A first lease not learned from the model's answers (the least
 		// lease) is extended from three quarters of it on.
-		l.next -= c.lease / 4
+		l.next -= c.leaseSize / 4
 	}
 	return l
 }
@@ -185,7 +185,7 @@ func (l *lease) need() int64 { return min(l.count, l.limit) + l.inputExcess }
 // from the room others need would have them refused, and cut.
 func (l *lease) ahead() int64 {
 	least := l.h.outputLeaseMin / 4
-	share := l.room() / (4 * max(l.h.store.inFlight.n.Load(), 1))
+	share := l.room() / (4 * max(l.h.engines.inFlight.n.Load(), 1))
 	return max(min(l.need(), share), least)
 }
 
@@ -326,11 +326,11 @@ func (l *lease) ask(ch chan<- extension, more int64, spend budget.Spend) {
 	h, res := l.h, l.res
 	ext := extension{more: more, failed: true} // until the store answers
 	defer func() { ch <- ext }()
-	defer safego.Recover("llmbudget lease", h.store.reportPanic)
+	defer safego.Recover("llmbudget lease", h.engines.reportPanic)
 	backoff := extendBackoff
 	for waited := 0; ; backoff = min(2*backoff, maxExtendBackoff) {
 		ctx, cancel := context.WithTimeout(context.Background(), h.storeTimeout)
-		denial, err := h.store.budgets.Extend(ctx, res, spend)
+		denial, err := h.engines.budgets.Extend(ctx, res, spend)
 		cancel()
 		switch {
 		case err == nil && denial != nil:
@@ -457,11 +457,11 @@ type outputHistory struct {
 	// token and the densest (both per 1024).
 	proxyAnswers             int
 	proxyRatio, proxyDensity int64
-	// lease, tokensLease (the percentile of tokenCounts, 0 until
+	// leaseSize (the percentile of counts), tokensLeaseSize (of tokenCounts, 0 until
 	// historyTrusted answers were counted by the tokenizer), proven,
 	// hidden, tokensProven, tokensRevoked, scale and density are read on
 	// the request path without the lock.
-	lease, tokensLease          atomic.Int64
+	leaseSize, tokensLeaseSize  atomic.Int64
 	proven, hidden              atomic.Bool
 	tokensProven, tokensRevoked atomic.Bool
 	// scale is what the tokenizer's count is multiplied by, per 1024 (1024
@@ -541,8 +541,8 @@ func (o *outputHistory) learn(a answerSeen) (news string) {
 	o.counts[o.n%historySize] = a.count
 	o.tokenCounts[o.n%historySize] = a.tokensCount
 	o.n++
-	o.lease.Store(p90(o.counts[:min(o.n, historySize)]))
-	o.tokensLease.Store(p90(o.tokenCounts[:min(o.n, historySize)]))
+	o.leaseSize.Store(p90(o.counts[:min(o.n, historySize)]))
+	o.tokensLeaseSize.Store(p90(o.tokenCounts[:min(o.n, historySize)]))
 	return ""
 }
 

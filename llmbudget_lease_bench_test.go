@@ -62,7 +62,7 @@ func BenchmarkStreamThroughLLMBudget(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			h.store.waitSettles(0)
+			h.engines.waitSettles(0)
 		})
 	}
 }

@@ -599,17 +599,17 @@ func TestOutputHistoryLearns(t *testing.T) {
 			tokensCount = i * 30 // the first two were not counted by it
 		}
 		o.learn(answerSeen{count: i * 100, tokensCount: tokensCount, bound: i * 100, text: i * 100, reported: i * 50})
-		if i < historyTrusted && o.lease.Load() != 0 {
-			t.Fatalf("after %d answers the history is used: lease %d", i, o.lease.Load())
+		if i < historyTrusted && o.leaseSize.Load() != 0 {
+			t.Fatalf("after %d answers the history is used: lease %d", i, o.leaseSize.Load())
 		}
-		if i < historyTrusted+2 && o.tokensLease.Load() != 0 {
-			t.Fatalf("after %d answers, %d counted by the tokenizer, its lease is used: %d", i, i-2, o.tokensLease.Load())
+		if i < historyTrusted+2 && o.tokensLeaseSize.Load() != 0 {
+			t.Fatalf("after %d answers, %d counted by the tokenizer, its lease is used: %d", i, i-2, o.tokensLeaseSize.Load())
 		}
 	}
-	if got := o.lease.Load(); got != 900 {
+	if got := o.leaseSize.Load(); got != 900 {
 		t.Fatalf("lease %d, want the 90th percentile of 100..1000, 900", got)
 	}
-	if got := o.tokensLease.Load(); got != 300 {
+	if got := o.tokensLeaseSize.Load(); got != 300 {
 		t.Fatalf("the tokenizer's lease %d, want the 90th percentile of 90..300, 300", got)
 	}
 	if o.hidden.Load() {
@@ -757,8 +757,8 @@ func TestADollarBudgetExtendsAndCutsInDollars(t *testing.T) {
 	if err := json.Unmarshal([]byte(strings.TrimPrefix(chunks[len(chunks)-2], "data: ")), &end); err != nil {
 		t.Fatal(err)
 	}
-	h.store.waitSettles(5 * time.Second)
-	used, err := h.store.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
+	h.engines.waitSettles(5 * time.Second)
+	used, err := h.engines.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -775,11 +775,11 @@ func TestADollarBudgetExtendsAndCutsInDollars(t *testing.T) {
 // bounds what the upstream writes, and nothing more is held back for it.
 func TestALeaseAtItsCapAdmitsWhatTheCountPassed(t *testing.T) {
 	h := directHandler(t)
-	res, denial, err := h.store.budgets.Reserve(context.Background(), h.budgets, budget.Dims{}, budget.Spend{Tokens: 256})
+	res, denial, err := h.engines.budgets.Reserve(context.Background(), h.budgets, budget.Dims{}, budget.Spend{Tokens: 256})
 	if err != nil || denial != nil {
 		t.Fatal(denial, err)
 	}
-	l := newLease(h, res, &call{lease: 256, outputCap: 300, history: new(outputHistory)})
+	l := newLease(h, res, &call{leaseSize: 256, outputCap: 300, history: new(outputHistory)})
 	l.count = 400 // one event of much text: past the lease and the cap
 	if !l.admit() || l.held != 300 {
 		t.Fatalf("admit: held %d (refused %v), want the event admitted with the cap, 300, held", l.held, l.refused)
@@ -830,7 +830,7 @@ func TestATrainedStreamEndsWithinItsLearnedLease(t *testing.T) {
 	}{{300, 0}, {400, 1}} {
 		h := directHandler(t)
 		// Ten answers of 300 " word" events: 1,516 counted a token a byte.
-		o := h.store.histories.of("m")
+		o := h.engines.histories.of("m")
 		for range 10 {
 			o.learn(answerSeen{count: 1516, bound: 1516, text: 1500, reported: 300})
 		}
@@ -851,7 +851,7 @@ func TestATrainedStreamEndsWithinItsLearnedLease(t *testing.T) {
 func TestATokenizedLeaseCountsByTheTokenizerUntilTheModelIsRevoked(t *testing.T) {
 	o := new(outputHistory)
 	o.tokensProven.Store(true)
-	c := &call{history: o, tokens: bpe.Load(bpe.O200k), outputCap: 4096, lease: 256}
+	c := &call{history: o, tokens: bpe.Load(bpe.O200k), outputCap: 4096, leaseSize: 256}
 	l := newLease(nil, nil, c)
 	if !l.tokenized {
 		t.Fatal("a lease of a model proven by its tokenizer is not counted by it")
@@ -884,9 +884,9 @@ func TestATokenizedLeaseCountsByTheTokenizerUntilTheModelIsRevoked(t *testing.T)
 func TestALeaseStepsAsFarAsItsCountUnlessRoomIsShort(t *testing.T) {
 	tokens := &budget.Budget{Name: "tokens", Unit: budget.Tokens, Limit: 1_000_000}
 	dollars := &budget.Budget{Name: "dollars", Unit: budget.USD, Limit: 1_000_000}
-	h := &LLMBudget{outputLeaseMin: 256, store: new(store)}
+	h := &LLMBudget{outputLeaseMin: 256, engines: new(engines)}
 	res := &budget.Reservation{Holds: []budget.Hold{{Budget: tokens, Used: 0}}}
-	l := newLease(h, res, &call{lease: 256, outputCap: 4096})
+	l := newLease(h, res, &call{leaseSize: 256, outputCap: 4096})
 	for _, c := range []struct {
 		count, used, inFlight, want int64
 	}{
@@ -899,7 +899,7 @@ func TestALeaseStepsAsFarAsItsCountUnlessRoomIsShort(t *testing.T) {
 		{1000, 1_000_001, 1, 64}, // past the limit (a reload lowered it)
 	} {
 		l.count, res.Holds[0].Used = c.count, c.used
-		h.store.inFlight.n.Store(c.inFlight)
+		h.engines.inFlight.n.Store(c.inFlight)
 		if got := l.ahead(); got != c.want {
 			t.Errorf("count %d, %d of 1,000,000 used, %d in flight: step %d, want %d", c.count, c.used, c.inFlight, got, c.want)
 		}
@@ -911,7 +911,7 @@ func TestALeaseStepsAsFarAsItsCountUnlessRoomIsShort(t *testing.T) {
 	l.c.rates = budget.Rates{Output: 10_000_000}
 	res.Holds = []budget.Hold{{Budget: tokens}, {Budget: dollars, Used: 920_000}}
 	l.count = 5000
-	h.store.inFlight.n.Store(4)
+	h.engines.inFlight.n.Store(4)
 	if got := l.ahead(); got != 500 {
 		t.Errorf("a dollar budget with room for 8,000 output tokens: step %d, want 500", got)
 	}

@@ -66,14 +66,14 @@ func newMeteringWriter(w http.ResponseWriter, r *http.Request, h *LLMBudget, res
 	mw := &meteringWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, format: c.format,
 		// The client did not ask for the usage chunk (or said no): it still
 		// settles the budget, but the client does not see it.
-		stripUsage: c.askedUsage}
+		stripUsage: c.injectedUsage}
 	if c.tokens != nil {
 		mw.tokens = c.tokens
 		if c.proxy {
 			mw.tokens = proxyCounter{c.tokens}
 		}
 	}
-	if c.lease == 0 {
+	if c.leaseSize == 0 {
 		return mw, r
 	}
 	ctx, cancel := context.WithCancel(r.Context())

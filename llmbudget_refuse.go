@@ -68,7 +68,7 @@ const (
 func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, c *call, ref *refusal) error {
 	switch {
 	case ref.kind == refusedStoreDown && (h.FailOpen || h.Shadow):
-		h.countAll(failOpen)
+		h.countAll(decisionFailOpen)
 	case h.Shadow:
 		h.shadowRejected.Inc()
 		h.logger.Info("shadow: request would be refused", zap.Int("status", ref.status), zap.String("code", ref.code), zap.String("reason", ref.message))
@@ -84,11 +84,11 @@ func (h *LLMBudget) answer(w http.ResponseWriter, repl *caddy.Replacer, c *call,
 	case refusedRequest:
 		h.rejected.Inc()
 	case refusedUnpriced:
-		h.decisions[h.firstUSD][denied].Inc()
+		h.decisions[h.firstUSD][decisionDenied].Inc()
 	case refusedStoreDown:
-		h.countAll(storeError)
+		h.countAll(decisionStoreError)
 	case refusedBudget:
-		h.decisions[h.budgetIndex(ref.denial.Budget)][denied].Inc()
+		h.decisions[h.budgetIndex(ref.denial.Budget)][decisionDenied].Inc()
 		h.explainDenial(repl, c, ref)
 	}
 	hdr := w.Header()
@@ -327,13 +327,13 @@ func (h *LLMBudget) noteDeniedKey(d *budget.Denial, dims budget.Dims) {
 	default:
 		return
 	}
-	b, id, st := d.Budget, budget.ScopeID(d.Budget, dims), h.store
+	b, id, e := d.Budget, budget.ScopeID(d.Budget, dims), h.engines
 	go func() {
 		defer func() { <-deniedNotes }()
-		defer safego.Recover("llmbudget denied note", st.reportPanic)
+		defer safego.Recover("llmbudget denied note", e.reportPanic)
 		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 		defer cancel()
-		if first, err := st.budgets.NoteDenied(ctx, b, id); err == nil && first {
+		if first, err := e.budgets.NoteDenied(ctx, b, id); err == nil && first {
 			metrics.llmKeysDenied.WithLabelValues(b.Name).Inc()
 		}
 	}()

@@ -63,14 +63,14 @@ type call struct {
 	// body is the request body as the client sent it; forward, as it is
 	// forwarded (its output bounded, its stream asked for usage).
 	body, forward []byte
-	askedUsage    bool
+	injectedUsage bool
 	outputCap     int64 // per output (choice, candidate)
-	// lease is the output held for a leased stream (0: the whole cap is
-	// held); history, its model's recent answers; learned, the lease was
-	// learned from them.
-	lease   int64
-	learned bool
-	history *outputHistory
+	// leaseSize is the output a leased stream holds first (0: the whole
+	// cap is held, no lease); history, its model's recent answers; learned,
+	// the size was learned from them.
+	leaseSize int64
+	learned   bool
+	history   *outputHistory
 	// tokens is the model's public tokenizer, once loaded, while its
 	// answers have not billed more than it counts; proxy, whether it is
 	// another model's, which counts at a scale its answers taught.
@@ -206,18 +206,18 @@ func (h *LLMBudget) chooseLease(c *call) {
 	if !h.leasable(c) {
 		return
 	}
-	c.history = h.store.histories.of(c.req.Model)
+	c.history = h.engines.histories.of(c.req.Model)
 	if v, proxy := h.tokenizerOf(c.req.Model); v != 0 && !c.history.tokensRevoked.Load() {
 		c.tokens, c.proxy = bpe.Loaded(v), proxy
 	}
 	if c.history.leases() {
 		// Learned from the answers' counts as this stream will be counted:
 		// by the tokenizer, or a token a byte.
-		learned := c.history.lease.Load()
+		learned := c.history.leaseSize.Load()
 		if c.tokens != nil && c.history.countsTokens() {
-			learned = c.history.tokensLease.Load()
+			learned = c.history.tokensLeaseSize.Load()
 		}
-		c.lease = min(max(learned, h.outputLeaseMin), c.outputCap)
+		c.leaseSize = min(max(learned, h.outputLeaseMin), c.outputCap)
 		c.learned = learned > 0
 	}
 }
@@ -228,8 +228,8 @@ func (h *LLMBudget) chooseLease(c *call) {
 // a model without a price.
 func (h *LLMBudget) priceEstimate(c *call) *refusal {
 	output := c.outputCap * c.req.N
-	if c.lease > 0 {
-		output = c.lease
+	if c.leaseSize > 0 {
+		output = c.leaseSize
 	}
 	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output, ServiceTier: c.req.ServiceTier}
 	c.spend = budget.Spend{Tokens: estimate.Tokens()}
@@ -260,35 +260,35 @@ func (h *LLMBudget) priceEstimate(c *call) *refusal {
 func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *refusal) {
 	ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
 	defer cancel()
-	res, denial, err := h.store.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
+	res, denial, err := h.engines.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
 	if denial != nil {
 		res, denial, err = h.waitForRoom(r, c, denial)
 	}
 	if denial != nil && h.Shadow {
 		h.shadowDenied(denial, c)
-		res, err = h.store.budgets.ReserveOverLimit(ctx, h.budgets, c.dims, c.spend)
+		res, err = h.engines.budgets.ReserveOverLimit(ctx, h.budgets, c.dims, c.spend)
 		denial = nil
 	}
 	if err != nil {
 		if !errors.Is(err, budget.ErrStoreDown) {
 			metrics.storeErrors.WithLabelValues("reserve").Inc()
 		}
-		h.store.budgetStoreFailed(h.logger, h.FailOpen || h.Shadow, err)
+		h.engines.budgetStoreFailed(h.logger, h.FailOpen || h.Shadow, err)
 		return nil, &refusal{kind: refusedStoreDown, status: http.StatusServiceUnavailable, errType: "service_unavailable",
 			code: "budget_store_unavailable", message: "the budget store is unavailable; try again shortly", retryAfter: 1, body: c.body}
 	}
-	h.store.budgetStoreOK(h.logger)
+	h.engines.budgetStoreOK(h.logger)
 	if denial != nil {
 		return nil, &refusal{kind: refusedBudget, denial: denial}
 	}
-	h.store.inFlight.reserved()
+	h.engines.inFlight.reserved()
 	return res, nil
 }
 
 // shadowDenied counts, logs and announces a denial that shadow mode does not
 // enforce.
 func (h *LLMBudget) shadowDenied(d *budget.Denial, c *call) {
-	h.decisions[h.budgetIndex(d.Budget)][shadowDenied].Inc()
+	h.decisions[h.budgetIndex(d.Budget)][decisionShadowDenied].Inc()
 	h.logger.Info("shadow: request would be denied by budget",
 		zap.String("budget", d.Budget.Name),
 		zap.String("scope", d.Budget.Scope.String()),
@@ -306,7 +306,7 @@ func (h *LLMBudget) admit(w http.ResponseWriter, r *http.Request, res *budget.Re
 	switch {
 	case ref == nil:
 		h.restoreBody(r, c.forward)
-		h.countAll(admitted)
+		h.countAll(decisionAdmitted)
 		holds = res.Holds
 	case ref.kind == refusedBudget:
 		holds = ref.denial.Holds
@@ -317,7 +317,7 @@ func (h *LLMBudget) admit(w http.ResponseWriter, r *http.Request, res *budget.Re
 	if ref != nil {
 		ref.now = now
 	}
-	h.setRateLimitHeaders(w.Header(), holds, now)
+	h.setBudgetHeaders(w.Header(), holds, now)
 }
 
 // apiCredential is the credential the API being called authenticates with,
@@ -395,7 +395,7 @@ func (h *LLMBudget) boundOutput(c *call) *refusal {
 	if c.outputCap, err = h.outputCap(c.req); err != nil {
 		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "output_cap_too_large", message: err.Error(), body: c.body}
 	}
-	if c.forward, c.askedUsage, err = h.forwardBody(c.format, c.req, c.body, c.outputCap); err != nil {
+	if c.forward, c.injectedUsage, err = h.forwardBody(c.format, c.req, c.body, c.outputCap); err != nil {
 		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "invalid_request", message: err.Error(), body: c.body}
 	}
 	return nil
@@ -427,7 +427,7 @@ func (h *LLMBudget) outputCap(req usage.Request) (int64, error) {
 // chunk it did not ask for), and the output is bounded to outputCap in the
 // API's own field. Shadow mode enforces nothing, so it leaves the cap as the
 // client wrote it.
-func (h *LLMBudget) forwardBody(format usage.Format, req usage.Request, body []byte, outputCap int64) (forward []byte, askedUsage bool, err error) {
+func (h *LLMBudget) forwardBody(format usage.Format, req usage.Request, body []byte, outputCap int64) (forward []byte, injectedUsage bool, err error) {
 	rw := usage.Rewrites{
 		IncludeUsage: (format == usage.OpenAIChat || format == usage.OpenAICompletions) && req.Stream && !req.IncludeUsage && h.injectStreamUsage(),
 		ChatCapField: h.chatCapField,
@@ -530,9 +530,9 @@ func globMatch(pattern, s string) bool {
 	return strings.HasSuffix(s, parts[len(parts)-1])
 }
 
-// setRateLimitHeaders writes RateLimit-Policy and RateLimit with one item per
+// setBudgetHeaders writes RateLimit-Policy and RateLimit with one item per
 // budget of a shown scope (RateLimitScopes), and nothing when none is shown.
-func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
+func (h *LLMBudget) setBudgetHeaders(hdr http.Header, holds []budget.Hold, now time.Time) {
 	policy := h.policy
 	for _, hold := range holds {
 		if h.shownScopes.has(hold.Budget.Scope) && hold.Limit != hold.Budget.Limit {
@@ -550,7 +550,7 @@ func (h *LLMBudget) setRateLimitHeaders(hdr http.Header, holds []budget.Hold, no
 	if len(buf) == 0 {
 		return
 	}
-	setRateLimitHeaders(hdr, policy, string(buf))
+	appendRateLimitHeaders(hdr, policy, string(buf))
 }
 
 // policyOf is RateLimit-Policy for holds of the shown scopes, each with the
@@ -586,7 +586,7 @@ func (h *LLMBudget) countAll(d decision) {
 // other instances are not seen: without any here, a refusal is answered at
 // once.)
 func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial) (*budget.Reservation, *budget.Denial, error) {
-	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Limit || h.store.inFlight.n.Load() == 0 {
+	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Limit || h.engines.inFlight.n.Load() == 0 {
 		return nil, denial, nil
 	}
 	deadline := time.NewTimer(h.settleWait)
@@ -596,7 +596,7 @@ func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial)
 	metrics.llmSettleWaits.Inc()
 	for {
 		select {
-		case <-h.store.inFlight.next():
+		case <-h.engines.inFlight.next():
 		case <-tick.C:
 		case <-deadline.C:
 			return nil, denial, nil
@@ -604,12 +604,12 @@ func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial)
 			return nil, denial, nil
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
-		res, d, err := h.store.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
+		res, d, err := h.engines.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
 		cancel()
 		if d == nil || err != nil {
 			return res, nil, err
 		}
-		if denial = d; h.store.inFlight.n.Load() == 0 {
+		if denial = d; h.engines.inFlight.n.Load() == 0 {
 			return nil, denial, nil // nothing here left to settle
 		}
 	}

@@ -30,13 +30,13 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 	switch {
 	case out.source == sourceReleased:
 		op = "release"
-		err = h.store.budgets.Release(ctx, res)
+		err = h.engines.budgets.Release(ctx, res)
 	case out.source.keepsReservation():
 		// No readable usage, or a client that left after the upstream had the
 		// request: the upstream bills it, so the reservation stands. Never free.
-		err = h.store.budgets.Keep(ctx, res)
+		err = h.engines.budgets.Keep(ctx, res)
 	default:
-		err = h.store.budgets.Settle(ctx, res, spend)
+		err = h.engines.budgets.Settle(ctx, res, spend)
 	}
 	if errors.Is(err, budget.ErrReservationLost) {
 		// Nothing was applied: the record expired (a response longer than
@@ -290,5 +290,5 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 	reserved := promptEstimate + outputCap
 	// The response reaches the client first: the settle runs after this
 	// handler has returned, off the response path.
-	h.store.settleLater(func() { h.settle(res, out, spend, reserved, c.model) })
+	h.engines.settleLater(func() { h.settle(res, out, spend, reserved, c.model) })
 }

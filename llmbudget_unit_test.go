@@ -29,7 +29,7 @@ func directHandler(t testing.TB, options ...func(h *LLMBudget)) *LLMBudget {
 		option(cfg)
 	}
 	h := provisionedHandler(t, cfg, nil)
-	proveModels(h.store, leasedTestModels...)
+	proveModels(h.engines, leasedTestModels...)
 	return h
 }
 
@@ -41,8 +41,8 @@ var leasedTestModels = []string{"gpt-4o", "gpt-3.5-turbo-instruct", "claude-sonn
 
 // proveModels makes models leasing in e's histories, or in every store's
 // when e is nil.
-func proveModels(e *store, models ...string) {
-	prove := func(e *store) {
+func proveModels(e *engines, models ...string) {
+	prove := func(e *engines) {
 		for _, m := range models {
 			e.histories.of(m).proven.Store(true)
 		}
@@ -51,16 +51,16 @@ func proveModels(e *store, models ...string) {
 		prove(e)
 		return
 	}
-	stores.Range(func(_, v any) bool {
-		prove(v.(*store))
+	enginePool.Range(func(_, v any) bool {
+		prove(v.(*engines))
 		return true
 	})
 }
 
 func (h *LLMBudget) usedForTest(t testing.TB) int64 {
 	t.Helper()
-	h.store.waitSettles(5 * time.Second)
-	used, err := h.store.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
+	h.engines.waitSettles(5 * time.Second)
+	used, err := h.engines.budgets.Used(context.Background(), h.budgets, budget.Dims{Model: "gpt-4o"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,11 +70,11 @@ func (h *LLMBudget) usedForTest(t testing.TB) int64 {
 // waitSettles waits for the background settles of every engine in the pool,
 // so a test reads counters after the settles of the responses it has.
 func waitSettles() {
-	stores.Range(func(_, v any) bool {
+	enginePool.Range(func(_, v any) bool {
 		// Every reservation's settle has run once none is in flight; only
 		// then is a wait on the settles' WaitGroup free of a race with a
 		// handler still on its way to its settle.
-		e := v.(*store)
+		e := v.(*engines)
 		wait.Poll(5*time.Second, func() bool { return e.inFlight.n.Load() == 0 })
 		e.waitSettles(5 * time.Second)
 		return true
@@ -173,12 +173,12 @@ func FuzzLLMBudgetBodies(f *testing.F) {
 	}
 	h := directHandler(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		h.store.waitSettles(5 * time.Second)
+		h.engines.waitSettles(5 * time.Second)
 		before := h.usedForTest(t)
 		forwarded, held := false, false
 		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 			forwarded = true
-			used, err := h.store.budgets.Used(context.Background(), h.budgets, budget.Dims{})
+			used, err := h.engines.budgets.Used(context.Background(), h.budgets, budget.Dims{})
 			held = err == nil && used[0] > before
 			w.WriteHeader(http.StatusInternalServerError) // released after
 			return nil

@@ -274,8 +274,8 @@ func (storeCollector) Collect(ch chan<- prometheus.Metric) {
 	type health struct{ fleetlimit, llmbudget bool }
 	byName := make(map[string]health)
 	keys := make(map[string]int64)
-	stores.Range(func(_, value any) bool {
-		e := value.(*store)
+	enginePool.Range(func(_, value any) bool {
+		e := value.(*engines)
 		name := e.identity.String()
 		h, seen := byName[name]
 		if !seen {
@@ -337,7 +337,7 @@ func (budgetCollector) Collect(ch chan<- prometheus.Metric) {
 	defs := runningDefs()
 	for _, name := range slices.Sorted(maps.Keys(defs)) {
 		rb, ok := resolveBudget(defs[name])
-		if !ok || rb.conflict() || rb.store.budgets.Down() {
+		if !ok || rb.conflict() || rb.engines.budgets.Down() {
 			continue // a conflict has no one limit; a store down, no answer
 		}
 		b := rb.definitions[0]
@@ -345,7 +345,7 @@ func (budgetCollector) Collect(ch chan<- prometheus.Metric) {
 		if len(ids) == 0 {
 			continue
 		}
-		used, limits, err := rb.store.budgets.Standings(ctx, &b, ids)
+		used, limits, err := rb.engines.budgets.Standings(ctx, &b, ids)
 		if err != nil {
 			continue // left out of this scrape rather than shown as 0
 		}

@@ -70,7 +70,7 @@ type App struct {
 	// shared store (Redis).
 	NearLimit string `json:"near_limit,omitempty"`
 
-	store    *store
+	engines  *engines
 	acquired bool
 
 	// What this config sets on the shared store, applied in Start (after
@@ -136,16 +136,16 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	val, _, err := stores.LoadOrNew(id, func() (caddy.Destructor, error) {
-		return newStore(id, connect, interval, logger)
+	val, _, err := enginePool.LoadOrNew(id, func() (caddy.Destructor, error) {
+		return newEngines(id, connect, interval, logger)
 	})
 	if err != nil {
 		return fmt.Errorf("fleetguard: starting the engine: %w", err)
 	}
-	a.store = val.(*store)
+	a.engines = val.(*engines)
 	a.acquired = true
 	a.interval = interval
-	if connect != nil && !a.store.limiter.Healthy() {
+	if connect != nil && !a.engines.limiter.Healthy() {
 		// The design degrades rather than refusing the config, so this is a
 		// warning; but one that says plainly what it means, also under
 		// `caddy validate`.
@@ -174,7 +174,7 @@ func (a *App) claimZone(name string, def zoneDef, z *ratelimit.Zone, maxKeys int
 // interval, near-limit mechanisms, zone key caps) take effect now that the
 // whole config has provisioned, so a load that fails earlier changes nothing.
 func (a *App) Start() error {
-	e := a.store
+	e := a.engines
 	e.settingsMu.Lock()
 	defer e.settingsMu.Unlock()
 	a.undo = storeSettings{owner: e.settingsOwner, interval: e.limiter.SyncInterval(), nearLimit: e.limiter.NearLimit(),
@@ -194,7 +194,7 @@ func (a *App) Start() error {
 // over: the load failed after Start (another app did not start), so they are
 // undone.
 func (a *App) Stop() error {
-	e := a.store
+	e := a.engines
 	if e == nil || !a.applied {
 		return nil
 	}
@@ -219,7 +219,7 @@ func (a *App) Cleanup() error {
 		return nil
 	}
 	a.acquired = false
-	_, err := stores.Delete(a.store.identity)
+	_, err := enginePool.Delete(a.engines.identity)
 	return err
 }
 

@@ -76,9 +76,9 @@ func TestTenReloadsKeepCountersAndLeakNothing(t *testing.T) {
 			_ = caddy.Stop()
 		}
 	}()
-	var shared *store
-	stores.Range(func(_, v any) bool {
-		if e := v.(*store); e.identity.name.prefix == "life" {
+	var shared *engines
+	enginePool.Range(func(_, v any) bool {
+		if e := v.(*engines); e.identity.name.prefix == "life" {
 			shared = e
 		}
 		return true
@@ -112,7 +112,7 @@ func TestTenReloadsKeepCountersAndLeakNothing(t *testing.T) {
 			t.Fatalf("reload %d: %d %s", i, code, body)
 		}
 		var same bool
-		stores.Range(func(_, v any) bool { same = same || v.(*store) == shared; return true })
+		enginePool.Range(func(_, v any) bool { same = same || v.(*engines) == shared; return true })
 		if !same {
 			t.Fatalf("reload %d replaced the store: counters and the client would start over", i)
 		}

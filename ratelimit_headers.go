@@ -17,21 +17,21 @@ func policyItem(name string, quota int64, window time.Duration) string {
 	return strconv.Quote(name) + ";q=" + strconv.FormatInt(quota, 10) + ";w=" + strconv.FormatInt(ceilSeconds(window), 10)
 }
 
-// setRateLimitHeaders appends items to RateLimit-Policy and RateLimit, after
+// appendRateLimitHeaders appends items to RateLimit-Policy and RateLimit, after
 // any items another handler of the route put there (fleetlimit and llmbudget
 // on one route give one list with both), with one allocation for their two
 // values.
-func setRateLimitHeaders(hdr map[string][]string, policy, rateLimit string) {
-	setRateLimitValues(hdr, new([2]string), policy, rateLimit)
+func appendRateLimitHeaders(hdr map[string][]string, policy, rateLimit string) {
+	appendRateLimitValues(hdr, new([2]string), policy, rateLimit)
 }
 
-// setRateLimitValues is setRateLimitHeaders with the values stored in vals.
+// appendRateLimitValues is appendRateLimitHeaders with the values stored in vals.
 // The policy is the same on every response, yet it is not shared between
 // responses: Caddy's header handler rewrites values in place
 // (hdr[field][i] = …), which would race on a shared slice. Each slice has
 // capacity 1, so a handler appending to one copies it instead of writing over
 // the other.
-func setRateLimitValues(hdr map[string][]string, vals *[2]string, policy, rateLimit string) {
+func appendRateLimitValues(hdr map[string][]string, vals *[2]string, policy, rateLimit string) {
 	vals[0] = afterItems(hdr["Ratelimit-Policy"], policy)
 	vals[1] = afterItems(hdr["Ratelimit"], rateLimit)
 	hdr["Ratelimit-Policy"] = vals[0:1:1]

@@ -19,7 +19,7 @@ func TestSetRateLimitHeaders(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			setRateLimitHeaders(c.before, `"z";q=5;w=60`, `"z";r=4;t=60`)
+			appendRateLimitHeaders(c.before, `"z";q=5;w=60`, `"z";r=4;t=60`)
 			if got := c.before.Values("RateLimit-Policy"); len(got) != 1 || got[0] != c.wantPolicy {
 				t.Errorf("RateLimit-Policy = %q, want [%q]", got, c.wantPolicy)
 			}
@@ -35,8 +35,8 @@ func TestSetRateLimitHeaders(t *testing.T) {
 // header handler) must stay in its own response.
 func TestSetRateLimitHeadersDoNotAlias(t *testing.T) {
 	first, second := http.Header{}, http.Header{}
-	setRateLimitHeaders(first, "policy", "rate")
-	setRateLimitHeaders(second, "policy", "rate")
+	appendRateLimitHeaders(first, "policy", "rate")
+	appendRateLimitHeaders(second, "policy", "rate")
 	first.Add("RateLimit-Policy", "added")
 	if got := first.Values("RateLimit"); len(got) != 1 || got[0] != "rate" {
 		t.Fatalf("appending to RateLimit-Policy changed RateLimit to %q", got)

@@ -130,14 +130,18 @@ func sortedAddrs(addrs []string) string {
 // is destroyed, so a dead Redis cannot hold up a Caddy shutdown.
 const shutdownFlushTimeout = 2 * time.Second
 
-// stores holds one store per storeIdentity. Configs acquire it in Provision
-// and release it in Cleanup; a reload acquires the same store before the old
-// config releases it, so counters survive and no reconciler goroutine leaks.
-var stores = caddy.NewUsagePool()
+// enginePool holds the engines of each store, by storeIdentity. Configs
+// acquire them in Provision and release them in Cleanup; a reload acquires
+// the same engines before the old config releases them, so counters survive
+// and no reconciler goroutine leaks.
+var enginePool = caddy.NewUsagePool()
 
-// store is what the configs that name one store share across reloads: the
-// client and the two engines on it.
-type store struct {
+// engines are what the configs that name one store share across reloads:
+// the client of the store (the embedded memory store, or Redis: "the budget
+// store" of the logs), the rate-limit and budget engines on it, and what the
+// handlers keep beside them. (budget.Store and ratelimit.SlotStore are the
+// engines' interfaces to the store.)
+type engines struct {
 	limiter *ratelimit.Engine
 	budgets *budget.Engine
 	client  redis.UniversalClient // nil for the embedded memory store
@@ -174,17 +178,17 @@ type store struct {
 }
 
 // reportPanic logs and counts a panic recovered in background work.
-func (e *store) reportPanic(where string, value any, stack []byte) {
+func (e *engines) reportPanic(where string, value any, stack []byte) {
 	metrics.panics.WithLabelValues(where).Inc()
 	e.logger.Error("recovered a panic in fleetguard's background work; Caddy keeps serving",
 		zap.String("where", where), zap.Any("panic", value), zap.ByteString("stack", stack))
 }
 
-// newStore builds and starts the store of id; connect is nil for the
+// newEngines builds and starts the engines of the store id names; connect is nil for the
 // embedded memory store. Its logs name the store: it outlives the config
 // whose logger it has.
-func newStore(id storeIdentity, connect func() redis.UniversalClient, interval time.Duration, logger *zap.Logger) (*store, error) {
-	e := &store{identity: id, settleSlots: make(chan struct{}, maxPendingSettles)}
+func newEngines(id storeIdentity, connect func() redis.UniversalClient, interval time.Duration, logger *zap.Logger) (*engines, error) {
+	e := &engines{identity: id, settleSlots: make(chan struct{}, maxPendingSettles)}
 	prefix := id.name.prefix
 	logger = logger.With(zap.Stringer("store", id))
 	e.logger = logger
@@ -227,7 +231,7 @@ func newStore(id storeIdentity, connect func() redis.UniversalClient, interval t
 }
 
 // Destruct stops the reconciler after a last push and closes the client.
-func (e *store) Destruct() error {
+func (e *engines) Destruct() error {
 	e.limiter.Close(shutdownFlushTimeout)
 	e.waitSettles(settleTimeout)
 	e.budgets.Close(shutdownFlushTimeout)
@@ -239,18 +243,18 @@ func (e *store) Destruct() error {
 	return nil
 }
 
-// storeFrom returns the store of the config's fleetguard app, loading an
+// enginesFrom returns the engines of the config's fleetguard app, loading an
 // empty app (embedded memory store) when the config has none.
-func storeFrom(ctx caddy.Context) (*store, error) {
+func enginesFrom(ctx caddy.Context) (*engines, error) {
 	a, err := appFrom(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return a.store, nil
+	return a.engines, nil
 }
 
 // budgetStoreFailed logs the first failure of an outage.
-func (e *store) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
+func (e *engines) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
 	if e.budgetStoreDown.CompareAndSwap(false, true) {
 		msg := "budget store unreachable; denying budgeted requests with 503 until it returns"
 		if failOpen {
@@ -261,7 +265,7 @@ func (e *store) budgetStoreFailed(log *zap.Logger, failOpen bool, err error) {
 }
 
 // budgetStoreOK logs the end of an outage.
-func (e *store) budgetStoreOK(log *zap.Logger) {
+func (e *engines) budgetStoreOK(log *zap.Logger) {
 	if e.budgetStoreDown.Load() && e.budgetStoreDown.CompareAndSwap(true, false) {
 		log.Info("budget store reachable again")
 	}
@@ -272,7 +276,7 @@ const maxPendingSettles = 1024
 
 // settleLater runs settle in the background, or now when too many are
 // pending.
-func (e *store) settleLater(settle func()) {
+func (e *engines) settleLater(settle func()) {
 	select {
 	case e.settleSlots <- struct{}{}:
 	default:
@@ -291,7 +295,7 @@ func (e *store) settleLater(settle func()) {
 }
 
 // waitSettles waits at most timeout for the pending settles.
-func (e *store) waitSettles(timeout time.Duration) {
+func (e *engines) waitSettles(timeout time.Duration) {
 	done := make(chan struct{})
 	go func() { e.settles.Wait(); close(done) }()
 	select {
