@@ -443,6 +443,33 @@ func (h *LLMBudget) compile() error {
 	if err := h.compileInput(); err != nil {
 		return err
 	}
+	if err := h.compileAnswers(); err != nil {
+		return err
+	}
+	h.maxRequestBody = cmp.Or(h.MaxRequestBody, DefaultMaxRequestBody)
+	h.format = usage.Unknown
+	if h.Format != "" {
+		f, err := usage.ParseFormat(h.Format)
+		if err != nil {
+			return fmt.Errorf("llmbudget: %w", err)
+		}
+		h.format = f
+	}
+	if err := h.compileRateLimitScopes(); err != nil {
+		return err
+	}
+	if err := h.compileBudgets(); err != nil {
+		return err
+	}
+	if err := h.compilePrices(); err != nil {
+		return err
+	}
+	return h.compileDeployments()
+}
+
+// compileAnswers checks the options of how requests are answered: denial
+// status, settle wait, unknown paths, store timeout and Retry-After.
+func (h *LLMBudget) compileAnswers() error {
 	if h.USDDenialStatus != 0 && h.USDDenialStatus != http.StatusTooManyRequests && h.USDDenialStatus != http.StatusPaymentRequired {
 		return fmt.Errorf("llmbudget: usd_denial_status %d: want 429 or 402", h.USDDenialStatus)
 	}
@@ -464,25 +491,7 @@ func (h *LLMBudget) compile() error {
 		return errors.New("llmbudget: max_retry_after: must be > 0")
 	}
 	h.maxRetryAfter = cmp.Or(time.Duration(h.MaxRetryAfter), defaultMaxRetryAfter)
-	h.maxRequestBody = cmp.Or(h.MaxRequestBody, DefaultMaxRequestBody)
-	h.format = usage.Unknown
-	if h.Format != "" {
-		f, err := usage.ParseFormat(h.Format)
-		if err != nil {
-			return fmt.Errorf("llmbudget: %w", err)
-		}
-		h.format = f
-	}
-	if err := h.compileRateLimitScopes(); err != nil {
-		return err
-	}
-	if err := h.compileBudgets(); err != nil {
-		return err
-	}
-	if err := h.compilePrices(); err != nil {
-		return err
-	}
-	return h.compileDeployments()
+	return nil
 }
 
 // compileBudgets turns Budgets into the engine's budgets and the

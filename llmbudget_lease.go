@@ -497,6 +497,38 @@ type answerSeen struct {
 	reported int64
 }
 
+// answerOf is what an answer the upstream billed reported tokens for showed
+// of its output, for its model's history: its text, and its count by the
+// tokenizer as a stream of the model counts it.
+func answerOf(mw *meteringWriter, c *call, reported int64) answerSeen {
+	read := mw.meter.Reading()
+	bound := usage.OutputTokenBound(read.OutputTextBytes)
+	a := answerSeen{count: max(bound, read.Usage.OutputTokens), bound: bound, text: read.OutputTextBytes,
+		proxy: c.proxy, reported: reported}
+	if mw.tokens != nil {
+		// The tokenizer's count, and a token a byte of what it did
+		// not count.
+		a.tokens = read.OutputTokens + max(read.OutputTextBytes-read.OutputTokensText, 0)
+		a.tokensCount = c.history.tokensCountOf(a.tokens, c.proxy)
+	}
+	if l := mw.lease; l != nil && mw.tokens != nil {
+		a.tokens = l.tokens
+		switch n := c.history.tokensCountOf(a.tokens, c.proxy); {
+		case l.tokenized:
+			// As the stream counted: by the tokenizer with its margin,
+			// or a token a byte where a proxy's was not trusted for
+			// its text (denser than the answers that taught it): a
+			// first lease learned from English answers alone would
+			// cut a wave of CJK streams short, each charged its hold.
+			a.tokensCount = max(l.count, read.Usage.OutputTokens)
+		case n > 0:
+			// As a tokenized stream would count: with its margin.
+			a.tokensCount = max(n+l.margin, read.Usage.OutputTokens)
+		}
+	}
+	return a
+}
+
 const (
 	// proxyProofs answers teach a proxy's scale before it is used.
 	proxyProofs = 4

@@ -21,7 +21,8 @@ import (
 )
 
 // ServeHTTP budgets a request in phases, found in this file in call order:
-// screen, then gate (readBody, identify, estimate, reserve, admit), then the forward with the
+// screen, then gate (readBody, identify, estimate, chooseLease,
+// priceEstimate, reserve, admit), then the forward with the
 // response metered (llmbudget_meter.go, with a lease: llmbudget_lease.go)
 // and the settle after it (llmbudget_settle.go). A refusal from any phase
 // goes to refuse (llmbudget_refuse.go), which applies shadow mode,
@@ -89,7 +90,7 @@ type call struct {
 }
 
 // gate runs the phases of a budgeted request before its forward: readBody,
-// identify, estimate, reserve and admit. It returns the reservation of an
+// identify, estimate, chooseLease, priceEstimate, reserve and admit. It returns the reservation of an
 // admitted request, or the refusal of a phase.
 func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *call) (*budget.Reservation, *refusal) {
 	body, err := h.readBody(r)
@@ -99,6 +100,10 @@ func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	c.body = body
 	h.identify(r, repl, c)
 	if ref := h.estimate(c); ref != nil {
+		return nil, ref
+	}
+	h.chooseLease(c)
+	if ref := h.priceEstimate(c); ref != nil {
 		return nil, ref
 	}
 	res, ref := h.reserve(r, c)
@@ -174,8 +179,8 @@ func bodyRefusal(body []byte, err error, limit int64) *refusal {
 }
 
 // estimate reads the body as the upstream will and bounds what it can
-// bill: its output cap and forwarded body (boundOutput), its hidden input
-// (boundInput), the output it holds (chooseLease), and its price.
+// bill: its output cap and forwarded body (boundOutput), and its hidden
+// input (boundInput).
 func (h *LLMBudget) estimate(c *call) *refusal {
 	var err error
 	if c.req, err = usage.ParseRequest(c.format, c.path, c.body); err != nil {
@@ -192,11 +197,7 @@ func (h *LLMBudget) estimate(c *call) *refusal {
 	if ref := h.boundOutput(c); ref != nil {
 		return ref
 	}
-	if ref := h.boundInput(c); ref != nil {
-		return ref
-	}
-	h.chooseLease(c)
-	return h.priceEstimate(c)
+	return h.boundInput(c)
 }
 
 // chooseLease decides whether the stream leases (leasable), which counter

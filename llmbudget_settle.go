@@ -174,10 +174,10 @@ func (s usageSource) keepsReservation() bool { return s == sourceReserved || s =
 // charged reports whether the settle charges usage that was read.
 func (s usageSource) charged() bool { return s == sourceReported || s == sourceEstimated }
 
-// outcome decides what the response used: promptEstimate and outputCap are
+// outcomeOf decides what the response w metered used: promptEstimate and outputCap are
 // the reservation's input estimate and output cap (an estimate never charges
 // more output than was reserved); gone says the client went away.
-func (w *meteringWriter) outcome(promptEstimate, outputCap int64, gone bool) outcome {
+func outcomeOf(w *meteringWriter, promptEstimate, outputCap int64, gone bool) outcome {
 	// Nothing reached the client, which went away: 499 is what Caddy's
 	// reverse_proxy writes for a client that closed the request.
 	if gone && (w.status == 0 || w.status == statusClientClosed) {
@@ -239,7 +239,7 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 		l.wait()
 		outputCap = l.charge()
 	}
-	out := mw.outcome(promptEstimate, outputCap, r.Context().Err() != nil)
+	out := outcomeOf(mw, promptEstimate, outputCap, r.Context().Err() != nil)
 	if out.source == sourceEstimated && out.usage.ServiceTier == budget.StandardTier {
 		// No tier said: the one reserved for, the worst it asked for.
 		out.usage.ServiceTier = c.req.ServiceTier
@@ -247,31 +247,7 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 	if c.history != nil && mw.meter != nil && out.source == sourceReported && !mw.truncated {
 		// What the answer showed against what it billed, leased or not
 		// (a model on probation holds its cap until it is proven).
-		read := mw.meter.Reading()
-		bound := usage.OutputTokenBound(read.OutputTextBytes)
-		a := answerSeen{count: max(bound, read.Usage.OutputTokens), bound: bound, text: read.OutputTextBytes,
-			proxy: c.proxy, reported: out.usage.OutputTokens}
-		if mw.tokens != nil {
-			// The tokenizer's count, and a token a byte of what it did
-			// not count.
-			a.tokens = read.OutputTokens + max(read.OutputTextBytes-read.OutputTokensText, 0)
-			a.tokensCount = c.history.tokensCountOf(a.tokens, c.proxy)
-		}
-		if l := mw.lease; l != nil && mw.tokens != nil {
-			a.tokens = l.tokens
-			switch n := c.history.tokensCountOf(a.tokens, c.proxy); {
-			case l.tokenized:
-				// As the stream counted: by the tokenizer with its margin,
-				// or a token a byte where a proxy's was not trusted for
-				// its text (denser than the answers that taught it): a
-				// first lease learned from English answers alone would
-				// cut a wave of CJK streams short, each charged its hold.
-				a.tokensCount = max(l.count, read.Usage.OutputTokens)
-			case n > 0:
-				// As a tokenized stream would count: with its margin.
-				a.tokensCount = max(n+l.margin, read.Usage.OutputTokens)
-			}
-		}
+		a := answerOf(mw, c, out.usage.OutputTokens)
 		if news := c.history.learn(a); news != "" {
 			h.logger.Warn(news, zap.String("model", c.req.Model), zap.Int64("reported_output", a.reported),
 				zap.Int64("text_bytes", a.text), zap.Int64("tokenizer_count", a.tokens), zap.Bool("proxy", a.proxy))

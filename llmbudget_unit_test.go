@@ -238,7 +238,7 @@ func TestStripUsageChunkAtAnySplit(t *testing.T) {
 			if got := rec.Body.String(); got != string(want) {
 				t.Fatalf("%s split every %d bytes: the client got\n%q\nwant\n%q", name, split, got, want)
 			}
-			if out := mw.outcome(10, 1000, false); out.source != sourceReported {
+			if out := outcomeOf(mw, 10, 1000, false); out.source != sourceReported {
 				t.Fatalf("%s split every %d bytes: settled as %q, want the reported usage", name, split, out.source)
 			}
 		}
