@@ -135,25 +135,8 @@ func parseLiteLLMEntry(raw json.RawMessage) (p Price, keep bool, err error) {
 			}
 			continue
 		}
-		switch key {
-		case "search_context_cost_per_query":
-			var sizes map[string]json.RawMessage
-			if err := json.Unmarshal(v, &sizes); err != nil {
-				return p, false, fmt.Errorf("field %q: want an object of USD per query by context size: %w", key, err)
-			}
-			for size, fee := range sizes {
-				f, err := liteLLMNumber(key+"."+size, fee, MicrosPerUSD)
-				if err != nil {
-					return p, false, err
-				}
-				p.WebSearchCall = max(p.WebSearchCall, f)
-			}
-		case "max_input_tokens":
-			n, ok := new(big.Rat).SetString(string(v))
-			if !ok || !n.IsInt() || n.Sign() < 0 || !n.Num().IsInt64() {
-				return p, false, fmt.Errorf("field %q: %s is not a token count", key, v)
-			}
-			p.MaxInputTokens = n.Num().Int64()
+		if err := liteLLMExtra(&p, key, v); err != nil {
+			return p, false, err
 		}
 	}
 	if p.LongContext != (Rates{}) {
@@ -163,6 +146,32 @@ func parseLiteLLMEntry(raw json.RawMessage) (p Price, keep bool, err error) {
 		return p, false, err
 	}
 	return p, true, nil
+}
+
+// liteLLMExtra reads an entry's field that is not a rate into p: the web
+// search fee (the largest of its sizes') and the largest input.
+func liteLLMExtra(p *Price, key string, v json.RawMessage) error {
+	switch key {
+	case "search_context_cost_per_query":
+		var sizes map[string]json.RawMessage
+		if err := json.Unmarshal(v, &sizes); err != nil {
+			return fmt.Errorf("field %q: want an object of USD per query by context size: %w", key, err)
+		}
+		for size, fee := range sizes {
+			f, err := liteLLMNumber(key+"."+size, fee, MicrosPerUSD)
+			if err != nil {
+				return err
+			}
+			p.WebSearchCall = max(p.WebSearchCall, f)
+		}
+	case "max_input_tokens":
+		n, ok := new(big.Rat).SetString(string(v))
+		if !ok || !n.IsInt() || n.Sign() < 0 || !n.Num().IsInt64() {
+			return fmt.Errorf("field %q: %s is not a token count", key, v)
+		}
+		p.MaxInputTokens = n.Num().Int64()
+	}
+	return nil
 }
 
 // longContextField splits "<base>_above_<N>k_tokens" into base and N*1000,

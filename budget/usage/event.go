@@ -117,22 +117,7 @@ func (t *tally) add(f Format, ev *event) {
 			t.inputKnown = true
 		}
 	case ev.kind == kindMessageDelta && ev.usage.present:
-		// Cumulative: the last value wins, never a sum. Newer API versions
-		// repeat the input counts here too.
-		fields := &ev.usage
-		if fields.has(outputTokens) {
-			t.usage.OutputTokens = fields.count[outputTokens]
-		}
-		if fields.has(webSearch) {
-			t.usage.WebSearchCalls = fields.count[webSearch]
-		}
-		if fields.has(inputTokens) || fields.has(cacheRead) || fields.has(cacheCreation) {
-			if u, ok := fields.usage(Anthropic); ok && u.InputTokens > 0 {
-				t.usage = t.usage.WithInputOf(u)
-				t.inputKnown = true
-			}
-		}
-		t.complete = true
+		t.addMessageDelta(&ev.usage)
 	case ev.kind == kindResponseFinal:
 		if ev.responseTier.set {
 			t.tier = ev.responseTier.tier
@@ -141,31 +126,7 @@ func (t *tally) add(f Format, ev *event) {
 			t.set(ev.responseUsage.usage(OpenAIResponses))
 		}
 	case ev.gemini.present:
-		m := ev.gemini
-		u := budget.Usage{
-			// The tool-use prompt (what a tool returned, read back) is
-			// billed as input, apart from promptTokenCount.
-			InputTokens:       budget.AddCounts(m.prompt, m.toolUse),
-			CachedInputTokens: m.cachedContent,
-			AudioInputTokens:  m.audio,
-			OutputTokens:      budget.AddCounts(m.candidates, m.thoughts),
-			ReasoningTokens:   m.thoughts,
-		}
-		if t.finished {
-			t.set(u, true)
-			break
-		}
-		// Until the response has finished, Gemini's usageMetadata is a
-		// running count (some chunks hold the prompt alone): the largest of
-		// each count so far is a lower bound of the final one, not a report.
-		t.usage = budget.Usage{
-			InputTokens:       max(t.usage.InputTokens, u.InputTokens),
-			CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
-			AudioInputTokens:  max(t.usage.AudioInputTokens, u.AudioInputTokens),
-			OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
-			ReasoningTokens:   max(t.usage.ReasoningTokens, u.ReasoningTokens),
-		}
-		t.inputKnown, t.complete = t.usage.InputTokens > 0, false
+		t.addGemini(ev.gemini)
 	case ev.promptEvalCount.set || ev.evalCount.set:
 		// Ollama reports the counts on its final object only.
 		t.set(budget.Usage{InputTokens: ev.promptEvalCount.v, OutputTokens: ev.evalCount.v}, true)
@@ -173,6 +134,53 @@ func (t *tally) add(f Format, ev *event) {
 		// A chat chunk with "usage": null has none.
 		t.set(ev.usage.usage(f))
 	}
+}
+
+// addMessageDelta adds an Anthropic message_delta's usage: cumulative, the
+// last value wins, never a sum. Newer API versions repeat the input counts
+// here too.
+func (t *tally) addMessageDelta(fields *usageFields) {
+	if fields.has(outputTokens) {
+		t.usage.OutputTokens = fields.count[outputTokens]
+	}
+	if fields.has(webSearch) {
+		t.usage.WebSearchCalls = fields.count[webSearch]
+	}
+	if fields.has(inputTokens) || fields.has(cacheRead) || fields.has(cacheCreation) {
+		if u, ok := fields.usage(Anthropic); ok && u.InputTokens > 0 {
+			t.usage = t.usage.WithInputOf(u)
+			t.inputKnown = true
+		}
+	}
+	t.complete = true
+}
+
+// addGemini adds a Gemini chunk's usageMetadata.
+func (t *tally) addGemini(m geminiUsage) {
+	u := budget.Usage{
+		// The tool-use prompt (what a tool returned, read back) is
+		// billed as input, apart from promptTokenCount.
+		InputTokens:       budget.AddCounts(m.prompt, m.toolUse),
+		CachedInputTokens: m.cachedContent,
+		AudioInputTokens:  m.audio,
+		OutputTokens:      budget.AddCounts(m.candidates, m.thoughts),
+		ReasoningTokens:   m.thoughts,
+	}
+	if t.finished {
+		t.set(u, true)
+		return
+	}
+	// Until the response has finished, Gemini's usageMetadata is a
+	// running count (some chunks hold the prompt alone): the largest of
+	// each count so far is a lower bound of the final one, not a report.
+	t.usage = budget.Usage{
+		InputTokens:       max(t.usage.InputTokens, u.InputTokens),
+		CachedInputTokens: max(t.usage.CachedInputTokens, u.CachedInputTokens),
+		AudioInputTokens:  max(t.usage.AudioInputTokens, u.AudioInputTokens),
+		OutputTokens:      max(t.usage.OutputTokens, u.OutputTokens),
+		ReasoningTokens:   max(t.usage.ReasoningTokens, u.ReasoningTokens),
+	}
+	t.inputKnown, t.complete = t.usage.InputTokens > 0, false
 }
 
 func (t *tally) set(u budget.Usage, ok bool) {

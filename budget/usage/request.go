@@ -239,11 +239,28 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 		return Request{}, err
 	}
 	var req Request
+	if err := raw.model(f, path, &req); err != nil {
+		return Request{}, err
+	}
+	if err := raw.limits(f, &req); err != nil {
+		return Request{}, err
+	}
+	var err error
+	req.PromptTokens, req.HiddenInput, err = raw.prompt(f)
+	if err != nil {
+		return Request{}, err
+	}
+	return req, nil
+}
+
+// model reads the model and whether the answer streams into req: from the
+// path for Gemini and an Azure deployment, else from the body.
+func (raw *rawRequest) model(f Format, path string, req *Request) error {
 	switch deployment := azureDeployment(path); {
 	case f == Gemini:
 		req.Model, req.Stream = geminiModel(path)
 		if req.Model == "" {
-			return Request{}, badRequest("the path names no model (want …/models/<model>:generateContent)")
+			return badRequest("the path names no model (want …/models/<model>:generateContent)")
 		}
 	case deployment != "":
 		// Azure serves the deployment's model, whatever the body names.
@@ -251,15 +268,22 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 		req.Stream = raw.Stream != nil && *raw.Stream
 	default:
 		if err := json.Unmarshal(raw.Model, &req.Model); err != nil || strings.TrimSpace(req.Model) == "" {
-			return Request{}, badRequest("field \"model\" is required and must be a non-empty string")
+			return badRequest("field \"model\" is required and must be a non-empty string")
 		}
 		// Ollama's native API streams unless told not to.
 		req.Stream = raw.Stream != nil && *raw.Stream || f == Ollama && raw.Stream == nil
 	}
+	return nil
+}
+
+// limits reads into req what bounds the output and its price: the service
+// tier, usage in the stream, reasoning, the outputs asked for (n) and the
+// output caps.
+func (raw *rawRequest) limits(f Format, req *Request) error {
 	if present(raw.ServiceTier) {
 		var tier string
 		if err := json.Unmarshal(raw.ServiceTier, &tier); err != nil {
-			return Request{}, badRequest("field \"service_tier\" must be a string")
+			return badRequest("field \"service_tier\" must be a string")
 		}
 		req.ServiceTier = budget.ParseServiceTier(tier)
 	}
@@ -272,7 +296,7 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 			continue
 		}
 		if *c.v < 1 || *c.v > MaxChoices {
-			return Request{}, badRequest("field %q must be between 1 and %d", c.name, MaxChoices)
+			return badRequest("field %q must be between 1 and %d", c.name, MaxChoices)
 		}
 		req.N = max(req.N, *c.v)
 	}
@@ -281,16 +305,21 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 			continue
 		}
 		if *c.v < 1 || *c.v > MaxOutputCap {
-			return Request{}, badRequest("field %q must be between 1 and %d", c.name, MaxOutputCap)
+			return badRequest("field %q must be between 1 and %d", c.name, MaxOutputCap)
 		}
 		if *c.v > req.MaxOutputTokens {
 			req.MaxOutputTokens, req.MaxOutputTokensField = *c.v, c.name
 		}
 	}
 	if f == Anthropic && raw.MaxTokens == nil {
-		return Request{}, badRequest("field \"max_tokens\" is required by the Messages API")
+		return badRequest("field \"max_tokens\" is required by the Messages API")
 	}
+	return nil
+}
 
+// prompt is the prompt estimate of the body and the input it names but does
+// not show ("" if none).
+func (raw *rawRequest) prompt(f Format) (tokens int64, hidden string, err error) {
 	est := estimator{gemini: f == Gemini}
 	for _, m := range raw.Messages {
 		est.messages++
@@ -300,18 +329,8 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 		// A prompt or input of token ids is that many tokens.
 		raw.Prompt, raw.Input = est.tokenIDs(raw.Prompt), est.tokenIDs(raw.Input)
 	}
-	if f == OpenAIResponses {
-		switch {
-		case present(raw.PreviousResponseID):
-			est.hidden = "previous_response_id"
-		case present(raw.Conversation):
-			est.hidden = "conversation"
-		case len(raw.Prompt) > 0 && raw.Prompt[0] == '{':
-			est.hidden = "a stored prompt"
-		}
-	}
-	if f == Anthropic && present(raw.MCPServers) {
-		est.hidden = "mcp_servers"
+	if hidden := raw.hiddenInput(f); hidden != "" {
+		est.hidden = hidden
 	}
 	for _, part := range []json.RawMessage{raw.Input, raw.Instructions, raw.System, raw.Prompt, raw.SystemInstruction, raw.SystemInstructionProto} {
 		est.add(part)
@@ -327,10 +346,25 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 		}
 	}
 	if est.ambiguousKey != "" {
-		return Request{}, ambiguous(est.ambiguousKey, "a Gemini part")
+		return 0, "", ambiguous(est.ambiguousKey, "a Gemini part")
 	}
-	req.PromptTokens, req.HiddenInput = est.tokens(), est.hidden
-	return req, nil
+	return est.tokens(), est.hidden, nil
+}
+
+// hiddenInput names the input the request makes the upstream read that its
+// body does not show, or "".
+func (raw *rawRequest) hiddenInput(f Format) string {
+	switch {
+	case f == OpenAIResponses && present(raw.PreviousResponseID):
+		return "previous_response_id"
+	case f == OpenAIResponses && present(raw.Conversation):
+		return "conversation"
+	case f == OpenAIResponses && len(raw.Prompt) > 0 && raw.Prompt[0] == '{':
+		return "a stored prompt"
+	case f == Anthropic && present(raw.MCPServers):
+		return "mcp_servers"
+	}
+	return ""
 }
 
 // present reports whether a JSON value was given and is not null.

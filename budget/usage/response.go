@@ -127,63 +127,74 @@ func (s *scanner) usageFields(d int, u *usageFields) (ok bool) {
 		if !more {
 			return ok
 		}
-		var field int
-		switch string(key) {
-		case "prompt_tokens":
-			field = promptTokens
-		case "completion_tokens":
-			field = completionTokens
-		case "input_tokens":
-			field = inputTokens
-		case "output_tokens":
-			field = outputTokens
-		case "cache_creation_input_tokens":
-			field = cacheCreation
-		case "cache_read_input_tokens":
-			field = cacheRead
-		case "prompt_tokens_details", "input_tokens_details", "completion_tokens_details", "output_tokens_details":
-			// OpenAI: cached_tokens of the input's, reasoning_tokens of the
-			// output's; audio_tokens of Chat Completions' both.
-			field, second := inputDetails, -1
-			first := "cached_tokens"
-			switch string(key) {
-			case "prompt_tokens_details":
-				field, second = promptDetails, promptAudio
-			case "completion_tokens_details":
-				field, first, second = completionDetails, "reasoning_tokens", completionAudio
-			case "output_tokens_details":
-				field, first = outputDetails, "reasoning_tokens"
-			}
-			secondName := "audio_tokens"
-			if second < 0 {
-				secondName = ""
-			}
-			present, a, b, good := s.details(d+1, first, secondName)
-			u.put(field, a, present)
-			if second >= 0 {
-				u.put(second, b, present)
-			}
+		if field := countField(key); field >= 0 {
+			n, good := s.optInt(d + 1)
+			u.put(field, n.v, n.set)
 			ok = ok && good
-			continue
-		case "cache_creation":
-			present, m5, h1, good := s.details(d+1, "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
-			u.put(cacheWrite5m, m5, present)
-			u.put(cacheWrite1h, h1, present)
-			ok = ok && good
-			continue
-		case "server_tool_use":
-			present, n, _, good := s.details(d+1, "web_search_requests", "")
-			u.put(webSearch, n, present)
-			ok = ok && good
-			continue
-		default:
-			s.skip(d + 1)
 			continue
 		}
-		n, good := s.optInt(d + 1)
-		u.put(field, n.v, n.set)
-		ok = ok && good
+		ok = s.usageDetails(d, key, u) && ok
 	}
+}
+
+// countField is the usage field a count named key is, or -1.
+func countField(key []byte) int {
+	switch string(key) {
+	case "prompt_tokens":
+		return promptTokens
+	case "completion_tokens":
+		return completionTokens
+	case "input_tokens":
+		return inputTokens
+	case "output_tokens":
+		return outputTokens
+	case "cache_creation_input_tokens":
+		return cacheCreation
+	case "cache_read_input_tokens":
+		return cacheRead
+	}
+	return -1
+}
+
+// usageDetails reads the member key of usage at depth d+1 that is not a
+// count: an object of counts nested in it, or anything else, skipped.
+func (s *scanner) usageDetails(d int, key []byte, u *usageFields) (ok bool) {
+	switch string(key) {
+	case "prompt_tokens_details", "input_tokens_details", "completion_tokens_details", "output_tokens_details":
+		// OpenAI: cached_tokens of the input's, reasoning_tokens of the
+		// output's; audio_tokens of Chat Completions' both.
+		field, second := inputDetails, -1
+		first := "cached_tokens"
+		switch string(key) {
+		case "prompt_tokens_details":
+			field, second = promptDetails, promptAudio
+		case "completion_tokens_details":
+			field, first, second = completionDetails, "reasoning_tokens", completionAudio
+		case "output_tokens_details":
+			field, first = outputDetails, "reasoning_tokens"
+		}
+		secondName := "audio_tokens"
+		if second < 0 {
+			secondName = ""
+		}
+		present, a, b, good := s.details(d+1, first, secondName)
+		u.put(field, a, present)
+		if second >= 0 {
+			u.put(second, b, present)
+		}
+		return good
+	case "cache_creation":
+		present, m5, h1, good := s.details(d+1, "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+		u.put(cacheWrite5m, m5, present)
+		u.put(cacheWrite1h, h1, present)
+		return good
+	case "server_tool_use":
+		present, n, _, good := s.details(d+1, "web_search_requests", "")
+		u.put(webSearch, n, present)
+		return good
+	}
+	s.skip(d + 1)
+	return true
 }
 
 // details reads an object of counts nested in usage (OpenAI's

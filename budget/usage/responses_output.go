@@ -158,8 +158,27 @@ func (o *ResponsesOutput) output() []any {
 	if o == nil {
 		return []any{}
 	}
-	items := make(map[int]map[string]any)
-	done := make(map[int]bool)
+	items, done := o.itemsSeen()
+	o.addTexts(items, done)
+	indexes := make([]int, 0, len(items))
+	for i, item := range items {
+		if !done[i] {
+			item["status"] = "incomplete"
+		}
+		indexes = append(indexes, i)
+	}
+	slices.Sort(indexes)
+	out := make([]any, 0, len(indexes))
+	for _, i := range indexes {
+		out = append(out, items[i])
+	}
+	return out
+}
+
+// itemsSeen are the output items the events added and their content parts,
+// by output index, and which of them are done.
+func (o *ResponsesOutput) itemsSeen() (items map[int]map[string]any, done map[int]bool) {
+	items, done = make(map[int]map[string]any), make(map[int]bool)
 	for _, raw := range o.events {
 		ev := eventObject(raw)
 		index := intOf(ev["output_index"])
@@ -183,6 +202,12 @@ func (o *ResponsesOutput) output() []any {
 			item["content"] = content
 		}
 	}
+	return items, done
+}
+
+// addTexts puts the text, refusal and arguments deltas seen into the items
+// not done, making the items and parts they name where none was added.
+func (o *ResponsesOutput) addTexts(items map[int]map[string]any, done map[int]bool) {
 	for key, t := range o.texts {
 		var text string
 		if json.Unmarshal(append(append([]byte{'"'}, t.escaped...), '"'), &text) != nil || done[key.output] {
@@ -207,34 +232,26 @@ func (o *ResponsesOutput) output() []any {
 		for len(content) <= key.content {
 			content = append(content, nil)
 		}
-		part, _ := content[key.content].(map[string]any)
-		if part == nil {
-			part = map[string]any{"type": "output_text", "annotations": []any{}}
-			if key.kind == refusalDelta {
-				part = map[string]any{"type": "refusal"}
-			}
-		}
-		if key.kind == refusalDelta {
-			part["refusal"] = text
-		} else {
-			part["text"] = text
-		}
-		content[key.content] = part
+		content[key.content] = textPart(content[key.content], key.kind, text)
 		item["content"] = content
 	}
-	indexes := make([]int, 0, len(items))
-	for i, item := range items {
-		if !done[i] {
-			item["status"] = "incomplete"
+}
+
+// textPart is part (a content part, or nil) with its text or refusal.
+func textPart(part any, kind deltaKind, text string) map[string]any {
+	p, _ := part.(map[string]any)
+	if p == nil {
+		p = map[string]any{"type": "output_text", "annotations": []any{}}
+		if kind == refusalDelta {
+			p = map[string]any{"type": "refusal"}
 		}
-		indexes = append(indexes, i)
 	}
-	slices.Sort(indexes)
-	out := make([]any, 0, len(indexes))
-	for _, i := range indexes {
-		out = append(out, items[i])
+	if kind == refusalDelta {
+		p["refusal"] = text
+	} else {
+		p["text"] = text
 	}
-	return out
+	return p
 }
 
 // intOf is a decoded JSON number as an int (0 for anything else).

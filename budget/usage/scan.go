@@ -691,7 +691,8 @@ func (s *scanner) skip(depth int) {
 
 // skipNested scans the array or object at the position, iteratively (an
 // adversary's nesting costs no stack): isArray records, per open level,
-// whether it is an array; levels past the first 64 spill to a slice.
+// whether it is an array; levels past the first 64 spill to a slice. Its
+// length buys speed: one loop, with no call per byte or value.
 func (s *scanner) skipNested(depth int) {
 	var isArray uint64
 	var spill []bool

@@ -114,22 +114,7 @@ func (m *Meter) Write(p []byte) (int, error) {
 				m.appendLine(p)
 				break
 			}
-			switch line := p[:i]; {
-			case m.framing == NDJSON:
-				m.endLine(line, 0, true)
-			case len(line) == 0:
-				m.dispatch()
-			case line[0] != 'd' && len(line) <= MaxEventBytes:
-				// event:, id:, retry: and comments carry no usage
-			case !m.hasData && !m.dataOverflow && len(line) <= MaxEventBytes && blankLineAt(p, i):
-				// The one data line of an event that ends in this
-				// Write, the most common: read where it is.
-				if value, isData := dataValue(line); isData {
-					m.read(value)
-				}
-			default:
-				m.endLine(line, 0, true)
-			}
+			m.lineAt(p, i)
 		} else {
 			if i = bytes.IndexByte(p, '\n'); cr >= 0 && (i < 0 || cr < i) {
 				i = cr
@@ -153,6 +138,27 @@ func (m *Meter) Write(p []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// lineAt ends the line p[:i], which started in p: read where it is, with no
+// copy.
+func (m *Meter) lineAt(p []byte, i int) {
+	switch line := p[:i]; {
+	case m.framing == NDJSON:
+		m.endLine(line, 0, true)
+	case len(line) == 0:
+		m.dispatch()
+	case line[0] != 'd' && len(line) <= MaxEventBytes:
+		// event:, id:, retry: and comments carry no usage
+	case !m.hasData && !m.dataOverflow && len(line) <= MaxEventBytes && blankLineAt(p, i):
+		// The one data line of an event that ends in this Write, the most
+		// common: read where it is.
+		if value, isData := dataValue(line); isData {
+			m.read(value)
+		}
+	default:
+		m.endLine(line, 0, true)
+	}
 }
 
 // wholeLines reads the lines of p, from a line's start, that end with an

@@ -25,75 +25,104 @@ import (
 // before it (the response object that ends it is built from it). u is what
 // is reported as used. Cold path: it runs once per cut stream.
 func Truncation(f Format, withheld []byte, responses *ResponsesOutput, u budget.Usage, withUsage bool) []byte {
-	last := eventObject(withheld)
-	// copyOf puts into obj the fields of the withheld event named, those it has.
-	copyOf := func(obj map[string]any, keys ...string) map[string]any {
-		for _, k := range keys {
-			if v, ok := last[k]; ok {
-				obj[k] = v
-			}
-		}
-		return obj
-	}
-	var out bytes.Buffer
-	sse := func(event string, v any) {
-		if event != "" {
-			out.WriteString("event: " + event + "\n")
-		}
-		b, _ := json.Marshal(v)
-		out.WriteString("data: ")
-		out.Write(b)
-		out.WriteString("\n\n")
-	}
+	t := terminal{last: eventObject(withheld)}
 	switch f {
 	case OpenAIChat, OpenAICompletions:
-		object, choice := "chat.completion.chunk", map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}
-		if f == OpenAICompletions {
-			object, choice = "text_completion", map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": "length"}
-		}
-		chunk := copyOf(map[string]any{"object": object, "choices": []any{choice}}, "id", "created", "model", "system_fingerprint")
-		sse("", chunk)
-		if withUsage {
-			chunk["choices"] = []any{}
-			chunk["usage"] = map[string]int64{"prompt_tokens": u.InputTokens, "completion_tokens": u.OutputTokens, "total_tokens": u.InputTokens + u.OutputTokens}
-			sse("", chunk)
-		}
-		out.WriteString("data: [DONE]\n\n")
+		t.openAI(f, u, withUsage)
 	case OpenAIResponses:
-		resp := responses.response()
-		resp["usage"] = map[string]any{"input_tokens": u.InputTokens, "output_tokens": u.OutputTokens, "total_tokens": u.InputTokens + u.OutputTokens,
-			"input_tokens_details": map[string]any{"cached_tokens": u.CachedInputTokens}, "output_tokens_details": map[string]any{"reasoning_tokens": 0}}
-		ev := map[string]any{"type": "response.incomplete", "response": resp}
-		if n, ok := last["sequence_number"].(int64); ok {
-			ev["sequence_number"] = n // the withheld event's: it never reached the client
-		}
-		sse("response.incomplete", ev)
+		t.responses(responses, u)
 	case Anthropic:
-		if last["type"] == "content_block_delta" || last["type"] == "content_block_start" {
-			sse("content_block_stop", copyOf(map[string]any{"type": "content_block_stop"}, "index"))
-		}
-		sse("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": "max_tokens", "stop_sequence": nil},
-			"usage": map[string]int64{"output_tokens": u.OutputTokens}})
-		sse("message_stop", map[string]any{"type": "message_stop"})
+		t.anthropic(u)
 	case Gemini:
-		chunk := map[string]any{
-			"candidates":    []any{map[string]any{"content": map[string]any{"role": "model", "parts": []any{map[string]any{"text": ""}}}, "finishReason": "MAX_TOKENS", "index": 0}},
-			"usageMetadata": map[string]int64{"promptTokenCount": u.InputTokens, "candidatesTokenCount": u.OutputTokens, "totalTokenCount": u.InputTokens + u.OutputTokens},
-		}
-		sse("", copyOf(chunk, "modelVersion", "responseId"))
+		t.gemini(u)
 	case Ollama:
-		line := copyOf(map[string]any{"done": true, "done_reason": "length", "prompt_eval_count": u.InputTokens, "eval_count": u.OutputTokens},
-			"model", "created_at")
-		if _, chat := last["message"]; chat {
-			line["message"] = map[string]any{"role": "assistant", "content": ""}
-		} else {
-			line["response"] = ""
-		}
-		b, _ := json.Marshal(line)
-		out.Write(b)
-		out.WriteByte('\n')
+		t.ollama(u)
 	}
-	return out.Bytes()
+	return t.out.Bytes()
+}
+
+// terminal is a stream's terminal form as it is written: last is the
+// withheld event, decoded.
+type terminal struct {
+	out  bytes.Buffer
+	last map[string]any
+}
+
+// copyOf puts into obj the fields of the withheld event named, those it has.
+func (t *terminal) copyOf(obj map[string]any, keys ...string) map[string]any {
+	for _, k := range keys {
+		if v, ok := t.last[k]; ok {
+			obj[k] = v
+		}
+	}
+	return obj
+}
+
+// sse writes one SSE event of v, named event unless it is "".
+func (t *terminal) sse(event string, v any) {
+	if event != "" {
+		t.out.WriteString("event: " + event + "\n")
+	}
+	b, _ := json.Marshal(v)
+	t.out.WriteString("data: ")
+	t.out.Write(b)
+	t.out.WriteString("\n\n")
+}
+
+func (t *terminal) openAI(f Format, u budget.Usage, withUsage bool) {
+	object, choice := "chat.completion.chunk", map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}
+	if f == OpenAICompletions {
+		object, choice = "text_completion", map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": "length"}
+	}
+	chunk := t.copyOf(map[string]any{"object": object, "choices": []any{choice}}, "id", "created", "model", "system_fingerprint")
+	t.sse("", chunk)
+	if withUsage {
+		chunk["choices"] = []any{}
+		chunk["usage"] = map[string]int64{"prompt_tokens": u.InputTokens, "completion_tokens": u.OutputTokens, "total_tokens": u.InputTokens + u.OutputTokens}
+		t.sse("", chunk)
+	}
+	t.out.WriteString("data: [DONE]\n\n")
+}
+
+func (t *terminal) responses(responses *ResponsesOutput, u budget.Usage) {
+	resp := responses.response()
+	resp["usage"] = map[string]any{"input_tokens": u.InputTokens, "output_tokens": u.OutputTokens, "total_tokens": u.InputTokens + u.OutputTokens,
+		"input_tokens_details": map[string]any{"cached_tokens": u.CachedInputTokens}, "output_tokens_details": map[string]any{"reasoning_tokens": 0}}
+	ev := map[string]any{"type": "response.incomplete", "response": resp}
+	if n, ok := t.last["sequence_number"].(int64); ok {
+		ev["sequence_number"] = n // the withheld event's: it never reached the client
+	}
+	t.sse("response.incomplete", ev)
+}
+
+func (t *terminal) anthropic(u budget.Usage) {
+	if t.last["type"] == "content_block_delta" || t.last["type"] == "content_block_start" {
+		t.sse("content_block_stop", t.copyOf(map[string]any{"type": "content_block_stop"}, "index"))
+	}
+	t.sse("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": "max_tokens", "stop_sequence": nil},
+		"usage": map[string]int64{"output_tokens": u.OutputTokens}})
+	t.sse("message_stop", map[string]any{"type": "message_stop"})
+}
+
+func (t *terminal) gemini(u budget.Usage) {
+	chunk := map[string]any{
+		"candidates":    []any{map[string]any{"content": map[string]any{"role": "model", "parts": []any{map[string]any{"text": ""}}}, "finishReason": "MAX_TOKENS", "index": 0}},
+		"usageMetadata": map[string]int64{"promptTokenCount": u.InputTokens, "candidatesTokenCount": u.OutputTokens, "totalTokenCount": u.InputTokens + u.OutputTokens},
+	}
+	t.sse("", t.copyOf(chunk, "modelVersion", "responseId"))
+}
+
+func (t *terminal) ollama(u budget.Usage) {
+	line := t.copyOf(map[string]any{"done": true, "done_reason": "length", "prompt_eval_count": u.InputTokens, "eval_count": u.OutputTokens},
+		"model", "created_at")
+	if _, chat := t.last["message"]; chat {
+		line["message"] = map[string]any{"role": "assistant", "content": ""}
+	} else {
+		line["response"] = ""
+	}
+	b, _ := json.Marshal(line)
+	t.out.Write(b)
+	t.out.WriteByte('\n')
 }
 
 // eventObject decodes the JSON object an SSE event's data lines (or an

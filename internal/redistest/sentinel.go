@@ -90,21 +90,9 @@ func LaunchSentinel(dir string, n int) (*Sentinel, error) {
 	}
 	quorum := n/2 + 1
 	for i := range ports {
-		var conf strings.Builder
-		fmt.Fprintf(&conf, "dir %s\n", dir)
-		fmt.Fprintf(&conf, "sentinel myid %s\n", ids[i])
-		fmt.Fprintf(&conf, "sentinel monitor %s 127.0.0.1 %d %d\n", MasterName, s.Master.port, quorum)
-		fmt.Fprintf(&conf, "sentinel down-after-milliseconds %s %d\n", MasterName, sentinelDownAfter.Milliseconds())
-		fmt.Fprintf(&conf, "sentinel failover-timeout %s %d\n", MasterName, sentinelFailoverTimeout.Milliseconds())
-		fmt.Fprintf(&conf, "sentinel known-replica %s 127.0.0.1 %d\n", MasterName, s.Replica.port)
-		for j := range ports {
-			if j != i {
-				fmt.Fprintf(&conf, "sentinel known-sentinel %s 127.0.0.1 %d %s\n", MasterName, ports[j], ids[j])
-			}
-		}
-		path := filepath.Join(dir, fmt.Sprintf("sentinel-%d.conf", i))
-		if err := os.WriteFile(path, []byte(conf.String()), 0o644); err != nil {
-			return fail(fmt.Errorf("writing %s: %w", path, err))
+		path, err := s.writeConf(dir, i, ports, ids, quorum)
+		if err != nil {
+			return fail(err)
 		}
 		bin, err := redisServer()
 		if err != nil {
@@ -120,6 +108,28 @@ func LaunchSentinel(dir string, n int) (*Sentinel, error) {
 		return fail(err)
 	}
 	return s, nil
+}
+
+// writeConf writes the config of sentinel i of ports (ids are their fixed
+// IDs) into dir and returns its path.
+func (s *Sentinel) writeConf(dir string, i int, ports []int, ids []string, quorum int) (string, error) {
+	var conf strings.Builder
+	fmt.Fprintf(&conf, "dir %s\n", dir)
+	fmt.Fprintf(&conf, "sentinel myid %s\n", ids[i])
+	fmt.Fprintf(&conf, "sentinel monitor %s 127.0.0.1 %d %d\n", MasterName, s.Master.port, quorum)
+	fmt.Fprintf(&conf, "sentinel down-after-milliseconds %s %d\n", MasterName, sentinelDownAfter.Milliseconds())
+	fmt.Fprintf(&conf, "sentinel failover-timeout %s %d\n", MasterName, sentinelFailoverTimeout.Milliseconds())
+	fmt.Fprintf(&conf, "sentinel known-replica %s 127.0.0.1 %d\n", MasterName, s.Replica.port)
+	for j := range ports {
+		if j != i {
+			fmt.Fprintf(&conf, "sentinel known-sentinel %s 127.0.0.1 %d %s\n", MasterName, ports[j], ids[j])
+		}
+	}
+	path := filepath.Join(dir, fmt.Sprintf("sentinel-%d.conf", i))
+	if err := os.WriteFile(path, []byte(conf.String()), 0o644); err != nil {
+		return "", fmt.Errorf("writing %s: %w", path, err)
+	}
+	return path, nil
 }
 
 // Stop stops every process of the setup.
