@@ -25,8 +25,8 @@ import (
 // reasoning, a model not yet proven) and non-streamed answers hold their
 // whole cap.
 //
-// Which requests lease is in llmbudget_lease_policy.go, what a model's recent
-// answers teach in llmbudget_lease_history.go.
+// Which requests lease is decided in chooseLease (llmbudget_serve.go); what
+// a model's recent answers teach is outputHistory, below.
 
 // lease is the output a streamed request holds, grown with the stream. Its
 // methods run on the response's goroutine; an extension runs on its own.

@@ -147,6 +147,41 @@ func isRead(method string) bool {
 	return strings.EqualFold(method, http.MethodGet) || strings.EqualFold(method, http.MethodHead) || strings.EqualFold(method, http.MethodOptions)
 }
 
+var errBodyTooLarge = errors.New("request body too large")
+
+// readBody reads at most MaxRequestBody bytes. Past that it returns
+// errBodyTooLarge with what it read; a failed read returns what it read too
+// (the start of the body: shadow mode forwards it, then the rest).
+func (h *LLMBudget) readBody(r *http.Request) ([]byte, error) {
+	if r.ContentLength > h.maxRequestBody {
+		return nil, errBodyTooLarge
+	}
+	if r.Body == nil {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, h.maxRequestBody+1))
+	if err != nil {
+		return body, err
+	}
+	if int64(len(body)) > h.maxRequestBody {
+		return body, errBodyTooLarge
+	}
+	return body, nil
+}
+
+// bodyRefusal is the refusal of a body readBody could not read whole.
+func bodyRefusal(body []byte, err error, limit int64) *refusal {
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		return &refusal{kind: refusedRequest, status: http.StatusRequestEntityTooLarge, code: "request_too_large",
+			message: fmt.Sprintf("request body exceeds %d bytes", limit), body: body, bodyStart: true}
+	case err != nil:
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "unreadable_body",
+			message: "reading the request body failed: " + err.Error(), body: body, bodyStart: true}
+	}
+	return nil
+}
+
 // identify names who the request is budgeted for (its principal and team)
 // and reads the one query parameter the lease choice needs.
 func (h *LLMBudget) identify(r *http.Request, repl *caddy.Replacer, c *call) {
@@ -165,17 +200,25 @@ func (h *LLMBudget) identify(r *http.Request, repl *caddy.Replacer, c *call) {
 	}
 }
 
-// bodyRefusal is the refusal of a body readBody could not read whole.
-func bodyRefusal(body []byte, err error, limit int64) *refusal {
-	switch {
-	case errors.Is(err, errBodyTooLarge):
-		return &refusal{kind: refusedRequest, status: http.StatusRequestEntityTooLarge, code: "request_too_large",
-			message: fmt.Sprintf("request body exceeds %d bytes", limit), body: body, bodyStart: true}
-	case err != nil:
-		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "unreadable_body",
-			message: "reading the request body failed: " + err.Error(), body: body, bodyStart: true}
+// apiCredential is the credential the API being called authenticates with,
+// the default principal of `key` budgets: Anthropic's x-api-key, Gemini's
+// x-goog-api-key or key query parameter, else the Authorization header (which
+// Anthropic and Gemini clients may send instead). It is hashed before use.
+func apiCredential(r *http.Request, f usage.Format) string {
+	switch f {
+	case usage.Anthropic:
+		if k := r.Header.Get("X-Api-Key"); k != "" {
+			return "x-api-key " + k
+		}
+	case usage.Gemini:
+		if k := r.Header.Get("X-Goog-Api-Key"); k != "" {
+			return "x-goog-api-key " + k
+		}
+		if k := r.URL.Query().Get("key"); k != "" {
+			return "x-goog-api-key " + k
+		}
 	}
-	return nil
+	return r.Header.Get("Authorization")
 }
 
 // estimate reads the body as the upstream will and bounds what it can
@@ -200,6 +243,91 @@ func (h *LLMBudget) estimate(c *call) *refusal {
 	return h.boundInput(c)
 }
 
+// boundOutput decides the cap per output c is held to and the body it is
+// forwarded with (its output bounded, its stream asked for usage). What is
+// held bounds what the upstream may write: a request is forwarded with the
+// output cap it reserved, in its API's own field, whether it named one or
+// not (README, "The cap is forwarded").
+func (h *LLMBudget) boundOutput(c *call) *refusal {
+	var err error
+	if c.outputCap, err = h.outputCap(c.req); err != nil {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "output_cap_too_large", message: err.Error(), body: c.body}
+	}
+	if c.forward, c.injectedUsage, err = h.forwardBody(c.format, c.req, c.body, c.outputCap); err != nil {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "invalid_request", message: err.Error(), body: c.body}
+	}
+	return nil
+}
+
+// outputCap is the cap per output a request is held to and forwarded with:
+// its own, or DefaultMaxTokens when it names none, and at most
+// MaxOutputTokens. A larger cap of its own is an errOutputCapTooLarge when
+// OverMaxOutputTokens is "refuse".
+func (h *LLMBudget) outputCap(req usage.Request) (int64, error) {
+	if req.NoOutput {
+		return 0, nil
+	}
+	limit := int64(usage.MaxOutputCap)
+	if h.MaxOutputTokens > 0 {
+		limit = h.MaxOutputTokens
+	}
+	if req.MaxOutputTokens == 0 {
+		return min(h.defaultMaxTokens, limit), nil
+	}
+	if req.MaxOutputTokens > limit && h.OverMaxOutputTokens == overMaxOutputRefuse {
+		return 0, errOutputCapTooLarge{req.MaxOutputTokensField, req.MaxOutputTokens, limit}
+	}
+	return min(req.MaxOutputTokens, limit), nil
+}
+
+// errOutputCapTooLarge is a request whose own output cap is over
+// MaxOutputTokens, with OverMaxOutputTokens "refuse".
+type errOutputCapTooLarge struct {
+	field      string
+	cap, limit int64
+}
+
+func (e errOutputCapTooLarge) Error() string {
+	return fmt.Sprintf("%s is %d, more than the largest output cap this gateway forwards (%d): lower it", e.field, e.cap, e.limit)
+}
+
+// forwardBody is body as it is forwarded: an OpenAI stream that does not ask
+// for its usage is made to (askedUsage: the client does not see the usage
+// chunk it did not ask for), and the output is bounded to outputCap in the
+// API's own field. Shadow mode enforces nothing, so it leaves the cap as the
+// client wrote it.
+func (h *LLMBudget) forwardBody(format usage.Format, req usage.Request, body []byte, outputCap int64) (forward []byte, injectedUsage bool, err error) {
+	rw := usage.Rewrites{
+		IncludeUsage: (format == usage.OpenAIChat || format == usage.OpenAICompletions) && req.Stream && !req.IncludeUsage && h.injectStreamUsage(),
+		ChatCapField: h.chatCapField,
+	}
+	if !h.Shadow {
+		rw.OutputCap = outputCap
+	}
+	forward, err = usage.Rewrite(format, body, rw)
+	return forward, rw.IncludeUsage, err
+}
+
+func (h *LLMBudget) injectStreamUsage() bool {
+	return h.InjectStreamUsage == nil || *h.InjectStreamUsage
+}
+
+// boundInput makes the prompt estimate of a request with hidden input the
+// context window, or refuses the request (hidden_input refuse).
+func (h *LLMBudget) boundInput(c *call) *refusal {
+	why := c.req.HiddenInput
+	if why == "" {
+		return nil
+	}
+	if h.HiddenInput == hiddenInputRefuse {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "hidden_input", body: c.body, noRetry: true,
+			message: fmt.Sprintf("this request makes the upstream bill input it does not show (%s), which a budget cannot bound; send the input itself", why)}
+	}
+	c.req.PromptTokens = max(c.req.PromptTokens, h.contextWindow)
+	c.holdNote = fmt.Sprintf("(the request names input it does not show, %s, so its prompt is held at context_window, %d tokens)", why, h.contextWindow)
+	return nil
+}
+
 // chooseLease decides whether the stream leases (leasable), which counter
 // counts it, and how much it holds: only a model proven to bill no output
 // its text does not show leases (outputHistory).
@@ -221,6 +349,81 @@ func (h *LLMBudget) chooseLease(c *call) {
 		c.leaseSize = min(max(learned, h.outputLeaseMin), c.outputCap)
 		c.learned = learned > 0
 	}
+}
+
+// leasable reports whether the output of c can be leased: a single streamed
+// answer whose every token the meter sees.
+func (h *LLMBudget) leasable(c *call) bool {
+	if !h.outputLeases || !c.req.Stream || c.req.N != 1 || c.req.NoOutput || c.req.Reasoning || c.outputCap <= h.outputLeaseMin {
+		return false
+	}
+	switch c.format {
+	case usage.Gemini:
+		return c.sse && !h.isReasoningModel(c.req.Model)
+	case usage.OpenAIChat, usage.OpenAICompletions, usage.OpenAIResponses, usage.Anthropic, usage.Ollama:
+		return !h.isReasoningModel(c.req.Model)
+	}
+	return false
+}
+
+func (h *LLMBudget) isReasoningModel(model string) bool {
+	model = strings.ToLower(model)
+	base := model[strings.LastIndexByte(model, '/')+1:]
+	for _, p := range h.reasoningModels {
+		if globMatch(p, model) || globMatch(p, base) {
+			return true
+		}
+	}
+	return false
+}
+
+// globMatch matches s against pattern, where * matches any run of
+// characters (including none) and everything else matches itself.
+func globMatch(pattern, s string) bool {
+	parts := strings.Split(pattern, "*")
+	if len(parts) == 1 {
+		return pattern == s
+	}
+	if !strings.HasPrefix(s, parts[0]) {
+		return false
+	}
+	s = s[len(parts[0]):]
+	for _, part := range parts[1 : len(parts)-1] {
+		i := strings.Index(s, part)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(part):]
+	}
+	return strings.HasSuffix(s, parts[len(parts)-1])
+}
+
+// tokenizerOf is the vocabulary model is counted by (0: none), and whether
+// it is a proxy's.
+func (h *LLMBudget) tokenizerOf(model string) (v bpe.Vocabulary, proxy bool) {
+	if len(h.tokenizers) == 0 && len(h.proxyTokenizers) == 0 {
+		return 0, false
+	}
+	model = strings.ToLower(model)
+	base := model[strings.LastIndexByte(model, '/')+1:]
+	if v := matchTokenizer(h.tokenizers, model, base); v != 0 {
+		return v, false
+	}
+	v = matchTokenizer(h.proxyTokenizers, model, base)
+	return v, v != 0
+}
+
+// matchTokenizer is the vocabulary of table whose pattern matches the model
+// (lowercased) or its base name, or 0.
+func matchTokenizer(table []tokenizerPatterns, model, base string) bpe.Vocabulary {
+	for _, tp := range table {
+		for _, p := range tp.patterns {
+			if globMatch(p, model) || globMatch(p, base) {
+				return tp.vocab
+			}
+		}
+	}
+	return 0
 }
 
 // priceEstimate prices the worst the request can reach: its prompt, and its
@@ -286,6 +489,53 @@ func (h *LLMBudget) reserve(r *http.Request, c *call) (*budget.Reservation, *ref
 	return res, nil
 }
 
+// A request refused because streams in flight hold the room, not because it
+// was spent, fits once they settle: a stream holds up to its text's strict
+// bound (a token a byte, about 4 times what English costs) until then. So a
+// refusal of a request that fits the budget's limit waits, up to
+// SettleWait, for the settles of this instance's requests in flight and
+// tries again after each (and every settleRetryTick, for other instances').
+//
+// waitForRoom retries a denied reserve after settles until it is admitted,
+// a settle here can no longer lift the denial (the request is larger than
+// the limit, or nothing is in flight on this instance), the store fails, or
+// SettleWait passes. It returns the last outcome. (Requests in flight on
+// other instances are not seen: without any here, a refusal is answered at
+// once.)
+func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial) (*budget.Reservation, *budget.Denial, error) {
+	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Limit || h.engines.inFlight.n.Load() == 0 {
+		return nil, denial, nil
+	}
+	deadline := time.NewTimer(h.settleWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(settleRetryTick)
+	defer tick.Stop()
+	metrics.llmSettleWaits.Inc()
+	for {
+		select {
+		case <-h.engines.inFlight.next():
+		case <-tick.C:
+		case <-deadline.C:
+			return nil, denial, nil
+		case <-r.Context().Done():
+			return nil, denial, nil
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
+		res, d, err := h.engines.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
+		cancel()
+		if d == nil || err != nil {
+			return res, nil, err
+		}
+		if denial = d; h.engines.inFlight.n.Load() == 0 {
+			return nil, denial, nil // nothing here left to settle
+		}
+	}
+}
+
+// settleRetryTick is how often a waiting request tries again without a
+// settle of its own instance.
+const settleRetryTick = 100 * time.Millisecond
+
 // shadowDenied counts, logs and announces a denial that shadow mode does not
 // enforce.
 func (h *LLMBudget) shadowDenied(d *budget.Denial, c *call) {
@@ -321,53 +571,6 @@ func (h *LLMBudget) admit(w http.ResponseWriter, r *http.Request, res *budget.Re
 	h.setBudgetHeaders(w.Header(), holds, now)
 }
 
-// apiCredential is the credential the API being called authenticates with,
-// the default principal of `key` budgets: Anthropic's x-api-key, Gemini's
-// x-goog-api-key or key query parameter, else the Authorization header (which
-// Anthropic and Gemini clients may send instead). It is hashed before use.
-func apiCredential(r *http.Request, f usage.Format) string {
-	switch f {
-	case usage.Anthropic:
-		if k := r.Header.Get("X-Api-Key"); k != "" {
-			return "x-api-key " + k
-		}
-	case usage.Gemini:
-		if k := r.Header.Get("X-Goog-Api-Key"); k != "" {
-			return "x-goog-api-key " + k
-		}
-		if k := r.URL.Query().Get("key"); k != "" {
-			return "x-goog-api-key " + k
-		}
-	}
-	return r.Header.Get("Authorization")
-}
-
-func (h *LLMBudget) injectStreamUsage() bool {
-	return h.InjectStreamUsage == nil || *h.InjectStreamUsage
-}
-
-var errBodyTooLarge = errors.New("request body too large")
-
-// readBody reads at most MaxRequestBody bytes. Past that it returns
-// errBodyTooLarge with what it read; a failed read returns what it read too
-// (the start of the body: shadow mode forwards it, then the rest).
-func (h *LLMBudget) readBody(r *http.Request) ([]byte, error) {
-	if r.ContentLength > h.maxRequestBody {
-		return nil, errBodyTooLarge
-	}
-	if r.Body == nil {
-		return nil, nil
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, h.maxRequestBody+1))
-	if err != nil {
-		return body, err
-	}
-	if int64(len(body)) > h.maxRequestBody {
-		return body, errBodyTooLarge
-	}
-	return body, nil
-}
-
 // restoreBody hands the body to the next handler and asks the upstream for an
 // uncompressed response so its usage can be read (encode, ordered before this
 // handler, still compresses for the client).
@@ -376,159 +579,6 @@ func (h *LLMBudget) restoreBody(r *http.Request, body []byte) {
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	r.Header.Del("Accept-Encoding")
-}
-
-// errOutputCapTooLarge is a request whose own output cap is over
-// MaxOutputTokens, with OverMaxOutputTokens "refuse".
-type errOutputCapTooLarge struct {
-	field      string
-	cap, limit int64
-}
-
-func (e errOutputCapTooLarge) Error() string {
-	return fmt.Sprintf("%s is %d, more than the largest output cap this gateway forwards (%d): lower it", e.field, e.cap, e.limit)
-}
-
-// boundOutput decides the cap per output c is held to and the body it is
-// forwarded with (its output bounded, its stream asked for usage).
-func (h *LLMBudget) boundOutput(c *call) *refusal {
-	var err error
-	if c.outputCap, err = h.outputCap(c.req); err != nil {
-		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "output_cap_too_large", message: err.Error(), body: c.body}
-	}
-	if c.forward, c.injectedUsage, err = h.forwardBody(c.format, c.req, c.body, c.outputCap); err != nil {
-		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "invalid_request", message: err.Error(), body: c.body}
-	}
-	return nil
-}
-
-// outputCap is the cap per output a request is held to and forwarded with:
-// its own, or DefaultMaxTokens when it names none, and at most
-// MaxOutputTokens. A larger cap of its own is an errOutputCapTooLarge when
-// OverMaxOutputTokens is "refuse".
-func (h *LLMBudget) outputCap(req usage.Request) (int64, error) {
-	if req.NoOutput {
-		return 0, nil
-	}
-	limit := int64(usage.MaxOutputCap)
-	if h.MaxOutputTokens > 0 {
-		limit = h.MaxOutputTokens
-	}
-	if req.MaxOutputTokens == 0 {
-		return min(h.defaultMaxTokens, limit), nil
-	}
-	if req.MaxOutputTokens > limit && h.OverMaxOutputTokens == overMaxOutputRefuse {
-		return 0, errOutputCapTooLarge{req.MaxOutputTokensField, req.MaxOutputTokens, limit}
-	}
-	return min(req.MaxOutputTokens, limit), nil
-}
-
-// forwardBody is body as it is forwarded: an OpenAI stream that does not ask
-// for its usage is made to (askedUsage: the client does not see the usage
-// chunk it did not ask for), and the output is bounded to outputCap in the
-// API's own field. Shadow mode enforces nothing, so it leaves the cap as the
-// client wrote it.
-func (h *LLMBudget) forwardBody(format usage.Format, req usage.Request, body []byte, outputCap int64) (forward []byte, injectedUsage bool, err error) {
-	rw := usage.Rewrites{
-		IncludeUsage: (format == usage.OpenAIChat || format == usage.OpenAICompletions) && req.Stream && !req.IncludeUsage && h.injectStreamUsage(),
-		ChatCapField: h.chatCapField,
-	}
-	if !h.Shadow {
-		rw.OutputCap = outputCap
-	}
-	forward, err = usage.Rewrite(format, body, rw)
-	return forward, rw.IncludeUsage, err
-}
-
-// boundInput makes the prompt estimate of a request with hidden input the
-// context window, or refuses the request (hidden_input refuse).
-func (h *LLMBudget) boundInput(c *call) *refusal {
-	why := c.req.HiddenInput
-	if why == "" {
-		return nil
-	}
-	if h.HiddenInput == hiddenInputRefuse {
-		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "hidden_input", body: c.body, noRetry: true,
-			message: fmt.Sprintf("this request makes the upstream bill input it does not show (%s), which a budget cannot bound; send the input itself", why)}
-	}
-	c.req.PromptTokens = max(c.req.PromptTokens, h.contextWindow)
-	c.holdNote = fmt.Sprintf("(the request names input it does not show, %s, so its prompt is held at context_window, %d tokens)", why, h.contextWindow)
-	return nil
-}
-
-// tokenizerOf is the vocabulary model is counted by (0: none), and whether
-// it is a proxy's.
-func (h *LLMBudget) tokenizerOf(model string) (v bpe.Vocabulary, proxy bool) {
-	if len(h.tokenizers) == 0 && len(h.proxyTokenizers) == 0 {
-		return 0, false
-	}
-	model = strings.ToLower(model)
-	base := model[strings.LastIndexByte(model, '/')+1:]
-	if v := matchTokenizer(h.tokenizers, model, base); v != 0 {
-		return v, false
-	}
-	v = matchTokenizer(h.proxyTokenizers, model, base)
-	return v, v != 0
-}
-
-// matchTokenizer is the vocabulary of table whose pattern matches the model
-// (lowercased) or its base name, or 0.
-func matchTokenizer(table []tokenizerPatterns, model, base string) bpe.Vocabulary {
-	for _, tp := range table {
-		for _, p := range tp.patterns {
-			if globMatch(p, model) || globMatch(p, base) {
-				return tp.vocab
-			}
-		}
-	}
-	return 0
-}
-
-// leasable reports whether the output of c can be leased: a single streamed
-// answer whose every token the meter sees.
-func (h *LLMBudget) leasable(c *call) bool {
-	if !h.outputLeases || !c.req.Stream || c.req.N != 1 || c.req.NoOutput || c.req.Reasoning || c.outputCap <= h.outputLeaseMin {
-		return false
-	}
-	switch c.format {
-	case usage.Gemini:
-		return c.sse && !h.isReasoningModel(c.req.Model)
-	case usage.OpenAIChat, usage.OpenAICompletions, usage.OpenAIResponses, usage.Anthropic, usage.Ollama:
-		return !h.isReasoningModel(c.req.Model)
-	}
-	return false
-}
-
-func (h *LLMBudget) isReasoningModel(model string) bool {
-	model = strings.ToLower(model)
-	base := model[strings.LastIndexByte(model, '/')+1:]
-	for _, p := range h.reasoningModels {
-		if globMatch(p, model) || globMatch(p, base) {
-			return true
-		}
-	}
-	return false
-}
-
-// globMatch matches s against pattern, where * matches any run of
-// characters (including none) and everything else matches itself.
-func globMatch(pattern, s string) bool {
-	parts := strings.Split(pattern, "*")
-	if len(parts) == 1 {
-		return pattern == s
-	}
-	if !strings.HasPrefix(s, parts[0]) {
-		return false
-	}
-	s = s[len(parts[0]):]
-	for _, part := range parts[1 : len(parts)-1] {
-		i := strings.Index(s, part)
-		if i < 0 {
-			return false
-		}
-		s = s[i+len(part):]
-	}
-	return strings.HasSuffix(s, parts[len(parts)-1])
 }
 
 // setBudgetHeaders writes RateLimit-Policy and RateLimit with one item per
@@ -579,43 +629,3 @@ func (h *LLMBudget) countAll(d decision) {
 		h.decisions[i][d].Inc()
 	}
 }
-
-// waitForRoom retries a denied reserve after settles until it is admitted,
-// a settle here can no longer lift the denial (the request is larger than
-// the limit, or nothing is in flight on this instance), the store fails, or
-// SettleWait passes. It returns the last outcome. (Requests in flight on
-// other instances are not seen: without any here, a refusal is answered at
-// once.)
-func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial) (*budget.Reservation, *budget.Denial, error) {
-	if h.settleWait <= 0 || h.Shadow || denial.Amount > denial.Limit || h.engines.inFlight.n.Load() == 0 {
-		return nil, denial, nil
-	}
-	deadline := time.NewTimer(h.settleWait)
-	defer deadline.Stop()
-	tick := time.NewTicker(settleRetryTick)
-	defer tick.Stop()
-	metrics.llmSettleWaits.Inc()
-	for {
-		select {
-		case <-h.engines.inFlight.next():
-		case <-tick.C:
-		case <-deadline.C:
-			return nil, denial, nil
-		case <-r.Context().Done():
-			return nil, denial, nil
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
-		res, d, err := h.engines.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
-		cancel()
-		if d == nil || err != nil {
-			return res, nil, err
-		}
-		if denial = d; h.engines.inFlight.n.Load() == 0 {
-			return nil, denial, nil // nothing here left to settle
-		}
-	}
-}
-
-// settleRetryTick is how often a waiting request tries again without a
-// settle of its own instance.
-const settleRetryTick = 100 * time.Millisecond

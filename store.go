@@ -165,7 +165,7 @@ type engines struct {
 	settleSlots chan struct{}
 	settles     sync.WaitGroup
 	// inFlight counts reservations not settled yet, for requests waiting
-	// for room (llmbudget_wait.go).
+	// for room (waitForRoom, llmbudget_serve.go).
 	inFlight inFlight
 
 	// histories are what recent streamed answers of each model say about

@@ -7,7 +7,7 @@ package usage
 // is at most n tokens, whatever it holds: prose, digits, base64, emoji. The
 // bound over-counts English prose about 4.3 times (o200k; measured in
 // bench/tokenbound) and random base64 about 1.5 times; a model's history may
-// shrink it on evidence (llmbudget_lease_history.go), never this function.
+// shrink it on evidence (outputHistory, llmbudget_lease.go), never this function.
 //
 // What a bill adds to the visible text (an end-of-turn token, the framing of
 // a tool call) is OutputOverheadTokens a stream at most.
