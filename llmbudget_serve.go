@@ -55,28 +55,19 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 
 // call is a request as the budget sees it, filled in by the phases of gate.
 type call struct {
-	format usage.Format
-	path   string // as the client sent it, for the llmbudget_denied event
-	// sse: a Gemini request asked for SSE (alt=sse), which the meter reads
-	// as it passes.
-	sse bool
-	req usage.Request
+	path string // as the client sent it, for the llmbudget_denied event
+	req  usage.Request
 	// body is the request body as the client sent it; forward, as it is
 	// forwarded (its output bounded, its stream asked for usage).
 	body, forward []byte
-	injectedUsage bool
 	outputCap     int64 // per output (choice, candidate)
 	// leaseSize is the output a leased stream holds first (0: the whole
-	// cap is held, no lease); history, its model's recent answers; learned,
-	// the size was learned from them.
+	// cap is held, no lease); history, its model's recent answers.
 	leaseSize int64
-	learned   bool
 	history   *outputHistory
 	// tokens is the model's public tokenizer, once loaded, while its
-	// answers have not billed more than it counts; proxy, whether it is
-	// another model's, which counts at a scale its answers taught.
+	// answers have not billed more than it counts.
 	tokens *bpe.Counter
-	proxy  bool
 	dims   budget.Dims
 	spend  budget.Spend
 	model  string // the price book's name of the model ("" unpriced)
@@ -87,6 +78,19 @@ type call struct {
 	rates budget.Rates
 	// holdNote explains a hold larger than the body shows, for a denial.
 	holdNote string
+	// The one-byte fields, together (the call is allocated per request).
+	format usage.Format
+	// sse: a Gemini request asked for SSE (alt=sse), which the meter reads
+	// as it passes.
+	sse bool
+	// injectedUsage: llmbudget asked the stream for its usage
+	// (include_usage), which the client did not.
+	injectedUsage bool
+	// learned: leaseSize was learned from the model's answers.
+	learned bool
+	// proxy: tokens is another model's tokenizer, which counts at a scale
+	// the model's answers taught.
+	proxy bool
 }
 
 // gate runs the phases of a budgeted request before its forward: readBody,
