@@ -116,6 +116,15 @@ func (h *LLMBudget) forwardUnbudgeted(w http.ResponseWriter, r *http.Request, ne
 	return next.ServeHTTP(w, r)
 }
 
+// forwardRest hands the next handler what was read of the body, then the rest
+// as it comes: shadow mode forwards a body llmbudget stopped reading.
+func forwardRest(r *http.Request, start []byte) {
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(start), r.Body), r.Body}
+}
+
 // explainDenial fills in a budget's denial: 429 for a token budget, 402 for
 // a dollar budget (admit wrote its RateLimit items), the placeholders, the event, the
 // debug line, when to retry, and a message in the budget's unit.
@@ -182,6 +191,61 @@ func formatAmount(u budget.Unit, n int64) string {
 		fraction += "0"
 	}
 	return sign + "$" + strconv.FormatInt(n/budget.MicrosPerUSD, 10) + "." + fraction
+}
+
+// budgetIndex is the index of b among the handler's budgets.
+func (h *LLMBudget) budgetIndex(b *budget.Budget) int {
+	for i := range h.budgets {
+		if h.budgets[i].Name == b.Name {
+			return i
+		}
+	}
+	return 0
+}
+
+// denialOf is the status, error type and code of a denial by a budget of
+// unit u. A token budget's is 429 budget_exceeded. A dollar budget's reads
+// to each SDK as the provider's own quota error: 429 insufficient_quota in
+// OpenAI's shape (its SDK's RateLimitError, as for OpenAI's own exhausted
+// quota), Anthropic's rate_limit_error and Gemini's RESOURCE_EXHAUSTED
+// alike; or, with usd_denial_status 402, 402 usd_budget_exceeded.
+func (h *LLMBudget) denialOf(u budget.Unit) (status int, errType, code string) {
+	switch {
+	case u != budget.USD:
+		return http.StatusTooManyRequests, "budget_exceeded", "token_budget_exceeded"
+	case h.USDDenialStatus == http.StatusPaymentRequired:
+		return http.StatusPaymentRequired, "budget_exceeded", "usd_budget_exceeded"
+	}
+	return http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota"
+}
+
+// deniedNotes bounds the store calls in flight that note denied keys: past
+// it, a denial goes unnoted (keys_denied_total counts a little low) rather
+// than pile up calls while the store is slow.
+var deniedNotes = make(chan struct{}, 16)
+
+// noteDeniedKey counts, off the request path, a key that a key budget
+// denied for the first time in its window, fleet-wide: the store says
+// which instance's denial was the first.
+func (h *LLMBudget) noteDeniedKey(d *budget.Denial, dims budget.Dims) {
+	if d.Budget.Scope != budget.PerKey {
+		return
+	}
+	select {
+	case deniedNotes <- struct{}{}:
+	default:
+		return
+	}
+	b, id, e := d.Budget, budget.ScopeID(d.Budget, dims), h.engines
+	go func() {
+		defer func() { <-deniedNotes }()
+		defer safego.Recover("llmbudget denied note", e.reportPanic)
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		if first, err := e.budgets.NoteDenied(ctx, b, id); err == nil && first {
+			metrics.llmKeysDenied.WithLabelValues(b.Name).Inc()
+		}
+	}()
 }
 
 // Errors are written in the shape of the API being called, so that each
@@ -282,68 +346,4 @@ func geminiStatus(status int) string {
 		return "INTERNAL"
 	}
 	return "INVALID_ARGUMENT"
-}
-
-// budgetIndex is the index of b among the handler's budgets.
-func (h *LLMBudget) budgetIndex(b *budget.Budget) int {
-	for i := range h.budgets {
-		if h.budgets[i].Name == b.Name {
-			return i
-		}
-	}
-	return 0
-}
-
-// denialOf is the status, error type and code of a denial by a budget of
-// unit u. A token budget's is 429 budget_exceeded. A dollar budget's reads
-// to each SDK as the provider's own quota error: 429 insufficient_quota in
-// OpenAI's shape (its SDK's RateLimitError, as for OpenAI's own exhausted
-// quota), Anthropic's rate_limit_error and Gemini's RESOURCE_EXHAUSTED
-// alike; or, with usd_denial_status 402, 402 usd_budget_exceeded.
-func (h *LLMBudget) denialOf(u budget.Unit) (status int, errType, code string) {
-	switch {
-	case u != budget.USD:
-		return http.StatusTooManyRequests, "budget_exceeded", "token_budget_exceeded"
-	case h.USDDenialStatus == http.StatusPaymentRequired:
-		return http.StatusPaymentRequired, "budget_exceeded", "usd_budget_exceeded"
-	}
-	return http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota"
-}
-
-// deniedNotes bounds the store calls in flight that note denied keys: past
-// it, a denial goes unnoted (keys_denied_total counts a little low) rather
-// than pile up calls while the store is slow.
-var deniedNotes = make(chan struct{}, 16)
-
-// noteDeniedKey counts, off the request path, a key that a key budget
-// denied for the first time in its window, fleet-wide: the store says
-// which instance's denial was the first.
-func (h *LLMBudget) noteDeniedKey(d *budget.Denial, dims budget.Dims) {
-	if d.Budget.Scope != budget.PerKey {
-		return
-	}
-	select {
-	case deniedNotes <- struct{}{}:
-	default:
-		return
-	}
-	b, id, e := d.Budget, budget.ScopeID(d.Budget, dims), h.engines
-	go func() {
-		defer func() { <-deniedNotes }()
-		defer safego.Recover("llmbudget denied note", e.reportPanic)
-		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-		defer cancel()
-		if first, err := e.budgets.NoteDenied(ctx, b, id); err == nil && first {
-			metrics.llmKeysDenied.WithLabelValues(b.Name).Inc()
-		}
-	}()
-}
-
-// forwardRest hands the next handler what was read of the body, then the rest
-// as it comes: shadow mode forwards a body llmbudget stopped reading.
-func forwardRest(r *http.Request, start []byte) {
-	r.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(start), r.Body), r.Body}
 }

@@ -15,6 +15,146 @@ import (
 	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
+// finish decides, once, what the response used and hands the settle to the
+// background. It runs deferred, so it also runs when the client goes away,
+// the upstream fails or a later handler panics.
+func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, c *call) {
+	if mw.cancelUpstream != nil {
+		mw.cancelUpstream() // the lease's context ends with the request
+	}
+	mw.drain()
+	promptEstimate, outputCap := c.req.PromptTokens, c.outputCap*c.req.N
+	if l := mw.lease; l != nil {
+		// The extension in flight ends before the settle reads the
+		// reservation; what is held bounds an estimate.
+		l.wait()
+		outputCap = l.charge()
+	}
+	out := outcomeOf(mw, promptEstimate, outputCap, r.Context().Err() != nil)
+	if out.source == sourceEstimated && out.usage.ServiceTier == budget.StandardTier {
+		// No tier said: the one reserved for, the worst it asked for.
+		out.usage.ServiceTier = c.req.ServiceTier
+	}
+	if c.history != nil && mw.meter != nil && out.source == sourceReported && !mw.truncated {
+		// What the answer showed against what it billed, leased or not
+		// (a model on probation holds its cap until it is proven).
+		a := answerOf(mw, c, out.usage.OutputTokens)
+		if news := c.history.learn(a); news != "" {
+			h.logger.Warn(news, zap.String("model", c.req.Model), zap.Int64("reported_output", a.reported),
+				zap.Int64("text_bytes", a.text), zap.Int64("tokenizer_count", a.tokens), zap.Bool("proxy", a.proxy))
+		}
+	}
+	spend, err := c.price.SpendOf(out.usage)
+	if err != nil {
+		// No request uses that much, or less than nothing: the report is
+		// broken or hostile, so the usage is unknown and the reservation
+		// stands, as for a response that reports none.
+		metrics.llmInvalidUsage.Inc()
+		h.logger.Warn("the upstream reported usage out of range; the reservation is kept",
+			zap.String("reservation", res.ID), zap.Error(err))
+		out, spend = outcome{source: sourceReserved}, budget.Spend{}
+	}
+	reserved := promptEstimate + outputCap
+	// The response reaches the client first: the settle runs after this
+	// handler has returned, off the response path.
+	h.engines.settleLater(func() { h.settle(res, out, spend, reserved, c.model) })
+}
+
+// outcome is how a response ended, for the settle.
+type outcome struct {
+	source usageSource
+	usage  budget.Usage
+}
+
+// usageSource is where a settle's usage comes from, the usage_source label.
+type usageSource uint8
+
+const (
+	// sourceReleased: the upstream answered an error, or could not be
+	// reached: nothing to bill, the reservation is released.
+	sourceReleased usageSource = iota
+	// sourceReserved: a success with no readable usage: the reservation is
+	// kept, never free.
+	sourceReserved
+	// sourceAbandoned: the client went away after the request was
+	// forwarded, before a response: the upstream bills it, so the
+	// reservation is kept.
+	sourceAbandoned
+	// sourceReported: the upstream reported the usage.
+	sourceReported
+	// sourceEstimated: a stream cut before its usage report, charged the
+	// prompt and the output seen.
+	sourceEstimated
+)
+
+// usageSources are every usageSource.
+var usageSources = [...]usageSource{sourceReleased, sourceReserved, sourceAbandoned, sourceReported, sourceEstimated}
+
+func (s usageSource) String() string {
+	return [...]string{"released", "reserved", "abandoned", "reported", "estimated"}[s]
+}
+
+// keepsReservation reports whether the settle charges what was reserved
+// (the usage is unknown, and the upstream bills the request).
+func (s usageSource) keepsReservation() bool { return s == sourceReserved || s == sourceAbandoned }
+
+// charged reports whether the settle charges usage that was read.
+func (s usageSource) charged() bool { return s == sourceReported || s == sourceEstimated }
+
+// statusClientClosed is the status Caddy's reverse_proxy gives a request whose
+// client went away before the response.
+const statusClientClosed = 499
+
+// outcomeOf decides what the response w metered used: promptEstimate and outputCap are
+// the reservation's input estimate and output cap (an estimate never charges
+// more output than was reserved); gone says the client went away.
+func outcomeOf(w *meteringWriter, promptEstimate, outputCap int64, gone bool) outcome {
+	// Nothing reached the client, which went away: 499 is what Caddy's
+	// reverse_proxy writes for a client that closed the request.
+	if gone && (w.status == 0 || w.status == statusClientClosed) {
+		return outcome{source: sourceAbandoned}
+	}
+	if w.status == 0 || w.status < 200 || w.status >= 300 {
+		return outcome{source: sourceReleased}
+	}
+	if w.meter == nil {
+		if w.overflow || w.opaque {
+			return outcome{source: sourceReserved}
+		}
+		if u, ok := usage.FromJSON(w.format, w.capture); ok {
+			return outcome{usage: u, source: sourceReported}
+		}
+		return outcome{source: sourceReserved}
+	}
+	w.meter.Close()
+	r := w.meter.Reading()
+	switch {
+	case r.Complete:
+		return outcome{usage: r.Usage, source: sourceReported}
+	case r.Bytes == 0 && gone:
+		// The client left before the first byte; the upstream had started.
+		return outcome{source: sourceAbandoned}
+	case r.Bytes == 0:
+		// A stream that ended before any output: nothing was delivered.
+		return outcome{source: sourceReleased}
+	}
+	// The stream ended (or the client left) after output started but before
+	// a usage event: charge the prompt plus the output seen so far.
+	u := budget.Usage{InputTokens: promptEstimate, ServiceTier: r.Usage.ServiceTier}
+	if r.InputKnown {
+		u = u.WithInputOf(r.Usage)
+	}
+	// The strict bound of the text, or the lease's count (the tokenizer's
+	// for a tokenized model): the upstream bills no more for it.
+	if w.lease != nil {
+		u.OutputTokens = max(r.Usage.OutputTokens, w.lease.count, w.lease.bound())
+	} else {
+		u.OutputTokens = max(r.Usage.OutputTokens, usage.OutputTokenBound(r.OutputTextBytes))
+	}
+	u.OutputTokens = min(u.OutputTokens, outputCap)
+	return outcome{usage: u, source: sourceEstimated}
+}
+
 // settle applies the outcome of a response to its reservation, on a context
 // of its own (the request's is done, and a reload may have cleaned up the
 // config that admitted it). model is the price book's name for the model
@@ -127,144 +267,4 @@ func (h *LLMBudget) reportCrossings(res *budget.Reservation) {
 		}
 		h.events.emit(eventLLMBudgetThreshold, data)
 	}
-}
-
-// statusClientClosed is the status Caddy's reverse_proxy gives a request whose
-// client went away before the response.
-const statusClientClosed = 499
-
-// outcome is how a response ended, for the settle.
-type outcome struct {
-	source usageSource
-	usage  budget.Usage
-}
-
-// usageSource is where a settle's usage comes from, the usage_source label.
-type usageSource uint8
-
-const (
-	// sourceReleased: the upstream answered an error, or could not be
-	// reached: nothing to bill, the reservation is released.
-	sourceReleased usageSource = iota
-	// sourceReserved: a success with no readable usage: the reservation is
-	// kept, never free.
-	sourceReserved
-	// sourceAbandoned: the client went away after the request was
-	// forwarded, before a response: the upstream bills it, so the
-	// reservation is kept.
-	sourceAbandoned
-	// sourceReported: the upstream reported the usage.
-	sourceReported
-	// sourceEstimated: a stream cut before its usage report, charged the
-	// prompt and the output seen.
-	sourceEstimated
-)
-
-// usageSources are every usageSource.
-var usageSources = [...]usageSource{sourceReleased, sourceReserved, sourceAbandoned, sourceReported, sourceEstimated}
-
-func (s usageSource) String() string {
-	return [...]string{"released", "reserved", "abandoned", "reported", "estimated"}[s]
-}
-
-// keepsReservation reports whether the settle charges what was reserved
-// (the usage is unknown, and the upstream bills the request).
-func (s usageSource) keepsReservation() bool { return s == sourceReserved || s == sourceAbandoned }
-
-// charged reports whether the settle charges usage that was read.
-func (s usageSource) charged() bool { return s == sourceReported || s == sourceEstimated }
-
-// outcomeOf decides what the response w metered used: promptEstimate and outputCap are
-// the reservation's input estimate and output cap (an estimate never charges
-// more output than was reserved); gone says the client went away.
-func outcomeOf(w *meteringWriter, promptEstimate, outputCap int64, gone bool) outcome {
-	// Nothing reached the client, which went away: 499 is what Caddy's
-	// reverse_proxy writes for a client that closed the request.
-	if gone && (w.status == 0 || w.status == statusClientClosed) {
-		return outcome{source: sourceAbandoned}
-	}
-	if w.status == 0 || w.status < 200 || w.status >= 300 {
-		return outcome{source: sourceReleased}
-	}
-	if w.meter == nil {
-		if w.overflow || w.opaque {
-			return outcome{source: sourceReserved}
-		}
-		if u, ok := usage.FromJSON(w.format, w.capture); ok {
-			return outcome{usage: u, source: sourceReported}
-		}
-		return outcome{source: sourceReserved}
-	}
-	w.meter.Close()
-	r := w.meter.Reading()
-	switch {
-	case r.Complete:
-		return outcome{usage: r.Usage, source: sourceReported}
-	case r.Bytes == 0 && gone:
-		// The client left before the first byte; the upstream had started.
-		return outcome{source: sourceAbandoned}
-	case r.Bytes == 0:
-		// A stream that ended before any output: nothing was delivered.
-		return outcome{source: sourceReleased}
-	}
-	// The stream ended (or the client left) after output started but before
-	// a usage event: charge the prompt plus the output seen so far.
-	u := budget.Usage{InputTokens: promptEstimate, ServiceTier: r.Usage.ServiceTier}
-	if r.InputKnown {
-		u = u.WithInputOf(r.Usage)
-	}
-	// The strict bound of the text, or the lease's count (the tokenizer's
-	// for a tokenized model): the upstream bills no more for it.
-	if w.lease != nil {
-		u.OutputTokens = max(r.Usage.OutputTokens, w.lease.count, w.lease.bound())
-	} else {
-		u.OutputTokens = max(r.Usage.OutputTokens, usage.OutputTokenBound(r.OutputTextBytes))
-	}
-	u.OutputTokens = min(u.OutputTokens, outputCap)
-	return outcome{usage: u, source: sourceEstimated}
-}
-
-// finish decides, once, what the response used and hands the settle to the
-// background. It runs deferred, so it also runs when the client goes away,
-// the upstream fails or a later handler panics.
-func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meteringWriter, c *call) {
-	if mw.cancelUpstream != nil {
-		mw.cancelUpstream() // the lease's context ends with the request
-	}
-	mw.drain()
-	promptEstimate, outputCap := c.req.PromptTokens, c.outputCap*c.req.N
-	if l := mw.lease; l != nil {
-		// The extension in flight ends before the settle reads the
-		// reservation; what is held bounds an estimate.
-		l.wait()
-		outputCap = l.charge()
-	}
-	out := outcomeOf(mw, promptEstimate, outputCap, r.Context().Err() != nil)
-	if out.source == sourceEstimated && out.usage.ServiceTier == budget.StandardTier {
-		// No tier said: the one reserved for, the worst it asked for.
-		out.usage.ServiceTier = c.req.ServiceTier
-	}
-	if c.history != nil && mw.meter != nil && out.source == sourceReported && !mw.truncated {
-		// What the answer showed against what it billed, leased or not
-		// (a model on probation holds its cap until it is proven).
-		a := answerOf(mw, c, out.usage.OutputTokens)
-		if news := c.history.learn(a); news != "" {
-			h.logger.Warn(news, zap.String("model", c.req.Model), zap.Int64("reported_output", a.reported),
-				zap.Int64("text_bytes", a.text), zap.Int64("tokenizer_count", a.tokens), zap.Bool("proxy", a.proxy))
-		}
-	}
-	spend, err := c.price.SpendOf(out.usage)
-	if err != nil {
-		// No request uses that much, or less than nothing: the report is
-		// broken or hostile, so the usage is unknown and the reservation
-		// stands, as for a response that reports none.
-		metrics.llmInvalidUsage.Inc()
-		h.logger.Warn("the upstream reported usage out of range; the reservation is kept",
-			zap.String("reservation", res.ID), zap.Error(err))
-		out, spend = outcome{source: sourceReserved}, budget.Spend{}
-	}
-	reserved := promptEstimate + outputCap
-	// The response reaches the client first: the settle runs after this
-	// handler has returned, off the response path.
-	h.engines.settleLater(func() { h.settle(res, out, spend, reserved, c.model) })
 }

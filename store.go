@@ -184,9 +184,9 @@ func (e *engines) reportPanic(where string, value any, stack []byte) {
 		zap.String("where", where), zap.Any("panic", value), zap.ByteString("stack", stack))
 }
 
-// newEngines builds and starts the engines of the store id names; connect is nil for the
-// embedded memory store. Its logs name the store: it outlives the config
-// whose logger it has.
+// newEngines builds and starts the engines of the store id names; connect
+// is nil for the embedded memory store. Their logs name the store: it
+// outlives the config whose logger it has.
 func newEngines(id storeIdentity, connect func() redis.UniversalClient, interval time.Duration, logger *zap.Logger) (*engines, error) {
 	e := &engines{identity: id, settleSlots: make(chan struct{}, maxPendingSettles)}
 	prefix := id.name.prefix

@@ -69,6 +69,8 @@ func (t *terminal) sse(event string, v any) {
 	t.out.WriteString("\n\n")
 }
 
+// openAI ends a Chat Completions or legacy completions stream: a last chunk
+// with finish_reason length, the usage chunk if the client asked, [DONE].
 func (t *terminal) openAI(f Format, u budget.Usage, withUsage bool) {
 	object, choice := "chat.completion.chunk", map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": "length"}
 	if f == OpenAICompletions {
@@ -84,6 +86,8 @@ func (t *terminal) openAI(f Format, u budget.Usage, withUsage bool) {
 	t.out.WriteString("data: [DONE]\n\n")
 }
 
+// responses ends a Responses stream with response.incomplete and the
+// response as the client saw it.
 func (t *terminal) responses(responses *ResponsesOutput, u budget.Usage) {
 	resp := responses.response()
 	resp["usage"] = map[string]any{"input_tokens": u.InputTokens, "output_tokens": u.OutputTokens, "total_tokens": u.InputTokens + u.OutputTokens,
@@ -95,6 +99,8 @@ func (t *terminal) responses(responses *ResponsesOutput, u budget.Usage) {
 	t.sse("response.incomplete", ev)
 }
 
+// anthropic ends a Messages stream: the open content block stopped, a
+// message_delta with stop_reason max_tokens, message_stop.
 func (t *terminal) anthropic(u budget.Usage) {
 	if t.last["type"] == "content_block_delta" || t.last["type"] == "content_block_start" {
 		t.sse("content_block_stop", t.copyOf(map[string]any{"type": "content_block_stop"}, "index"))
@@ -104,6 +110,7 @@ func (t *terminal) anthropic(u budget.Usage) {
 	t.sse("message_stop", map[string]any{"type": "message_stop"})
 }
 
+// gemini ends a Gemini stream with a chunk of finishReason MAX_TOKENS.
 func (t *terminal) gemini(u budget.Usage) {
 	chunk := map[string]any{
 		"candidates":    []any{map[string]any{"content": map[string]any{"role": "model", "parts": []any{map[string]any{"text": ""}}}, "finishReason": "MAX_TOKENS", "index": 0}},
@@ -112,6 +119,7 @@ func (t *terminal) gemini(u budget.Usage) {
 	t.sse("", t.copyOf(chunk, "modelVersion", "responseId"))
 }
 
+// ollama ends an Ollama stream with a done line of done_reason length.
 func (t *terminal) ollama(u budget.Usage) {
 	line := t.copyOf(map[string]any{"done": true, "done_reason": "length", "prompt_eval_count": u.InputTokens, "eval_count": u.OutputTokens},
 		"model", "created_at")
