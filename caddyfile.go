@@ -319,190 +319,258 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := make(map[string]bool)
 	for d.NextBlock(0) {
 		field := d.Val()
+		parse, ok := llmBudgetOptions[field]
+		if !ok {
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+		}
 		if field != "budget" && field != "price" && field != "tokenizer" && field != "proxy_tokenizer" && field != "deployment" {
 			if seen[field] {
 				return d.Errf("llmbudget: %s is set twice", field)
 			}
 			seen[field] = true
 		}
-		switch field {
-		case "principal":
-			if !d.AllArgs(&h.Principal) {
-				return d.Errf("llmbudget: principal takes one value")
-			}
-		case "team":
-			if !d.AllArgs(&h.Team) {
-				return d.Errf("llmbudget: team takes one value")
-			}
-		case "format":
-			if !d.AllArgs(&h.Format) {
-				return d.Errf("llmbudget: format takes one value")
-			}
-		case "budget":
-			bc, err := parseBudget(d)
-			if err != nil {
-				return err
-			}
-			h.Budgets = append(h.Budgets, bc)
-		case "price":
-			model, pc, err := parsePrice(d)
-			if err != nil {
-				return err
-			}
-			if _, dup := h.Prices[model]; dup {
-				return d.Errf("llmbudget: price %q is defined twice", model)
-			}
-			if h.Prices == nil {
-				h.Prices = make(map[string]PriceConfig)
-			}
-			h.Prices[model] = pc
-		case "prices_file":
-			if !d.AllArgs(&h.PricesFile) {
-				return d.Errf("llmbudget: prices_file takes one path")
-			}
-		case "deployment":
-			var name, model string
-			if !d.AllArgs(&name, &model) {
-				return d.Errf("llmbudget: deployment takes <name> <model>")
-			}
-			key := strings.ToLower(name)
-			for n := range h.Deployments {
-				if strings.ToLower(n) == key {
-					return d.Errf("llmbudget: deployment %q is defined twice", name)
-				}
-			}
-			if h.Deployments == nil {
-				h.Deployments = make(map[string]string)
-			}
-			h.Deployments[name] = model
-		case "default_max_tokens":
-			n, err := parseIntArg(d)
-			if err != nil {
-				return fmt.Errorf("llmbudget: %w", err)
-			}
-			h.DefaultMaxTokens = n
-		case "max_request_body":
-			var s string
-			if !d.AllArgs(&s) {
-				return d.ArgErr()
-			}
-			size, err := humanize.ParseBytes(s)
-			if err != nil || size == 0 || size > 1<<40 {
-				return d.Errf("llmbudget: max_request_body: %q is not a size such as 16MiB", s)
-			}
-			h.MaxRequestBody = int64(size)
-		case "fail_open":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			h.FailOpen = true
-		case "shadow":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			h.Shadow = true
-		case "unknown_paths":
-			if !d.AllArgs(&h.UnknownPaths) || (h.UnknownPaths != "pass" && h.UnknownPaths != "deny") {
-				return d.Errf("llmbudget: unknown_paths takes pass or deny")
-			}
-		case "store_timeout", "max_retry_after":
-			dur, err := parseDurationArg(d)
-			if err != nil {
-				return fmt.Errorf("llmbudget: %w", err)
-			}
-			if field == "store_timeout" {
-				h.StoreTimeout = dur
-			} else {
-				h.MaxRetryAfter = dur
-			}
-		case "inject_stream_usage", "output_leases":
-			var v string
-			if !d.AllArgs(&v) || (v != "on" && v != "off") {
-				return d.Errf("llmbudget: %s takes on or off", field)
-			}
-			on := v == "on"
-			if field == "output_leases" {
-				h.OutputLeases = &on
-			} else {
-				h.InjectStreamUsage = &on
-			}
-		case "output_lease_min":
-			n, err := parseIntArg(d)
-			if err != nil {
-				return fmt.Errorf("llmbudget: %w", err)
-			}
-			h.OutputLeaseMin = n
-		case "reasoning_models":
-			h.ReasoningModels = d.RemainingArgs()
-			if len(h.ReasoningModels) == 0 {
-				return d.Errf("llmbudget: reasoning_models takes one or more model patterns (* matches any characters)")
-			}
-		case "tokenizer", "proxy_tokenizer":
-			// The first line replaces the default table; "off" empties it.
-			table := &h.Tokenizers
-			if field == "proxy_tokenizer" {
-				table = &h.ProxyTokenizers
-			}
-			if err := parseTokenizerLine(d, field, table); err != nil {
-				return err
-			}
-		case "hidden_input":
-			if !d.AllArgs(&h.HiddenInput) || h.HiddenInput != hiddenInputHold && h.HiddenInput != hiddenInputRefuse {
-				return d.Errf("llmbudget: hidden_input takes hold or refuse")
-			}
-		case "usd_denial_status":
-			n, err := parseIntArg(d)
-			if err != nil {
-				return fmt.Errorf("llmbudget: %w", err)
-			}
-			if n != http.StatusTooManyRequests && n != http.StatusPaymentRequired {
-				return d.Errf("llmbudget: usd_denial_status takes 429 or 402")
-			}
-			h.USDDenialStatus = int(n)
-		case "settle_wait":
-			wait, err := parseDurationArg(d)
-			if err != nil {
-				return fmt.Errorf("llmbudget: %w", err)
-			}
-			h.SettleWait = &wait
-		case "ratelimit_scopes":
-			if err := parseRateLimitScopes(d, h); err != nil {
-				return err
-			}
-		case "context_window":
-			n, err := parseIntArg(d)
-			if err != nil {
-				return fmt.Errorf("llmbudget: %w", err)
-			}
-			h.ContextWindow = n
-		case "chat_cap_field":
-			if !d.AllArgs(&h.ChatCapField) {
-				return d.Errf("llmbudget: chat_cap_field takes max_completion_tokens or max_tokens")
-			}
-		case "max_output_tokens":
-			args := d.RemainingArgs()
-			if len(args) < 1 || len(args) > 2 {
-				return d.Errf("llmbudget: max_output_tokens takes <n> [lower|refuse]")
-			}
-			n, err := strconv.ParseInt(args[0], 10, 64)
-			if err != nil || n < 1 {
-				return d.Errf("llmbudget: max_output_tokens: %q is not a whole number above 0", args[0])
-			}
-			h.MaxOutputTokens = n
-			if len(args) == 2 {
-				if args[1] != overMaxOutputLower && args[1] != overMaxOutputRefuse {
-					return d.Errf("llmbudget: max_output_tokens %s %q: want lower or refuse", args[0], args[1])
-				}
-				h.OverMaxOutputTokens = args[1]
-			}
-		default:
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+		if err := parse(h, d, field); err != nil {
+			return err
 		}
 	}
 	// Check now, for an error with a Caddyfile line. compile fills in only
 	// unexported state, so the adapted JSON stays as written.
 	if err := h.compile(); err != nil {
 		return d.Err(err.Error())
+	}
+	return nil
+}
+
+// llmBudgetOptions parse each subdirective of llmbudget into h; field is
+// the subdirective's name (several share a parser).
+var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, field string) error{
+	"principal": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.Principal) {
+			return d.Errf("llmbudget: principal takes one value")
+		}
+		return nil
+	},
+	"team": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.Team) {
+			return d.Errf("llmbudget: team takes one value")
+		}
+		return nil
+	},
+	"format": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.Format) {
+			return d.Errf("llmbudget: format takes one value")
+		}
+		return nil
+	},
+	"budget": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		bc, err := parseBudget(d)
+		if err != nil {
+			return err
+		}
+		h.Budgets = append(h.Budgets, bc)
+		return nil
+	},
+	"price": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		model, pc, err := parsePrice(d)
+		if err != nil {
+			return err
+		}
+		if _, dup := h.Prices[model]; dup {
+			return d.Errf("llmbudget: price %q is defined twice", model)
+		}
+		if h.Prices == nil {
+			h.Prices = make(map[string]PriceConfig)
+		}
+		h.Prices[model] = pc
+		return nil
+	},
+	"prices_file": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.PricesFile) {
+			return d.Errf("llmbudget: prices_file takes one path")
+		}
+		return nil
+	},
+	"deployment": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		var name, model string
+		if !d.AllArgs(&name, &model) {
+			return d.Errf("llmbudget: deployment takes <name> <model>")
+		}
+		key := strings.ToLower(name)
+		for n := range h.Deployments {
+			if strings.ToLower(n) == key {
+				return d.Errf("llmbudget: deployment %q is defined twice", name)
+			}
+		}
+		if h.Deployments == nil {
+			h.Deployments = make(map[string]string)
+		}
+		h.Deployments[name] = model
+		return nil
+	},
+	"default_max_tokens": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		n, err := parseIntArg(d)
+		if err != nil {
+			return fmt.Errorf("llmbudget: %w", err)
+		}
+		h.DefaultMaxTokens = n
+		return nil
+	},
+	"max_request_body": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		var s string
+		if !d.AllArgs(&s) {
+			return d.ArgErr()
+		}
+		size, err := humanize.ParseBytes(s)
+		if err != nil || size == 0 || size > 1<<40 {
+			return d.Errf("llmbudget: max_request_body: %q is not a size such as 16MiB", s)
+		}
+		h.MaxRequestBody = int64(size)
+		return nil
+	},
+	"fail_open": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		h.FailOpen = true
+		return nil
+	},
+	"shadow": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		h.Shadow = true
+		return nil
+	},
+	"unknown_paths": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.UnknownPaths) || (h.UnknownPaths != "pass" && h.UnknownPaths != "deny") {
+			return d.Errf("llmbudget: unknown_paths takes pass or deny")
+		}
+		return nil
+	},
+	"store_timeout":       parseLLMBudgetDuration,
+	"max_retry_after":     parseLLMBudgetDuration,
+	"inject_stream_usage": parseLLMBudgetSwitch,
+	"output_leases":       parseLLMBudgetSwitch,
+	"output_lease_min": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		n, err := parseIntArg(d)
+		if err != nil {
+			return fmt.Errorf("llmbudget: %w", err)
+		}
+		h.OutputLeaseMin = n
+		return nil
+	},
+	"reasoning_models": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		h.ReasoningModels = d.RemainingArgs()
+		if len(h.ReasoningModels) == 0 {
+			return d.Errf("llmbudget: reasoning_models takes one or more model patterns (* matches any characters)")
+		}
+		return nil
+	},
+	"tokenizer":       parseLLMBudgetTokenizer,
+	"proxy_tokenizer": parseLLMBudgetTokenizer,
+	"hidden_input": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.HiddenInput) || h.HiddenInput != hiddenInputHold && h.HiddenInput != hiddenInputRefuse {
+			return d.Errf("llmbudget: hidden_input takes hold or refuse")
+		}
+		return nil
+	},
+	"usd_denial_status": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		n, err := parseIntArg(d)
+		if err != nil {
+			return fmt.Errorf("llmbudget: %w", err)
+		}
+		if n != http.StatusTooManyRequests && n != http.StatusPaymentRequired {
+			return d.Errf("llmbudget: usd_denial_status takes 429 or 402")
+		}
+		h.USDDenialStatus = int(n)
+		return nil
+	},
+	"settle_wait": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		wait, err := parseDurationArg(d)
+		if err != nil {
+			return fmt.Errorf("llmbudget: %w", err)
+		}
+		h.SettleWait = &wait
+		return nil
+	},
+	"ratelimit_scopes": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if err := parseRateLimitScopes(d, h); err != nil {
+			return err
+		}
+		return nil
+	},
+	"context_window": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		n, err := parseIntArg(d)
+		if err != nil {
+			return fmt.Errorf("llmbudget: %w", err)
+		}
+		h.ContextWindow = n
+		return nil
+	},
+	"chat_cap_field": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.ChatCapField) {
+			return d.Errf("llmbudget: chat_cap_field takes max_completion_tokens or max_tokens")
+		}
+		return nil
+	},
+	"max_output_tokens": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		args := d.RemainingArgs()
+		if len(args) < 1 || len(args) > 2 {
+			return d.Errf("llmbudget: max_output_tokens takes <n> [lower|refuse]")
+		}
+		n, err := strconv.ParseInt(args[0], 10, 64)
+		if err != nil || n < 1 {
+			return d.Errf("llmbudget: max_output_tokens: %q is not a whole number above 0", args[0])
+		}
+		h.MaxOutputTokens = n
+		if len(args) == 2 {
+			if args[1] != overMaxOutputLower && args[1] != overMaxOutputRefuse {
+				return d.Errf("llmbudget: max_output_tokens %s %q: want lower or refuse", args[0], args[1])
+			}
+			h.OverMaxOutputTokens = args[1]
+		}
+		return nil
+	},
+}
+
+// parseLLMBudgetDuration reads store_timeout or max_retry_after.
+func parseLLMBudgetDuration(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+	dur, err := parseDurationArg(d)
+	if err != nil {
+		return fmt.Errorf("llmbudget: %w", err)
+	}
+	if field == "store_timeout" {
+		h.StoreTimeout = dur
+	} else {
+		h.MaxRetryAfter = dur
+	}
+	return nil
+}
+
+// parseLLMBudgetSwitch reads inject_stream_usage or output_leases: on or off.
+func parseLLMBudgetSwitch(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+	var v string
+	if !d.AllArgs(&v) || (v != "on" && v != "off") {
+		return d.Errf("llmbudget: %s takes on or off", field)
+	}
+	on := v == "on"
+	if field == "output_leases" {
+		h.OutputLeases = &on
+	} else {
+		h.InjectStreamUsage = &on
+	}
+	return nil
+}
+
+// parseLLMBudgetTokenizer reads a tokenizer or proxy_tokenizer line.
+func parseLLMBudgetTokenizer(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+	// The first line replaces the default table; "off" empties it.
+	table := &h.Tokenizers
+	if field == "proxy_tokenizer" {
+		table = &h.ProxyTokenizers
+	}
+	if err := parseTokenizerLine(d, field, table); err != nil {
+		return err
 	}
 	return nil
 }
