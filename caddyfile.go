@@ -344,24 +344,9 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // llmBudgetOptions parse each subdirective of llmbudget into h; field is
 // the subdirective's name (several share a parser).
 var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, field string) error{
-	"principal": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
-		if !d.AllArgs(&h.Principal) {
-			return d.Errf("llmbudget: principal takes one value")
-		}
-		return nil
-	},
-	"team": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
-		if !d.AllArgs(&h.Team) {
-			return d.Errf("llmbudget: team takes one value")
-		}
-		return nil
-	},
-	"format": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
-		if !d.AllArgs(&h.Format) {
-			return d.Errf("llmbudget: format takes one value")
-		}
-		return nil
-	},
+	"principal": stringOption(func(h *LLMBudget) *string { return &h.Principal }, "one value"),
+	"team":      stringOption(func(h *LLMBudget) *string { return &h.Team }, "one value"),
+	"format":    stringOption(func(h *LLMBudget) *string { return &h.Format }, "one value"),
 	"budget": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		bc, err := parseBudget(d)
 		if err != nil {
@@ -384,12 +369,7 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 		h.Prices[model] = pc
 		return nil
 	},
-	"prices_file": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
-		if !d.AllArgs(&h.PricesFile) {
-			return d.Errf("llmbudget: prices_file takes one path")
-		}
-		return nil
-	},
+	"prices_file": stringOption(func(h *LLMBudget) *string { return &h.PricesFile }, "one path"),
 	"deployment": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		var name, model string
 		if !d.AllArgs(&name, &model) {
@@ -407,14 +387,7 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 		h.Deployments[name] = model
 		return nil
 	},
-	"default_max_tokens": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
-		n, err := parseIntArg(d)
-		if err != nil {
-			return fmt.Errorf("llmbudget: %w", err)
-		}
-		h.DefaultMaxTokens = n
-		return nil
-	},
+	"default_max_tokens": intOption(func(h *LLMBudget) *int64 { return &h.DefaultMaxTokens }),
 	"max_request_body": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		var s string
 		if !d.AllArgs(&s) {
@@ -451,14 +424,7 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 	"max_retry_after":     parseLLMBudgetDuration,
 	"inject_stream_usage": parseLLMBudgetSwitch,
 	"output_leases":       parseLLMBudgetSwitch,
-	"output_lease_min": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
-		n, err := parseIntArg(d)
-		if err != nil {
-			return fmt.Errorf("llmbudget: %w", err)
-		}
-		h.OutputLeaseMin = n
-		return nil
-	},
+	"output_lease_min":    intOption(func(h *LLMBudget) *int64 { return &h.OutputLeaseMin }),
 	"reasoning_models": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		h.ReasoningModels = d.RemainingArgs()
 		if len(h.ReasoningModels) == 0 {
@@ -499,20 +465,8 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 		}
 		return nil
 	},
-	"context_window": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
-		n, err := parseIntArg(d)
-		if err != nil {
-			return fmt.Errorf("llmbudget: %w", err)
-		}
-		h.ContextWindow = n
-		return nil
-	},
-	"chat_cap_field": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
-		if !d.AllArgs(&h.ChatCapField) {
-			return d.Errf("llmbudget: chat_cap_field takes max_completion_tokens or max_tokens")
-		}
-		return nil
-	},
+	"context_window": intOption(func(h *LLMBudget) *int64 { return &h.ContextWindow }),
+	"chat_cap_field": stringOption(func(h *LLMBudget) *string { return &h.ChatCapField }, "max_completion_tokens or max_tokens"),
 	"max_output_tokens": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		args := d.RemainingArgs()
 		if len(args) < 1 || len(args) > 2 {
@@ -531,6 +485,30 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 		}
 		return nil
 	},
+}
+
+// stringOption parses a subdirective of one value into the field of h that
+// at names; usage says what it takes.
+func stringOption(at func(h *LLMBudget) *string, usage string) func(*LLMBudget, *caddyfile.Dispenser, string) error {
+	return func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(at(h)) {
+			return d.Errf("llmbudget: %s takes %s", field, usage)
+		}
+		return nil
+	}
+}
+
+// intOption parses a subdirective of one whole number into the field of h
+// that at names.
+func intOption(at func(h *LLMBudget) *int64) func(*LLMBudget, *caddyfile.Dispenser, string) error {
+	return func(h *LLMBudget, d *caddyfile.Dispenser, _ string) error {
+		n, err := parseIntArg(d)
+		if err != nil {
+			return fmt.Errorf("llmbudget: %w", err)
+		}
+		*at(h) = n
+		return nil
+	}
 }
 
 // parseLLMBudgetDuration reads store_timeout or max_retry_after.
