@@ -96,6 +96,7 @@ func TestLLMBudgetConfigErrors(t *testing.T) {
 		{"bad unit", "budget b {\nunit bananas\nlimit 1\nwindow 1h\n}", `unit "bananas"`, ""},
 		{"zero limit", "budget b {\nlimit 0\nwindow 1h\n}", "limit must be > 0", "Caddyfile:4"},
 		{"fractional tokens", "budget b {\nlimit 1.5\nwindow 1h\n}", "whole number", "Caddyfile:4"},
+		{"limit past what the store counts", "budget b {\nlimit 1000000000000000\nwindow 1h\n}", "limit must be at most 9223372036854", ""},
 		{"dollars without unit usd", "budget team_usd {\nscope global\nlimit 25.00\nwindow 720h\n}", "add `unit usd`", "Caddyfile:5"},
 		{"no window", "budget b {\nlimit 10\n}", `budget "b": window is required`, "Caddyfile:3"},
 		{"no limit", "budget b {\nwindow 1h\n}", `budget "b": limit is required`, "Caddyfile:3"},

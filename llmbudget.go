@@ -628,9 +628,14 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 // limitIn is a limit of the config in the store's unit u: tokens, or
 // micro-dollars for dollars. Its error completes "limit ...".
 func limitIn(u budget.Unit, v float64) (int64, error) {
+	// The store counts in int64 micro-units for either unit, so both stop
+	// where a dollar limit would overflow.
+	most := float64(math.MaxInt64) / budget.MicrosPerUSD
 	switch {
-	case !(v > 0) || v > float64(math.MaxInt64)/budget.MicrosPerUSD:
+	case !(v > 0):
 		return 0, errors.New("must be > 0")
+	case v > most:
+		return 0, fmt.Errorf("must be at most %d", int64(most))
 	case u == budget.Tokens && v != float64(int64(v)):
 		return 0, errors.New("must be a whole number of tokens (a token limit)")
 	case u == budget.USD:
