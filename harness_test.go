@@ -75,15 +75,24 @@ func (tc *testCaddy) adapt(caddyfile string) []byte {
 func (tc *testCaddy) load(contentType, body string) (int, string) {
 	tc.t.Helper()
 	body = strings.ReplaceAll(body, "{ADMIN}", tc.admin)
-	req, _ := http.NewRequest(http.MethodPost, "http://"+tc.admin+"/load", strings.NewReader(body))
-	req.Header.Set("Content-Type", contentType)
-	// A load that sets "admin" replaces Caddy's admin server, closing its
-	// connections: a kept-alive one reused for the next POST (which the
-	// transport does not retry) would fail with EOF.
-	req.Close = true
-	resp, err := http.DefaultClient.Do(req)
+	post := func() (*http.Response, error) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+tc.admin+"/load", strings.NewReader(body))
+		req.Header.Set("Content-Type", contentType)
+		// A load that sets "admin" replaces Caddy's admin server, closing its
+		// connections: a kept-alive one reused for the next POST (which the
+		// transport does not retry) would fail with EOF.
+		req.Close = true
+		return http.DefaultClient.Do(req)
+	}
+	resp, err := post()
 	if err != nil {
-		tc.t.Fatalf("POST /load: %v", err)
+		// The admin server that took the load can be replaced before it
+		// answers (EOF). Posting the same config again is harmless: Caddy
+		// answers 200 for a config it already runs, or the error again.
+		var retry error
+		if !wait.Poll(5*time.Second, func() bool { resp, retry = post(); return retry == nil }) {
+			tc.t.Fatalf("POST /load: %v, then %v", err, retry)
+		}
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
