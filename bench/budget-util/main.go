@@ -90,15 +90,11 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	dir, cleanup, err := benchkit.Scratch("budget-util", "BUDGET_UTIL_KEEP")
+	dir, bin, cleanup, err := benchkit.Workspace(ctx, "budget-util", "BUDGET_UTIL_KEEP", *caddyBin)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	bin, err := benchkit.Caddy(ctx, *caddyBin, dir)
-	if err != nil {
-		return err
-	}
 	up, upAddr, stopUpstream, err := startUpstream()
 	if err != nil {
 		return err

@@ -81,15 +81,11 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	dir, cleanup, err := benchkit.Scratch("churn", "CHURN_KEEP")
+	dir, bin, cleanup, err := benchkit.Workspace(ctx, "churn", "CHURN_KEEP", *caddyBin)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	bin, err := benchkit.Caddy(ctx, *caddyBin, dir)
-	if err != nil {
-		return err
-	}
 	rs, err := redistest.Launch()
 	if err != nil {
 		return err

@@ -44,6 +44,20 @@ func Scratch(prefix, keep string) (dir string, cleanup func(), err error) {
 	return dir, func() { os.RemoveAll(dir) }, nil
 }
 
+// Workspace is Scratch and Caddy together, as every bench that runs Caddy
+// processes starts: the scratch folder, its cleanup (which removes the
+// folder unless keep is set), and the Caddy to run.
+func Workspace(ctx context.Context, prefix, keep, caddyBin string) (dir, bin string, cleanup func(), err error) {
+	if dir, cleanup, err = Scratch(prefix, keep); err != nil {
+		return "", "", nil, err
+	}
+	if bin, err = Caddy(ctx, caddyBin, dir); err != nil {
+		cleanup()
+		return "", "", nil, err
+	}
+	return dir, bin, cleanup, nil
+}
+
 // Caddy is bin when it is set, else a Caddy built from this checkout's
 // cmd/caddy into dir.
 func Caddy(ctx context.Context, bin, dir string) (string, error) {
