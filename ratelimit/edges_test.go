@@ -90,7 +90,8 @@ func (c edgeCase) run(t *testing.T, store SlotStore, seed uint64) edgeResult {
 		if c.churnEvery > 0 && i*int64(step) >= int64(c.churnAfter) && i > 0 && (i*int64(step))%int64(c.churnEvery) == 0 {
 			for j := c.churnFrom; j < len(live); j++ {
 				if !c.kill {
-					live[j].e.leave(ctx, now)
+					live[j].e.stopped.Store(true) // as Close, on the simulated clock
+					live[j].e.depart(ctx, now, live[j].e.flush(ctx, now))
 				}
 				live[j] = newInstance(now)
 			}
@@ -316,5 +317,52 @@ func TestAStoppedInstanceGivesBackItsReservations(t *testing.T) {
 	a.Close(time.Second) // holding the reservation, unused
 	if !admitOn(b, zb) {
 		t.Fatal("the reservation a held when it stopped still counts: b cannot admit the key in the window")
+	}
+}
+
+// TestAGracefulStopLeavesNothingAside: an instance that stops (Caddy's
+// graceful stop) pushes what it admitted on its floor shares and says so in
+// its record, so the others hold nothing back for it; a killed instance's
+// floor admits are unknown, and its whole floor share stays aside until they
+// have left the window.
+func TestAGracefulStopLeavesNothingAside(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		name := map[bool]string{false: "graceful", true: "kill"}[kill]
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t) // a fleet of its own
+			const events = 100        // 2 instances: floor shares of 40
+			f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
+			ctx := context.Background()
+			now := time.Now().UnixNano()
+			a, b := f.start(now), f.start(now)
+			f.tick(now, true)
+			now = f.floorsTaken(a.e.warmUntil.Load())
+			const onA = 10
+			for range onA {
+				if !allow(a.e, a.z, f.l, name, now).Allowed {
+					t.Fatal("a was denied under its floor share")
+				}
+			}
+			a.live = false
+			if !kill {
+				a.e.stopped.Store(true) // as Close does, on the test's clock
+				a.e.depart(ctx, now, a.e.flush(ctx, now))
+			}
+			admitted := 0
+			for i := range 300 { // 3 s, well within the window
+				now += int64(10 * time.Millisecond)
+				if allow(b.e, b.z, f.l, name, now).Allowed {
+					admitted++
+				}
+				f.tick(now, i%10 == 0)
+			}
+			t.Logf("%s: b admitted %d after a admitted %d, limit %d", name, admitted, onA, events)
+			if admitted+onA > events {
+				t.Fatalf("the fleet admitted %d, limit %d", admitted+onA, events)
+			}
+			if !kill && admitted < events-onA-2 {
+				t.Fatalf("after a stopped gracefully, b admitted %d: want the limit less a's admits (%d), not less a's whole floor share (%d)", admitted, events-onA, events-40)
+			}
+		})
 	}
 }

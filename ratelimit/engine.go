@@ -461,35 +461,46 @@ func (e *Engine) floorIf(near bool, c *Check, now int64) int64 {
 
 // setAside is what a key this instance does not admit on its floor share
 // leaves for the floor admits of others that it cannot see: a floor share for
-// every instance gone while its admits still count (of a hot key: gone before
-// it heard so), and, until every live
-// instance has heard that the key is hot (see heard), one for every live
-// instance holding a floor share that does not sync it. An instance that has heard admits the key on no floor
-// share: it pushed what it had admitted on one and syncs from then on. The
-// caller holds the key's shard lock, s.
+// every gone instance whose admits may be missing from the key's read (see
+// goneUnseen), and, until every live instance has heard that the key is hot
+// (see heard), one for every live instance holding a floor share that does
+// not sync it. An instance that has heard admits the key on no floor share:
+// it pushed what it had admitted on one and syncs from then on. The caller
+// holds the key's shard lock, s.
 func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, now int64) int64 {
 	sh := share(events, z.fleet.widest())
 	if sh == 0 {
 		return 0
 	}
 	m, hot := s.hotAt(h, now)
-	n := z.fleet.dead.Load()
-	if hot {
-		// A gone instance that heartbeated after the key became hot had
-		// pushed what it admitted of it on its floor share.
-		n = 0
-		if seen := z.fleet.deadSeen.Load(); seen != nil {
-			for _, t := range *seen {
-				if t <= m.at+e.interval.Load() {
-					n++
-				}
-			}
-		}
-	}
+	n := e.goneUnseen(z, en, m, hot)
 	if !hot || !e.heard(z, en, m) {
 		n += max(z.fleet.holders.Load()-int64(en.syncing), 0)
 	}
 	return n * sh
+}
+
+// goneUnseen counts the gone instances whose floor admits of a key may be
+// missing from en's last read: all but those that left having pushed them
+// (flushed) an interval or more before that read began, and, of a key hot
+// since m (hot), those that heartbeated after it became hot (they pushed
+// them then).
+func (e *Engine) goneUnseen(z *Zone, en *entry, m hotMark, hot bool) int64 {
+	gone := z.fleet.gone.Load()
+	if gone == nil {
+		return 0
+	}
+	interval := e.interval.Load()
+	var n int64
+	for _, g := range *gone {
+		switch {
+		case g.flushed != 0 && en.readAt > g.flushed+interval:
+		case hot && g.seen > m.at+interval:
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // heard reports whether every live instance holding a floor share has heard

@@ -64,18 +64,38 @@ func (e *Engine) Close(timeout time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	e.leave(ctx, time.Now().UnixNano())
+	flushed := e.flush(ctx, time.Now().UnixNano())
+	// Stamped after the pushes landed: a read that starts later counts them.
+	e.depart(ctx, time.Now().UnixNano(), flushed)
 }
 
-// leave pushes what is pending and tells the fleet this instance is gone.
-func (e *Engine) leave(ctx context.Context, now int64) {
+// flush gives back the reservations this instance holds unused, pushes
+// every admit it has not pushed (those on floor shares included, so that
+// the others need not leave them aside, see goneUnseen) and deregisters
+// the keys it syncs. It reports whether every push reached the store.
+func (e *Engine) flush(ctx context.Context, now int64) bool {
 	e.returnReservations()
-	_ = e.pass(ctx, now, false)
-	if !e.solo && e.members.Load() > 0 {
-		// Leave the fleet now rather than when the heartbeat lapses. Its
-		// record stays for as long as its floor admits count in a window.
-		_, _ = e.store.Heartbeat(ctx, e.membersKey, e.hotKey, Heartbeat{Member: e.member, Now: now / int64(time.Millisecond), Joined: e.joined.Load(), Seen: e.lastHeartbeat.Load(), Keep: e.keep()})
+	e.passMu.Lock()
+	defer e.passMu.Unlock()
+	plans, steps := e.claimStopping(now)
+	return e.sync(ctx, now, plans, steps) == nil
+}
+
+// depart tells the fleet this instance is gone, at now, rather than when its
+// heartbeat lapses; its record stays for as long as its floor admits count
+// in a window. A record whose Seen is its end says that every floor admit
+// was pushed by then (flushed); otherwise Seen is the last heartbeat, before
+// now.
+func (e *Engine) depart(ctx context.Context, now int64, flushed bool) {
+	if e.solo || e.members.Load() == 0 {
+		return
 	}
+	nowMs := now / int64(time.Millisecond)
+	seen := min(e.lastHeartbeat.Load(), nowMs-1)
+	if flushed {
+		seen = nowMs
+	}
+	_, _ = e.store.Heartbeat(ctx, e.membersKey, e.hotKey, Heartbeat{Member: e.member, Now: nowMs, Joined: e.joined.Load(), Seen: seen, Keep: e.keep()})
 }
 
 func (e *Engine) run() {
@@ -252,18 +272,17 @@ func (e *Engine) see(f Fleet, now int64) {
 		z.fleet.others.Store(v.others)
 		z.fleet.holders.Store(v.holders)
 		z.fleet.holdersSeen.Store(v.holdersSeen)
-		z.fleet.dead.Store(v.dead)
-		z.fleet.deadSeen.Store(&v.deadSeen)
+		z.fleet.gone.Store(&v.gone)
 	}
 }
 
 // fleetCount is what the membership's records say of a zone's floor
 // shares (see fleetView, which keeps it).
 type fleetCount struct {
-	claims, known, others, holders, dead int64
-	holdersSeen                          int64 // Unix ns: the earliest last heartbeat of the holders
-	deadSeen                             []int64
-	eligible                             bool // this instance may take its floor share
+	claims, known, others, holders int64
+	holdersSeen                    int64 // Unix ns: the earliest last heartbeat of the holders
+	gone                           []goneRecord
+	eligible                       bool // this instance may take its floor share
 }
 
 // countFleet counts the records for a zone of the window given.
@@ -297,9 +316,14 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			// Gone, having known itself eligible: what it admitted
 			// on its floor share counts until a window after its end.
 			c.claims++
-			c.dead++
 			c.known++
-			c.deadSeen = append(c.deadSeen, r.Seen*int64(time.Millisecond))
+			g := goneRecord{seen: r.Seen * int64(time.Millisecond)}
+			if r.Seen >= r.Until {
+				// It left, saying it had pushed every floor admit then
+				// (see depart).
+				g.flushed = r.Until * int64(time.Millisecond)
+			}
+			c.gone = append(c.gone, g)
 		}
 	}
 	return c
@@ -335,7 +359,7 @@ func (e *Engine) announce(now int64) []HotKey {
 				// be when the others read it: up to two heartbeats on, with
 				// what leaves the window meanwhile, less what the fleet asks.
 				ahead := 2 * float64(e.heartbeatEvery()*int64(time.Millisecond)) / interval
-				room := events - used - z.fleet.dead.Load()*sh + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
+				room := events - used - e.goneUnseen(z, en, hotMark{}, false)*sh + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
 				hot = append(hot, HotKey{Key: z.storeKey(h), Until: until, Room: room})
 			}
 			s.mu.Unlock()
@@ -432,6 +456,12 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 	} else {
 		plans, steps = e.claimActive(now)
 	}
+	return e.sync(ctx, now, plans, steps)
+}
+
+// sync runs the steps of a pass in one round trip and merges their replies.
+// The caller holds passMu.
+func (e *Engine) sync(ctx context.Context, now int64, plans []plan, steps []Step) error {
 	if len(plans) == 0 {
 		return nil
 	}
@@ -454,7 +484,7 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 		return err
 	}
 	e.storeOK()
-	if joined {
+	if joined && !e.stopped.Load() {
 		// Keys started syncing here: say they are hot now rather than at
 		// the next heartbeat, so that the others stop admitting them on
 		// floor shares, and this instance stops leaving those aside, sooner.
@@ -561,6 +591,35 @@ func (e *Engine) claimQueuedKey(k queued, now int64) (plan, Step, bool) {
 	return plan{}, Step{}, false
 }
 
+// claimStopping plans, for an instance that stops, every key with admits
+// it has not pushed, those on its floor share included, every key it is
+// registered for, and every key it gives reservations back for.
+func (e *Engine) claimStopping(now int64) ([]plan, []Step) {
+	var plans []plan
+	var steps []Step
+	for _, z := range *e.zones.Load() {
+		for i := range z.shards {
+			s := &z.shards[i]
+			s.mu.Lock()
+			for h, idx := range s.entries {
+				en, ring := z.arena.at(idx)
+				if en.flags&flagFloor != 0 {
+					en.advance(ring, z.slots.Of(now))
+					if used, _ := en.scan(ring); used == 0 {
+						continue
+					}
+				} else if _, reserved := s.reservations[h]; !reserved && !en.pending() && en.demand == 0 && en.flags&flagSynced == 0 {
+					continue
+				}
+				p, st := e.claim(z, s, h, en, ring, now)
+				plans, steps = append(plans, p), append(steps, st)
+			}
+			s.mu.Unlock()
+		}
+	}
+	return plans, steps
+}
+
 // claim takes the key's unpushed admits and demand into a step. A key on its
 // floor share pushes its admits in the window and registers as synced; a
 // synced key renews its registration, or gives it up when the fleet's count
@@ -604,6 +663,12 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 		}
 	default:
 		register = false
+	}
+	if e.stopped.Load() {
+		// Stopping: push, and register for nothing (a TTL of 0
+		// deregisters).
+		register, p.join, p.leave = false, false, false
+		st.Member, st.Now = e.member, now/int64(time.Millisecond)
 	}
 	if register {
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()

@@ -45,14 +45,11 @@ type fleetView struct {
 	// floorFraction × events / claims.
 	claims atomic.Int64
 	// others counts the live instances other than this one, and holders
-	// those of them that hold a floor share or will by the next heartbeat;
-	// dead counts the gone ones whose floor admits may still be in the
-	// window.
-	others, holders, dead atomic.Int64
-	// deadSeen holds, for each gone instance counted in dead, its last
-	// heartbeat (Unix ns): one that heard a key was hot had pushed what it
-	// admitted of it on its floor share.
-	deadSeen atomic.Pointer[[]int64]
+	// those of them that hold a floor share or will by the next heartbeat.
+	others, holders atomic.Int64
+	// gone are the instances that left or died while their floor admits
+	// may still be in the window (nil: none).
+	gone atomic.Pointer[[]goneRecord]
 	// holdersSeen is the earliest of the live holders' last heartbeats
 	// (Unix ns; MaxInt64 when there are none): a key hot since before it has
 	// been heard hot by every one of them.
@@ -70,6 +67,17 @@ type fleetView struct {
 	// instances that joined a heartbeat lifetime ago or more. No instance
 	// holds a share larger than one cut by known.
 	known atomic.Int64
+}
+
+// goneRecord is what the fleet knows of a gone instance's floor admits.
+type goneRecord struct {
+	// seen is its last heartbeat (Unix ns): one that heard a key was hot
+	// had pushed what it admitted of it on its floor share.
+	seen int64
+	// flushed is when it left having pushed every floor admit it had made
+	// (Unix ns; 0: it died, or its last push failed): a read after it
+	// counts them.
+	flushed int64
 }
 
 // widest is the claims the largest floor share any instance may hold is cut
