@@ -15,10 +15,10 @@
 // its response came back: it happened in between), the slowest response,
 // and the
 // denials; a key offered below its limit in every window should have none
-// but in the window after the first restart (and a heartbeat lifetime):
-// the instances that stop then were founders holding floor shares, and what
-// they admitted on them unseen is left aside until it leaves the window.
-// Those are counted apart.
+// but, with kills, in the window after the first restart (and a heartbeat
+// lifetime): the instances killed then were founders holding floor shares,
+// and what they admitted on them unseen is left aside until it leaves the
+// window (a graceful stop pushes it). Those are counted apart.
 //
 //	go run ./bench/churn [-instances 4] [-restarts 2] [-every 1.5s] [-duration 40s] [-cases graceful,kill]
 //
