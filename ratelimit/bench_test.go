@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
 // BenchmarkAllowExistingKey measures the request path (gate + record) for a
@@ -174,6 +175,54 @@ func BenchmarkPassWithKeysOnTheirFloor(b *testing.B) {
 				if err := e.pass(ctx, now, false); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkGracefulStopWithKeysOnTheirFloor is what a graceful stop costs
+// when many keys hold admits on their floor share: one step each, pushed to
+// a real redis-server in one pipeline (see flush). Each op is one stop.
+func BenchmarkGracefulStopWithKeysOnTheirFloor(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, keys := range []int{10_000, flushFloorKeys} {
+		b.Run(strconv.Itoa(keys), func(b *testing.B) {
+			store := NewRedisStore(srv.Client(b))
+			l := mustLimit(b, 1000, 10*time.Second, 0)
+			flushed := 0
+			for b.Loop() {
+				b.StopTimer()
+				// A fleet of its own each time: a founder, on its floor shares.
+				e := newEngine(b, Options{Store: store, Prefix: "stop" + strconv.Itoa(keys) + "-" + strconv.Itoa(flushed), SyncInterval: 100 * time.Millisecond})
+				z := e.Zone("z", l)
+				z.SetMaxKeys(int64(keys) + 1)
+				e.heartbeat(context.Background(), time.Now().UnixMilli())
+				now := e.warmUntil.Load()
+				e.heartbeat(context.Background(), now/int64(time.Millisecond)) // founders take their floor shares
+				checks := []Check{{Zone: z, Limit: l}}
+				out := make([]Verdict, 1)
+				for i := range keys {
+					checks[0].Key = keyhash.Of("key-" + strconv.Itoa(i))
+					e.Allow(now, checks, out)
+				}
+				onFloor := z.Keys()
+				for i := range z.shards {
+					onFloor -= int64(len(z.shards[i].active))
+				}
+				if n := onFloor; n < int64(keys)*9/10 {
+					b.Fatalf("%d of %d keys on their floor share", n, keys)
+				}
+				b.StartTimer()
+				e.stopped.Store(true)
+				if e.flush(context.Background(), now) {
+					flushed++
+				}
+			}
+			if flushed != b.N {
+				b.Fatalf("%d of %d stops flushed", flushed, b.N)
+			}
+			if n, err := srv.Client(b).DBSize(context.Background()).Result(); err != nil || n < int64(keys) {
+				b.Fatalf("the store holds %d keys (%v): the floor admits of %d were not pushed", n, err, keys)
 			}
 		})
 	}

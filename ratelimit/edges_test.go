@@ -369,3 +369,24 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 		})
 	}
 }
+
+// TestAStopWithTooManyFloorKeysSaysItDidNotFlush: a stop pushes at most
+// flushFloorKeys keys held on floor shares (more would not fit Caddy's
+// shutdown); past that its record must not say it pushed them all.
+func TestAStopWithTooManyFloorKeysSaysItDidNotFlush(t *testing.T) {
+	for _, keys := range []int{100, flushFloorKeys + 1} {
+		f := &floorFleet{t: t, store: NewMemoryStore(), l: mustLimit(t, 1000, 10*time.Second, 0)}
+		a := f.start(time.Now().UnixNano())
+		a.z.SetMaxKeys(int64(keys))
+		now := f.floorsTaken(a.e.warmUntil.Load())
+		for i := range keys {
+			if !allow(a.e, a.z, f.l, "k"+strconv.Itoa(i), now).Allowed {
+				t.Fatal("denied under the floor share")
+			}
+		}
+		a.e.stopped.Store(true)
+		if got, want := a.e.flush(context.Background(), now), keys <= flushFloorKeys; got != want {
+			t.Errorf("%d keys on floor shares: flushed %v, want %v", keys, got, want)
+		}
+	}
+}

@@ -62,9 +62,16 @@ func (e *Engine) Close(timeout time.Duration) {
 	if e.started.Load() {
 		<-e.done
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
+	// The pushes get the time but what the leave needs: a flush too large
+	// for it (many keys on floor shares) fails, and the instance leaves as
+	// it did before (not flushed) rather than staying a member until its
+	// heartbeat lapses.
+	leaveTime := min(probeTimeout, timeout/4)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout-leaveTime)
 	flushed := e.flush(ctx, time.Now().UnixNano())
+	cancel()
+	ctx, cancel = context.WithTimeout(context.Background(), leaveTime)
+	defer cancel()
 	// Stamped after the pushes landed: a read that starts later counts them.
 	e.depart(ctx, time.Now().UnixNano(), flushed)
 }
@@ -77,9 +84,15 @@ func (e *Engine) flush(ctx context.Context, now int64) bool {
 	e.returnReservations()
 	e.passMu.Lock()
 	defer e.passMu.Unlock()
-	plans, steps := e.claimStopping(now)
-	return e.sync(ctx, now, plans, steps) == nil
+	plans, steps, all := e.claimStopping(now)
+	return e.sync(ctx, now, plans, steps) == nil && all
 }
+
+// flushFloorKeys bounds the keys on floor shares a stop pushes: at about
+// 20µs a step, more would not fit the shutdown's time, and the stop
+// pushes only what is not on a floor share, as a killed instance would
+// have (the others leave its floor shares aside).
+const flushFloorKeys = 50_000
 
 // depart tells the fleet this instance is gone, at now, rather than when its
 // heartbeat lapses; its record stays for as long as its floor admits count
@@ -593,10 +606,11 @@ func (e *Engine) claimQueuedKey(k queued, now int64) (plan, Step, bool) {
 
 // claimStopping plans, for an instance that stops, every key with admits
 // it has not pushed, those on its floor share included, every key it is
-// registered for, and every key it gives reservations back for.
-func (e *Engine) claimStopping(now int64) ([]plan, []Step) {
-	var plans []plan
-	var steps []Step
+// registered for, and every key it gives reservations back for; all
+// reports that the floor keys were not too many to push (see
+// flushFloorKeys).
+func (e *Engine) claimStopping(now int64) (plans []plan, steps []Step, all bool) {
+	floorKeys := 0
 	for _, z := range *e.zones.Load() {
 		for i := range z.shards {
 			s := &z.shards[i]
@@ -608,6 +622,9 @@ func (e *Engine) claimStopping(now int64) ([]plan, []Step) {
 					if used, _ := en.scan(ring); used == 0 {
 						continue
 					}
+					if floorKeys++; floorKeys > flushFloorKeys {
+						continue
+					}
 				} else if _, reserved := s.reservations[h]; !reserved && !en.pending() && en.demand == 0 && en.flags&flagSynced == 0 {
 					continue
 				}
@@ -617,7 +634,7 @@ func (e *Engine) claimStopping(now int64) ([]plan, []Step) {
 			s.mu.Unlock()
 		}
 	}
-	return plans, steps
+	return plans, steps, floorKeys <= flushFloorKeys
 }
 
 // claim takes the key's unpushed admits and demand into a step. A key on its

@@ -156,9 +156,25 @@ func (r *RedisStore) load(ctx context.Context) error {
 	return nil
 }
 
-// run sends the steps listed in todo in one pipeline and returns those that
-// failed with NOSCRIPT.
+// run sends the steps listed in todo, in pipelines of at most pipelineSteps,
+// and returns those that failed with NOSCRIPT.
 func (r *RedisStore) run(ctx context.Context, steps []Step, replies []Reply, todo []int) (noScript []int) {
+	for len(todo) > 0 {
+		n := min(len(todo), pipelineSteps)
+		noScript = append(noScript, r.runPipeline(ctx, steps, replies, todo[:n])...)
+		todo = todo[n:]
+	}
+	return noScript
+}
+
+// pipelineSteps bounds one pipeline, so that the store answers it well
+// within the client's read timeout: a graceful stop pushes every key held on
+// a floor share, 100,000 of them in one pipeline outlasted a 500ms timeout.
+const pipelineSteps = 4096
+
+// runPipeline sends the steps listed in todo in one pipeline and returns
+// those that failed with NOSCRIPT.
+func (r *RedisStore) runPipeline(ctx context.Context, steps []Step, replies []Reply, todo []int) (noScript []int) {
 	cmds := make([]*redis.Cmd, len(todo))
 	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
