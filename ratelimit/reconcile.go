@@ -76,10 +76,14 @@ func (e *Engine) Close(timeout time.Duration) {
 	e.depart(ctx, time.Now().UnixNano(), flushed)
 }
 
-// flush gives back the reservations this instance holds unused, pushes
-// every admit it has not pushed (those on floor shares included, so that
-// the others need not leave them aside, see goneUnseen) and deregisters
-// the keys it syncs. It reports whether every push reached the store.
+// flush gives back the reservations this instance holds unused and pushes
+// every admit it has not pushed, those on floor shares included, so that
+// the others need not leave them aside (see goneUnseen). Each key pushed is
+// registered as synced here, as in any pass: until the others hear that
+// this instance left, they count it as syncing the key, which it did, and
+// leave nothing aside for it (a registration deleted now had them leave a
+// whole floor share aside meanwhile). It reports whether every push
+// reached the store.
 func (e *Engine) flush(ctx context.Context, now int64) bool {
 	e.returnReservations()
 	e.passMu.Lock()
@@ -680,12 +684,6 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 		}
 	default:
 		register = false
-	}
-	if e.stopped.Load() {
-		// Stopping: push, and register for nothing (a TTL of 0
-		// deregisters).
-		register, p.join, p.leave = false, false, false
-		st.Member, st.Now = e.member, now/int64(time.Millisecond)
 	}
 	if register {
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
