@@ -183,25 +183,50 @@ const floorFraction = 0.8
 // the key to the store after a request or two anyway.
 const minFloor = 4
 
+// probationFraction is the part of a key's limit an instance that may not
+// take its floor share yet (it joined less than a window ago, see
+// fleetView.eligible) admits on its own count as a probation share:
+// probationFraction × events / claims in any window. It comes out of what
+// the floor shares leave, and the instances that sync a key leave it aside
+// for each instance on probation that does not, as they do a floor share
+// for a holder. So a new instance does not sync every key it sees for a
+// window, and the floor and probation admits of a fleet stay within 90% of
+// a limit, however many join.
+const probationFraction = 0.1
+
 // share is one floor share of events among claims, or 0 when there is none
 // (no claims known yet, or a share too small: a limit below what the fleet
 // can share has no floor, and every instance syncs it).
-func share(events, claims int64) int64 {
+func share(events, claims int64) int64 { return cut(floorFraction, events, claims) }
+
+// probationShare is one probation share of events among claims, or 0 when
+// there is none (see share).
+func probationShare(events, claims int64) int64 {
+	return cut(probationFraction, events, claims)
+}
+
+func cut(fraction float64, events, claims int64) int64 {
 	if claims <= 0 {
 		return 0
 	}
-	if f := int64(floorFraction * float64(events) / float64(claims)); f >= minFloor {
+	if f := int64(fraction * float64(events) / float64(claims)); f >= minFloor {
 		return f
 	}
 	return 0
 }
 
-// floorOf is this instance's floor share of a key of z at now, or 0 when it
-// has none (the near-limit mechanisms are off, it is not eligible yet, or
-// the share is too small).
+// floorOf is this instance's floor share of a key of z at now (its
+// probation share while it may not take a floor share yet), or 0 when it
+// has none (the near-limit mechanisms are off, or the share is too small).
 func (e *Engine) floorOf(z *Zone, events, now int64) int64 {
-	if !e.nearLimit.Load() || !z.fleet.eligible.Load() {
+	if !e.nearLimit.Load() {
 		return 0
+	}
+	if !z.fleet.eligible.Load() {
+		if !z.fleet.probation.Load() {
+			return 0
+		}
+		return probationShare(events, z.fleet.claims.Load())
 	}
 	return share(events, z.fleet.claimsAt(now))
 }
@@ -460,56 +485,79 @@ func (e *Engine) floorIf(near bool, c *Check, now int64) int64 {
 }
 
 // setAside is what a key this instance does not admit on its floor share
-// leaves for the floor admits of others that it cannot see: a floor share for
-// every gone instance whose admits may be missing from the key's read (see
-// goneUnseen), and, until every live instance has heard that the key is hot
-// (see heard), one for every live instance holding a floor share that does
-// not sync it. An instance that has heard admits the key on no floor share:
-// it pushed what it had admitted on one and syncs from then on. The caller
-// holds the key's shard lock, s.
+// leaves for the floor (and probation) admits of others that it cannot see:
+// a share for every gone instance whose admits may be missing from the
+// key's read (see goneAside), and, until every live instance has heard that
+// the key is hot (see heard), one for every live instance that does not
+// sync it (see liveAside). An instance that has heard admits the key on no
+// floor share: it pushed what it had admitted on one and syncs from then
+// on. The caller holds the key's shard lock, s.
 func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, now int64) int64 {
 	sh := share(events, z.fleet.widest())
 	if sh == 0 {
 		return 0
 	}
+	onProbation := probationAside(z, events)
 	m, hot := s.hotAt(h, now)
-	n := e.goneUnseen(z, en, m, hot)
+	aside := e.goneAside(z, en, m, hot, sh, onProbation)
 	if !hot || !e.heard(z, en, m) {
-		n += max(z.fleet.holders.Load()-int64(en.syncing), 0)
+		holders := z.fleet.holders.Load()
+		aside += liveAside(holders, z.fleet.others.Load()-holders, int64(en.syncing), sh, onProbation)
 	}
-	return n * sh
+	return aside
 }
 
-// goneUnseen counts the gone instances whose floor admits of a key may be
-// missing from en's last read: all but those that left having pushed them
-// (flushed) an interval or more before that read began, and, of a key hot
-// since m (hot), those that heartbeated after it became hot (they pushed
-// them then).
-func (e *Engine) goneUnseen(z *Zone, en *entry, m hotMark, hot bool) int64 {
+// probationAside is the probation share a key leaves aside for an instance
+// on probation: cut by the claims as this instance counts them, as the
+// instance on probation cuts its own. Their counts differ for as long as
+// one has not heard of a join the other has (a heartbeat at most); the
+// difference is well within what floor and probation shares leave of a
+// limit.
+func probationAside(z *Zone, events int64) int64 {
+	return probationShare(events, z.fleet.claims.Load())
+}
+
+// liveAside is what a key leaves aside for the live instances that may
+// admit it on their own count: a floor share (sh) for each holder that does
+// not sync it (syncing counts those registered), and a probation share
+// (pr) for each instance on probation, which registers no key.
+func liveAside(holders, onProbation, syncing, sh, pr int64) int64 {
+	return max(holders-syncing, 0)*sh + onProbation*pr
+}
+
+// goneAside is what a key leaves aside for the gone instances whose floor
+// (sh) or probation (pr) admits of it may be missing from en's last read:
+// all but those that left having pushed them (flushed) an interval or more
+// before that read began, and, of a key hot since m (hot), those that
+// heartbeated after it became hot (they pushed them then).
+func (e *Engine) goneAside(z *Zone, en *entry, m hotMark, hot bool, sh, pr int64) int64 {
 	gone := z.fleet.gone.Load()
 	if gone == nil {
 		return 0
 	}
 	interval := e.interval.Load()
-	var n int64
+	var aside int64
 	for _, g := range *gone {
 		switch {
 		case g.flushed != 0 && en.readAt > g.flushed+interval:
 		case hot && g.seen > m.at+interval:
+		case g.probation:
+			aside += pr
 		default:
-			n++
+			aside += sh
 		}
 	}
-	return n
+	return aside
 }
 
-// heard reports whether every live instance holding a floor share has heard
-// that a key became hot (m) and pushed what it admitted of it on the share,
+// heard reports whether every other live instance has heard that a key
+// became hot (m) and pushed what it admitted of it on a floor or probation
+// share,
 // and en's last read saw it: each heartbeated after it (it pushes in the pass
 // that runs its heartbeat), and the read came after the last of those
 // heartbeats, or after one a heartbeat period before.
 func (e *Engine) heard(z *Zone, en *entry, m hotMark) bool {
-	seen := z.fleet.holdersSeen.Load()
+	seen := z.fleet.othersSeen.Load()
 	interval := e.interval.Load()
 	return seen > m.at && (en.readAt > seen+interval/2 || seen > m.at+e.heartbeatEvery()*int64(time.Millisecond)+2*interval)
 }

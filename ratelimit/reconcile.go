@@ -270,6 +270,7 @@ func (e *Engine) see(f Fleet, now int64) {
 		if v.eligible {
 			z.fleet.eligible.Store(true)
 		}
+		z.fleet.probation.Store(v.probation)
 		prev := z.fleet.claims.Load()
 		if refounded && prev > v.claims {
 			// A store that restarted empty forgot the records of those
@@ -288,7 +289,7 @@ func (e *Engine) see(f Fleet, now int64) {
 		z.fleet.claims.Store(v.claims)
 		z.fleet.others.Store(v.others)
 		z.fleet.holders.Store(v.holders)
-		z.fleet.holdersSeen.Store(v.holdersSeen)
+		z.fleet.othersSeen.Store(v.othersSeen)
 		z.fleet.gone.Store(&v.gone)
 	}
 }
@@ -297,14 +298,15 @@ func (e *Engine) see(f Fleet, now int64) {
 // shares (see fleetView, which keeps it).
 type fleetCount struct {
 	claims, known, others, holders int64
-	holdersSeen                    int64 // Unix ns: the earliest last heartbeat of the holders
+	othersSeen                     int64 // Unix ns: the earliest last heartbeat of the others
 	gone                           []goneRecord
 	eligible                       bool // this instance may take its floor share
+	probation                      bool // it may take a probation share meanwhile
 }
 
 // countFleet counts the records for a zone of the window given.
 func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount {
-	c := fleetCount{holdersSeen: math.MaxInt64}
+	c := fleetCount{othersSeen: math.MaxInt64}
 	for _, r := range f.Members {
 		eligibleAt := r.Joined + windowMs + staleMs
 		founder := r.Joined <= f.Founded+staleMs/2
@@ -319,6 +321,9 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 				c.known++
 			}
 			c.eligible = nowMs >= eligibleAt
+			// A fleet's founders take their floor shares together, 2 s
+			// after the founding, and no probation share before.
+			c.probation = !founder && !c.eligible
 		case r.Until > nowMs:
 			c.claims++
 			c.others++
@@ -327,23 +332,31 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			}
 			if nowMs+staleMs >= eligibleAt {
 				c.holders++
-				c.holdersSeen = min(c.holdersSeen, r.Seen*int64(time.Millisecond))
 			}
+			c.othersSeen = min(c.othersSeen, r.Seen*int64(time.Millisecond))
 		case r.Seen >= eligibleAt && nowMs < r.Until+windowMs:
 			// Gone, having known itself eligible: what it admitted
 			// on its floor share counts until a window after its end.
 			c.claims++
 			c.known++
-			g := goneRecord{seen: r.Seen * int64(time.Millisecond)}
-			if r.Seen >= r.Until {
-				// It left, saying it had pushed every floor admit then
-				// (see depart).
-				g.flushed = r.Until * int64(time.Millisecond)
-			}
-			c.gone = append(c.gone, g)
+			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r)})
+		case !founder && nowMs < r.Until+windowMs:
+			// Gone on probation: what it admitted on probation shares
+			// counts until a window after its end. It holds no claim.
+			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r), probation: true})
 		}
 	}
 	return c
+}
+
+// flushedAt is when a gone instance left having pushed every floor admit it
+// had made, as its record says (its Seen is its end, see depart), in Unix
+// ns; 0 if it did not.
+func flushedAt(r MemberRecord) int64 {
+	if r.Seen >= r.Until {
+		return r.Until * int64(time.Millisecond)
+	}
+	return 0
 }
 
 // announce lists the keys this instance syncs because they are busy here:
@@ -376,7 +389,7 @@ func (e *Engine) announce(now int64) []HotKey {
 				// be when the others read it: up to two heartbeats on, with
 				// what leaves the window meanwhile, less what the fleet asks.
 				ahead := 2 * float64(e.heartbeatEvery()*int64(time.Millisecond)) / interval
-				room := events - used - e.goneUnseen(z, en, hotMark{}, false)*sh + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
+				room := events - used - e.goneAside(z, en, hotMark{}, false, sh, probationAside(z, events)) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
 				hot = append(hot, HotKey{Key: z.storeKey(h), Until: until, Room: room})
 			}
 			s.mu.Unlock()
@@ -563,7 +576,10 @@ func (e *Engine) mayGoOnFloor(z *Zone, s *shard, h keyhash.Hash, used, now int64
 	if _, hot := s.hotAt(h, now); hot || floor == 0 {
 		return false
 	}
-	return used+z.fleet.claimsAt(now)*floor <= events
+	// Every other claim at a floor share, this one at its own (a
+	// probation share is smaller).
+	claims := z.fleet.claimsAt(now)
+	return used+(claims-1)*share(events, claims)+floor <= events
 }
 
 // busy reports whether the fleet's count of a key, as last read, is a
@@ -685,7 +701,9 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	default:
 		register = false
 	}
-	if register {
+	if register && z.fleet.eligible.Load() {
+		// (An instance on probation registers no key: the others leave
+		// its probation share aside in every key, see liveAside.)
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 	}
 	if mv, ok := s.claimMoved(h); ok {

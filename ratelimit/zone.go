@@ -45,20 +45,24 @@ type fleetView struct {
 	// floorFraction × events / claims.
 	claims atomic.Int64
 	// others counts the live instances other than this one, and holders
-	// those of them that hold a floor share or will by the next heartbeat.
+	// those of them that hold a floor share or will by the next heartbeat;
+	// the rest are on probation (see probationShare).
 	others, holders atomic.Int64
 	// gone are the instances that left or died while their floor admits
 	// may still be in the window (nil: none).
 	gone atomic.Pointer[[]goneRecord]
-	// holdersSeen is the earliest of the live holders' last heartbeats
-	// (Unix ns; MaxInt64 when there are none): a key hot since before it has
-	// been heard hot by every one of them.
-	holdersSeen atomic.Int64
+	// othersSeen is the earliest of the other live instances' last
+	// heartbeats (Unix ns; MaxInt64 when there are none): a key hot since
+	// before it has been heard hot by every one of them.
+	othersSeen atomic.Int64
 	// eligible: this instance may admit on a floor share. A new instance
 	// becomes eligible once the larger shares the others held before it
 	// joined have left the window (see Engine.see); an instance stays
 	// eligible for its life.
 	eligible atomic.Bool
+	// probation: this instance, not a founder of the fleet, is not eligible
+	// yet and may admit on probation shares (see probationShare).
+	probation atomic.Bool
 	// Until graceUntil (Unix ns), this instance's own share is cut as if
 	// there were graceClaims claims: the larger share before a join, which
 	// it may go on spending until the one who joined takes a share.
@@ -78,6 +82,9 @@ type goneRecord struct {
 	// (Unix ns; 0: it died, or its last push failed): a read after it
 	// counts them.
 	flushed int64
+	// probation: it was gone before it could take a floor share; it may
+	// have held probation shares.
+	probation bool
 }
 
 // widest is the claims the largest floor share any instance may hold is cut
