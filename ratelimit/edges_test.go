@@ -158,12 +158,18 @@ func pickSkewed(rng *rand.Rand, live []*edgeInstance) *edgeInstance {
 func TestTheFleetHoldsAtItsEdges(t *testing.T) {
 	// Keys 0 and 1 at 4x and 1.5x the limit, 2 and 3 at 90% and 50%.
 	rates := []float64{40, 15, 9, 5}
+	// At a limit of 1000: 1.5x, 90%, 50% and 5% (one request a step at most).
+	rates1000 := []float64{150, 90, 50, 5}
 	cases := []edgeCase{
 		{name: "churn graceful", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond},
 		{name: "churn kill", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true},
 		{name: "churn kill after founding", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true, churnAfter: 4500 * time.Millisecond},
 		{name: "churn graceful after founding", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, churnAfter: 4500 * time.Millisecond},
 		{name: "join 2 to 4", instances: 2, events: 100, rates: rates, seconds: 40, pick: pickAny, joinAt: 15 * time.Second, joinN: 2},
+		// A limit of 1000: new instances hold probation shares.
+		{name: "churn kill 1000", instances: 4, events: 1000, rates: rates1000, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true, churnAfter: 4500 * time.Millisecond},
+		{name: "churn graceful 1000", instances: 4, events: 1000, rates: rates1000, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, churnAfter: 4500 * time.Millisecond},
+		{name: "join 2 to 4, 1000", instances: 2, events: 1000, rates: rates1000, seconds: 40, pick: pickAny, joinAt: 15 * time.Second, joinN: 2},
 		{name: "skew 8 instances", instances: 8, events: 100, rates: rates, seconds: 40, pick: pickSkewed},
 	}
 	srv := redistest.Start(t)

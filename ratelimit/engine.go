@@ -183,24 +183,28 @@ const floorFraction = 0.8
 // the key to the store after a request or two anyway.
 const minFloor = 4
 
-// probationFraction is the part of a key's limit an instance that may not
-// take its floor share yet (it joined less than a window ago, see
-// fleetView.eligible) admits on its own count as a probation share:
-// probationFraction × events / claims in any window. It comes out of what
-// the floor shares leave, and the instances that sync a key leave it aside
-// for each instance on probation that does not, as they do a floor share
-// for a holder. So a new instance does not sync every key it sees for a
-// window, and the floor and probation admits of a fleet stay within 90% of
-// a limit, however many join.
-const probationFraction = 0.1
+// probationFraction is the part of a key's limit the instances that may
+// not take their floor share yet (they joined less than a window ago, see
+// fleetView.eligible) share as probation shares, each admitting
+// probationFraction × events / probation claims in any window on its own
+// count. Probation claims are held as floor claims are: by the instances on
+// probation, and for a window by those gone on probation, so that
+// probation admits stay within 5% of a limit however many instances join
+// or restart (a fleet whose instances keep restarting has so many claims
+// that the shares come to none, and its new instances sync what they see).
+// It comes out of what the floor shares leave, and the instances that sync
+// a key leave a probation share aside for each claim, as they do a floor
+// share for a holder. So a new instance does not sync every key it sees for
+// a window.
+const probationFraction = 0.05
 
 // share is one floor share of events among claims, or 0 when there is none
 // (no claims known yet, or a share too small: a limit below what the fleet
 // can share has no floor, and every instance syncs it).
 func share(events, claims int64) int64 { return cut(floorFraction, events, claims) }
 
-// probationShare is one probation share of events among claims, or 0 when
-// there is none (see share).
+// probationShare is one probation share of events among probation claims,
+// or 0 when there is none (see share).
 func probationShare(events, claims int64) int64 {
 	return cut(probationFraction, events, claims)
 }
@@ -226,7 +230,7 @@ func (e *Engine) floorOf(z *Zone, events, now int64) int64 {
 		if !z.fleet.probation.Load() {
 			return 0
 		}
-		return probationShare(events, z.fleet.claims.Load())
+		return probationShare(events, z.fleet.probationClaims.Load())
 	}
 	return share(events, z.fleet.claimsAt(now))
 }
@@ -507,14 +511,14 @@ func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, 
 	return aside
 }
 
-// probationAside is the probation share a key leaves aside for an instance
-// on probation: cut by the claims as this instance counts them, as the
-// instance on probation cuts its own. Their counts differ for as long as
-// one has not heard of a join the other has (a heartbeat at most); the
-// difference is well within what floor and probation shares leave of a
-// limit.
+// probationAside is the probation share a key leaves aside for each
+// probation claim, cut as the instances on probation cut theirs. Their
+// counts differ for as long as one has not heard of a join the other has (a
+// heartbeat at most); what is left aside in all stays 5% of the limit, and
+// the difference in what they admit is well within what floor and
+// probation shares leave of it.
 func probationAside(z *Zone, events int64) int64 {
-	return probationShare(events, z.fleet.claims.Load())
+	return probationShare(events, z.fleet.probationClaims.Load())
 }
 
 // liveAside is what a key leaves aside for the live instances that may

@@ -252,3 +252,73 @@ func TestARegistrationOfAKilledInstanceLapses(t *testing.T) {
 		t.Fatal("a's pushed admits are gone with its registration; they must stay")
 	}
 }
+
+// TestAJoiningInstanceKeepsColdKeysOffTheStore: an instance that joins a
+// fleet whose founders hold their floor shares may take none for a window,
+// but it admits keys far below their limit on a probation share (5% ×
+// events / probation claims), so they never reach the store either; before, it synced
+// every key it saw for that window (6 Redis commands a request while a
+// fleet grew from 2 to 4, bench/fleet). The founders leave its probation
+// share aside in a key they sync.
+func TestAJoiningInstanceKeepsColdKeysOffTheStore(t *testing.T) {
+	store := NewMemoryStore()
+	f := &floorFleet{t: t, store: store, l: mustLimit(t, 1000, 10*time.Second, 0)}
+	a, b := f.join(), f.join()
+	now := time.Now().UnixNano()
+	f.tick(now, true)
+	f.tick(now, true)
+	now = f.floorsTaken(a.e.warmUntil.Load())
+	// A third instance joins 3 s after the founding: no floor share for a
+	// window, a probation share of 50 (0.05 × 1000, the only one on
+	// probation).
+	now += int64(3 * time.Second)
+	c := f.start(now)
+	f.tick(now, true)
+	if got := c.e.floorOf(c.z, 1000, now); got != 50 {
+		t.Fatalf("the joining instance's share: %d, want a probation share of 50", got)
+	}
+	for warm := c.e.warmUntil.Load(); now < warm; { // past the time a joining instance syncs busy keys early
+		now += int64(100 * time.Millisecond)
+		f.tick(now, true)
+	}
+	for round := range 100 { // 1 s
+		now += int64(10 * time.Millisecond)
+		for _, in := range f.insts {
+			for k := range 20 {
+				if round%5 == 0 && !allow(in.e, in.z, f.l, "cold"+strconv.Itoa(k), now).Allowed {
+					t.Fatalf("round %d: a key far below its limit was denied", round)
+				}
+			}
+		}
+		f.tick(now, round%10 == 0)
+	}
+	store.mu.Lock()
+	n := len(store.keys)
+	store.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("the store holds %d keys for keys far below their limit, want none", n)
+	}
+	if got := a.e.floorOf(a.z, 1000, now); got != 266 {
+		t.Fatalf("a founder's share: %d, want 266 (0.8 × 1000 / 3)", got)
+	}
+	// A key b syncs leaves c's probation share aside while c may hold it
+	// unseen: b's read of it is the limit less a's floor share and c's
+	// probation share.
+	en := &entry{readAt: now}
+	sh, pr := share(1000, 3), probationShare(1000, 1)
+	if got := b.e.setAside(b.z, b.z.shardOf(keyhash.Of("k")), keyhash.Of("k"), en, 1000, now); got != sh+pr {
+		t.Fatalf("b leaves %d aside, want a's floor share and c's probation share (%d)", got, sh+pr)
+	}
+	// c is killed: once its record lapses, what it admitted on probation
+	// shares stays aside until it has left the window.
+	c.live = false
+	for range 30 {
+		now += int64(100 * time.Millisecond)
+		f.tick(now, true)
+	}
+	en.readAt = now
+	sh = share(1000, 2)
+	if got := b.e.setAside(b.z, b.z.shardOf(keyhash.Of("k")), keyhash.Of("k"), en, 1000, now); got != sh+pr {
+		t.Fatalf("after c was killed, b leaves %d aside, want a's floor share and c's probation share (%d)", got, sh+pr)
+	}
+}

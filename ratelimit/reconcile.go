@@ -271,6 +271,7 @@ func (e *Engine) see(f Fleet, now int64) {
 			z.fleet.eligible.Store(true)
 		}
 		z.fleet.probation.Store(v.probation)
+		z.fleet.probationClaims.Store(v.probationClaims)
 		prev := z.fleet.claims.Load()
 		if refounded && prev > v.claims {
 			// A store that restarted empty forgot the records of those
@@ -302,6 +303,7 @@ type fleetCount struct {
 	gone                           []goneRecord
 	eligible                       bool // this instance may take its floor share
 	probation                      bool // it may take a probation share meanwhile
+	probationClaims                int64
 }
 
 // countFleet counts the records for a zone of the window given.
@@ -324,6 +326,9 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			// A fleet's founders take their floor shares together, 2 s
 			// after the founding, and no probation share before.
 			c.probation = !founder && !c.eligible
+			if c.probation {
+				c.probationClaims++
+			}
 		case r.Until > nowMs:
 			c.claims++
 			c.others++
@@ -332,6 +337,8 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			}
 			if nowMs+staleMs >= eligibleAt {
 				c.holders++
+			} else {
+				c.probationClaims++
 			}
 			c.othersSeen = min(c.othersSeen, r.Seen*int64(time.Millisecond))
 		case r.Seen >= eligibleAt && nowMs < r.Until+windowMs:
@@ -343,6 +350,7 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 		case !founder && nowMs < r.Until+windowMs:
 			// Gone on probation: what it admitted on probation shares
 			// counts until a window after its end. It holds no claim.
+			c.probationClaims++
 			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r), probation: true})
 		}
 	}

@@ -61,8 +61,11 @@ type fleetView struct {
 	// eligible for its life.
 	eligible atomic.Bool
 	// probation: this instance, not a founder of the fleet, is not eligible
-	// yet and may admit on probation shares (see probationShare).
-	probation atomic.Bool
+	// yet and may admit on probation shares (see probationShare), cut by
+	// probationClaims: the instances on probation, and those gone on
+	// probation while their admits may still be in the window.
+	probation       atomic.Bool
+	probationClaims atomic.Int64
 	// Until graceUntil (Unix ns), this instance's own share is cut as if
 	// there were graceClaims claims: the larger share before a join, which
 	// it may go on spending until the one who joined takes a share.
