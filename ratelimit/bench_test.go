@@ -143,29 +143,43 @@ func TestAllowExistingKeyDoesNotAllocate(t *testing.T) {
 	}
 }
 
+// founderWithKeysOnTheirFloor is a fleet's founder on store (a fleet of
+// its own: prefix) that has admitted one request of each of keys keys of a
+// zone of 1000 per 10 s, on their floor share, at now.
+func founderWithKeysOnTheirFloor(b *testing.B, store SlotStore, prefix string, keys int) (e *Engine, z *Zone, l *Limit, now int64) {
+	e = newEngine(b, Options{Store: store, Prefix: prefix, SyncInterval: 100 * time.Millisecond})
+	l = mustLimit(b, 1000, 10*time.Second, 0)
+	z = e.Zone("z", l)
+	z.SetMaxKeys(int64(keys) + 1)
+	e.heartbeat(context.Background(), time.Now().UnixMilli())
+	now = e.warmUntil.Load()
+	e.heartbeat(context.Background(), now/int64(time.Millisecond)) // founders take their floor shares
+	checks := []Check{{Zone: z, Limit: l}}
+	out := make([]Verdict, 1)
+	for i := range keys {
+		checks[0].Key = keyhash.Of("key-" + strconv.Itoa(i))
+		e.Allow(now, checks, out)
+	}
+	onFloor := z.Keys()
+	for i := range z.shards {
+		onFloor -= int64(len(z.shards[i].active))
+	}
+	if onFloor < int64(keys)*9/10 {
+		b.Fatalf("%d of %d keys on their floor share", onFloor, keys)
+	}
+	return e, z, l, now
+}
+
 // BenchmarkPassWithKeysOnTheirFloor is one full reconcile pass of a fleet
 // instance tracking 100k or 1M keys on their floor share, plus one synced
 // key: the pass visits only the synced one.
 func BenchmarkPassWithKeysOnTheirFloor(b *testing.B) {
 	for _, keys := range []int{100_000, 1_000_000} {
 		b.Run(strconv.Itoa(keys), func(b *testing.B) {
-			store := NewMemoryStore()
-			e := newEngine(b, Options{Store: store, Prefix: "bench", SyncInterval: 100 * time.Millisecond})
-			l := mustLimit(b, 1000, 10*time.Second, 0)
-			z := e.Zone("z", l)
-			z.SetMaxKeys(int64(keys) + 1)
-			now := time.Now().UnixNano()
-			e.heartbeat(context.Background(), now/int64(time.Millisecond))
-			now = e.warmUntil.Load()
-			e.heartbeat(context.Background(), now/int64(time.Millisecond)) // founders take their floor shares
-			checks := []Check{{Zone: z, Limit: l}}
+			e, z, l, now := founderWithKeysOnTheirFloor(b, NewMemoryStore(), "bench", keys)
+			checks := []Check{{Zone: z, Limit: l, Key: keyhash.Of("hot")}}
 			out := make([]Verdict, 1)
-			for i := range keys {
-				checks[0].Key = keyhash.Of("key-" + strconv.Itoa(i))
-				e.Allow(now, checks, out)
-			}
 			for range 700 { // past three quarters of its floor share (800): it syncs
-				checks[0].Key = keyhash.Of("hot")
 				e.Allow(now, checks, out)
 			}
 			ctx := context.Background()
@@ -182,36 +196,16 @@ func BenchmarkPassWithKeysOnTheirFloor(b *testing.B) {
 
 // BenchmarkGracefulStopWithKeysOnTheirFloor is what a graceful stop costs
 // when many keys hold admits on their floor share: one step each, pushed to
-// a real redis-server in one pipeline (see flush). Each op is one stop.
+// a real redis-server in pipelines (see flush). Each op is one stop.
 func BenchmarkGracefulStopWithKeysOnTheirFloor(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, keys := range []int{10_000, flushFloorKeys} {
 		b.Run(strconv.Itoa(keys), func(b *testing.B) {
 			store := NewRedisStore(srv.Client(b))
-			l := mustLimit(b, 1000, 10*time.Second, 0)
 			flushed := 0
 			for b.Loop() {
 				b.StopTimer()
-				// A fleet of its own each time: a founder, on its floor shares.
-				e := newEngine(b, Options{Store: store, Prefix: "stop" + strconv.Itoa(keys) + "-" + strconv.Itoa(flushed), SyncInterval: 100 * time.Millisecond})
-				z := e.Zone("z", l)
-				z.SetMaxKeys(int64(keys) + 1)
-				e.heartbeat(context.Background(), time.Now().UnixMilli())
-				now := e.warmUntil.Load()
-				e.heartbeat(context.Background(), now/int64(time.Millisecond)) // founders take their floor shares
-				checks := []Check{{Zone: z, Limit: l}}
-				out := make([]Verdict, 1)
-				for i := range keys {
-					checks[0].Key = keyhash.Of("key-" + strconv.Itoa(i))
-					e.Allow(now, checks, out)
-				}
-				onFloor := z.Keys()
-				for i := range z.shards {
-					onFloor -= int64(len(z.shards[i].active))
-				}
-				if n := onFloor; n < int64(keys)*9/10 {
-					b.Fatalf("%d of %d keys on their floor share", n, keys)
-				}
+				e, _, _, now := founderWithKeysOnTheirFloor(b, store, "stop"+strconv.Itoa(keys)+"-"+strconv.Itoa(flushed), keys)
 				b.StartTimer()
 				e.stopped.Store(true)
 				if e.flush(context.Background(), now) {
