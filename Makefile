@@ -24,8 +24,13 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
 
+# One package at a time (-p 1): the budget's ceiling suite holds only while
+# the upstream sees a cut within its margin (two events), and a fake upstream
+# that streams an event every 2 ms on a machine shared with another
+# package's race-detector tests outran it (CI, 2026-12-03: billed 3,103 of a
+# counter of 2,999).
 unit:
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -p 1 ./...
 
 # The stream meter and the JSON usage readers take bytes from upstreams (and
 # must read what the encoding/json readers they replaced read: the
