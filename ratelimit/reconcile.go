@@ -78,7 +78,7 @@ func (e *Engine) Close(timeout time.Duration) {
 
 // flush gives back the reservations this instance holds unused and pushes
 // every admit it has not pushed, those on floor shares included, so that
-// the others need not leave them aside (see goneUnseen). Each key pushed is
+// the others need not leave them aside (see goneAside). Each key pushed is
 // registered as synced here, as in any pass: until the others hear that
 // this instance left, they count it as syncing the key, which it did, and
 // leave nothing aside for it (a registration deleted now had them leave a
