@@ -183,31 +183,10 @@ const floorFraction = 0.8
 // the key to the store after a request or two anyway.
 const minFloor = 4
 
-// probationFraction is the part of a key's limit the instances that may
-// not take their floor share yet (they joined less than a window ago, see
-// fleetView.eligible) share as probation shares, each admitting
-// probationFraction × events / probation claims in any window on its own
-// count. Probation claims are held as floor claims are: by the instances on
-// probation, and for a window by those gone on probation, so that
-// probation admits stay within 5% of a limit however many instances join
-// or restart (a fleet whose instances keep restarting has so many claims
-// that the shares come to none, and its new instances sync what they see).
-// It comes out of what the floor shares leave, and the instances that sync
-// a key leave a probation share aside for each claim, as they do a floor
-// share for a holder. So a new instance does not sync every key it sees for
-// a window.
-const probationFraction = 0.05
-
 // share is one floor share of events among claims, or 0 when there is none
 // (no claims known yet, or a share too small: a limit below what the fleet
 // can share has no floor, and every instance syncs it).
 func share(events, claims int64) int64 { return cut(floorFraction, events, claims) }
-
-// probationShare is one probation share of events among probation claims,
-// or 0 when there is none (see share).
-func probationShare(events, claims int64) int64 {
-	return cut(probationFraction, events, claims)
-}
 
 func cut(fraction float64, events, claims int64) int64 {
 	if claims <= 0 {
@@ -492,49 +471,31 @@ func (e *Engine) floorIf(near bool, c *Check, now int64) int64 {
 // leaves for the floor (and probation) admits of others that it cannot see:
 // a share for every gone instance whose admits may be missing from the
 // key's read (see goneAside), and, until every live instance has heard that
-// the key is hot (see heard), one for every live instance that does not
-// sync it (see liveAside). An instance that has heard admits the key on no
-// floor share: it pushed what it had admitted on one and syncs from then
-// on. The caller holds the key's shard lock, s.
+// the key is hot (see heard), a floor share for every holder that does not
+// sync it (syncing counts those registered) and what every instance on
+// probation may hold (they register no key, see probationAside). An
+// instance that has heard admits the key on no floor share: it pushed what
+// it had admitted on one and syncs from then on. The caller holds the key's
+// shard lock, s.
 func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, now int64) int64 {
 	sh := share(events, z.fleet.widest())
 	if sh == 0 {
 		return 0
 	}
-	onProbation := probationAside(z, events)
 	m, hot := s.hotAt(h, now)
-	aside := e.goneAside(z, en, m, hot, sh, onProbation)
+	aside := e.goneAside(z, en, m, hot, sh, events)
 	if !hot || !e.heard(z, en, m) {
-		holders := z.fleet.holders.Load()
-		aside += liveAside(holders, z.fleet.others.Load()-holders, int64(en.syncing), sh, onProbation)
+		aside += max(z.fleet.holders.Load()-int64(en.syncing), 0)*sh + probationAside(z, events)
 	}
 	return aside
 }
 
-// probationAside is the probation share a key leaves aside for each
-// probation claim, cut as the instances on probation cut theirs. Their
-// counts differ for as long as one has not heard of a join the other has (a
-// heartbeat at most); what is left aside in all stays 5% of the limit, and
-// the difference in what they admit is well within what floor and
-// probation shares leave of it.
-func probationAside(z *Zone, events int64) int64 {
-	return probationShare(events, z.fleet.probationClaims.Load())
-}
-
-// liveAside is what a key leaves aside for the live instances that may
-// admit it on their own count: a floor share (sh) for each holder that does
-// not sync it (syncing counts those registered), and a probation share
-// (pr) for each instance on probation, which registers no key.
-func liveAside(holders, onProbation, syncing, sh, pr int64) int64 {
-	return max(holders-syncing, 0)*sh + onProbation*pr
-}
-
-// goneAside is what a key leaves aside for the gone instances whose floor
-// (sh) or probation (pr) admits of it may be missing from en's last read:
-// all but those that left having pushed them (flushed) an interval or more
-// before that read began, and, of a key hot since m (hot), those that
+// goneAside is what a key of events leaves aside for the gone instances
+// whose floor (sh) or probation admits of it may be missing from en's last
+// read: all but those that left having pushed them (flushed) an interval or
+// more before that read began, and, of a key hot since m (hot), those that
 // heartbeated after it became hot (they pushed them then).
-func (e *Engine) goneAside(z *Zone, en *entry, m hotMark, hot bool, sh, pr int64) int64 {
+func (e *Engine) goneAside(z *Zone, en *entry, m hotMark, hot bool, sh, events int64) int64 {
 	gone := z.fleet.gone.Load()
 	if gone == nil {
 		return 0
@@ -545,8 +506,8 @@ func (e *Engine) goneAside(z *Zone, en *entry, m hotMark, hot bool, sh, pr int64
 		switch {
 		case g.flushed != 0 && en.readAt > g.flushed+interval:
 		case hot && g.seen > m.at+interval:
-		case g.probation:
-			aside += pr
+		case g.fewest > 0:
+			aside += probationShare(events, g.fewest)
 		default:
 			aside += sh
 		}

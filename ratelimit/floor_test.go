@@ -269,17 +269,20 @@ func TestAJoiningInstanceKeepsColdKeysOffTheStore(t *testing.T) {
 	f.tick(now, true)
 	now = f.floorsTaken(a.e.warmUntil.Load())
 	// A third instance joins 3 s after the founding: no floor share for a
-	// window, a probation share of 50 (0.05 × 1000, the only one on
-	// probation).
+	// window; half a heartbeat lifetime later, a probation share of 50
+	// (0.05 × 1000, the only one on probation).
 	now += int64(3 * time.Second)
 	c := f.start(now)
 	f.tick(now, true)
-	if got := c.e.floorOf(c.z, 1000, now); got != 50 {
-		t.Fatalf("the joining instance's share: %d, want a probation share of 50", got)
+	if got := c.e.floorOf(c.z, 1000, now); got != 0 {
+		t.Fatalf("the joining instance's share: %d, want none before every instance counted it", got)
 	}
 	for warm := c.e.warmUntil.Load(); now < warm; { // past the time a joining instance syncs busy keys early
 		now += int64(100 * time.Millisecond)
 		f.tick(now, true)
+	}
+	if got := c.e.floorOf(c.z, 1000, now); got != 50 {
+		t.Fatalf("the joining instance's share: %d, want a probation share of 50", got)
 	}
 	for round := range 100 { // 1 s
 		now += int64(10 * time.Millisecond)
@@ -320,5 +323,46 @@ func TestAJoiningInstanceKeepsColdKeysOffTheStore(t *testing.T) {
 	sh = share(1000, 2)
 	if got := b.e.setAside(b.z, b.z.shardOf(keyhash.Of("k")), keyhash.Of("k"), en, 1000, now); got != sh+pr {
 		t.Fatalf("after c was killed, b leaves %d aside, want a's floor share and c's probation share (%d)", got, sh+pr)
+	}
+}
+
+// TestAProbationShareIsLeftAsideAtItsLargest: probation shares shrink as
+// more instances join, but what an instance admitted on its larger share
+// stays in the window: the others leave aside, for each instance on
+// probation, the share cut by the fewest claims of its term.
+func TestAProbationShareIsLeftAsideAtItsLargest(t *testing.T) {
+	f := &floorFleet{t: t, store: NewMemoryStore(), l: mustLimit(t, 1000, 10*time.Second, 0)}
+	a, b := f.join(), f.join()
+	now := time.Now().UnixNano()
+	f.tick(now, true)
+	f.tick(now, true)
+	now = f.floorsTaken(a.e.warmUntil.Load())
+	tickFor := func(d time.Duration) {
+		for end := now + int64(d); now < end; {
+			now += int64(100 * time.Millisecond)
+			f.tick(now, true)
+		}
+	}
+	now += int64(3 * time.Second)
+	c := f.start(now)
+	tickFor(2 * time.Second)
+	if got := c.e.floorOf(c.z, 1000, now); got != 50 {
+		t.Fatalf("c alone on probation: share %d, want 50", got)
+	}
+	for i := range 50 {
+		if !allow(c.e, c.z, f.l, "k", now).Allowed {
+			t.Fatalf("c was denied its %dth request under its probation share", i+1)
+		}
+	}
+	f.start(now)
+	f.start(now)
+	tickFor(2 * time.Second)
+	if got := c.e.floorOf(c.z, 1000, now); got != 16 {
+		t.Fatalf("c among 3 on probation: share %d, want 16", got)
+	}
+	// c's 50 admits are still in the window: b leaves aside 50 for c and
+	// 16 for each of the others, not 16 for each.
+	if got, want := probationAside(b.z, 1000), probationShare(1000, 1)+2*probationShare(1000, 3); got != want {
+		t.Fatalf("b leaves %d aside for those on probation, want %d", got, want)
 	}
 }

@@ -272,6 +272,7 @@ func (e *Engine) see(f Fleet, now int64) {
 		}
 		z.fleet.probation.Store(v.probation)
 		z.fleet.probationClaims.Store(v.probationClaims)
+		z.fleet.probationFewest.Store(&v.probationFewest)
 		prev := z.fleet.claims.Load()
 		if refounded && prev > v.claims {
 			// A store that restarted empty forgot the records of those
@@ -301,20 +302,24 @@ type fleetCount struct {
 	claims, known, others, holders int64
 	othersSeen                     int64 // Unix ns: the earliest last heartbeat of the others
 	gone                           []goneRecord
-	eligible                       bool // this instance may take its floor share
-	probation                      bool // it may take a probation share meanwhile
-	probationClaims                int64
+	eligible                       bool  // this instance may take its floor share
+	probation                      bool  // it may take a probation share meanwhile
+	probationClaims                int64 // the probation claims now (see probationTerm)
+	probationFewest                []int64
 }
 
 // countFleet counts the records for a zone of the window given.
 func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount {
 	c := fleetCount{othersSeen: math.MaxInt64}
-	for _, r := range f.Members {
+	terms := make([]probationTerm, len(f.Members))
+	onProbation := make([]bool, len(f.Members))
+	for i, r := range f.Members {
 		eligibleAt := r.Joined + windowMs + staleMs
 		founder := r.Joined <= f.Founded+staleMs/2
 		if founder {
 			eligibleAt = f.Founded + staleMs
 		}
+		terms[i], onProbation[i] = probationTermOf(r, founder, eligibleAt, windowMs, staleMs)
 		knownToAll := r.Joined <= nowMs-staleMs || founder && nowMs >= eligibleAt
 		switch {
 		case r.Member == e.member:
@@ -324,11 +329,9 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			}
 			c.eligible = nowMs >= eligibleAt
 			// A fleet's founders take their floor shares together, 2 s
-			// after the founding, and no probation share before.
-			c.probation = !founder && !c.eligible
-			if c.probation {
-				c.probationClaims++
-			}
+			// after the founding, and no probation share before; a new
+			// instance takes its probation share once its term started.
+			c.probation = onProbation[i] && !c.eligible && nowMs >= terms[i].from
 		case r.Until > nowMs:
 			c.claims++
 			c.others++
@@ -337,8 +340,7 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			}
 			if nowMs+staleMs >= eligibleAt {
 				c.holders++
-			} else {
-				c.probationClaims++
+				onProbation[i] = false // left aside a floor share
 			}
 			c.othersSeen = min(c.othersSeen, r.Seen*int64(time.Millisecond))
 		case r.Seen >= eligibleAt && nowMs < r.Until+windowMs:
@@ -347,11 +349,23 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			c.claims++
 			c.known++
 			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r)})
-		case !founder && nowMs < r.Until+windowMs:
-			// Gone on probation: what it admitted on probation shares
-			// counts until a window after its end. It holds no claim.
-			c.probationClaims++
-			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r), probation: true})
+			onProbation[i] = false
+		}
+	}
+	c.probationClaims = claimsAt(terms, nowMs)
+	for i, r := range f.Members {
+		t := terms[i]
+		// Those that may hold a share: whose term has started (for one
+		// gone, before its last heartbeat) and not ended.
+		live := r.Until > nowMs
+		if !onProbation[i] || r.Member == e.member || nowMs >= t.to || nowMs < t.from || !live && r.Seen < t.from {
+			continue
+		}
+		fewest := fewestClaims(terms, t, nowMs)
+		if live {
+			c.probationFewest = append(c.probationFewest, fewest)
+		} else {
+			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r), fewest: fewest})
 		}
 	}
 	return c
@@ -397,7 +411,7 @@ func (e *Engine) announce(now int64) []HotKey {
 				// be when the others read it: up to two heartbeats on, with
 				// what leaves the window meanwhile, less what the fleet asks.
 				ahead := 2 * float64(e.heartbeatEvery()*int64(time.Millisecond)) / interval
-				room := events - used - e.goneAside(z, en, hotMark{}, false, sh, probationAside(z, events)) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
+				room := events - used - e.goneAside(z, en, hotMark{}, false, sh, events) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
 				hot = append(hot, HotKey{Key: z.storeKey(h), Until: until, Room: room})
 			}
 			s.mu.Unlock()
@@ -711,7 +725,7 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	}
 	if register && z.fleet.eligible.Load() {
 		// (An instance on probation registers no key: the others leave
-		// its probation share aside in every key, see liveAside.)
+		// its probation share aside in every key, see probationAside.)
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 	}
 	if mv, ok := s.claimMoved(h); ok {

@@ -46,8 +46,10 @@ type fleetView struct {
 	claims atomic.Int64
 	// others counts the live instances other than this one, and holders
 	// those of them that hold a floor share or will by the next heartbeat;
-	// the rest are on probation (see probationShare).
+	// probationFewest holds, for each of the others on probation, the
+	// fewest probation claims of its term (see probationTerm; nil: none).
 	others, holders atomic.Int64
+	probationFewest atomic.Pointer[[]int64]
 	// gone are the instances that left or died while their floor admits
 	// may still be in the window (nil: none).
 	gone atomic.Pointer[[]goneRecord]
@@ -62,8 +64,7 @@ type fleetView struct {
 	eligible atomic.Bool
 	// probation: this instance, not a founder of the fleet, is not eligible
 	// yet and may admit on probation shares (see probationShare), cut by
-	// probationClaims: the instances on probation, and those gone on
-	// probation while their admits may still be in the window.
+	// probationClaims, the claims its term shows now (see probationTerm).
 	probation       atomic.Bool
 	probationClaims atomic.Int64
 	// Until graceUntil (Unix ns), this instance's own share is cut as if
@@ -85,9 +86,10 @@ type goneRecord struct {
 	// (Unix ns; 0: it died, or its last push failed): a read after it
 	// counts them.
 	flushed int64
-	// probation: it was gone before it could take a floor share; it may
-	// have held probation shares.
-	probation bool
+	// fewest, for one gone on probation, is the fewest probation claims of
+	// its term: its share was never larger than one cut by that many (0:
+	// it was not on probation).
+	fewest int64
 }
 
 // widest is the claims the largest floor share any instance may hold is cut

@@ -1,0 +1,82 @@
+package ratelimit
+
+// Probation shares: what an instance that may not take its floor share yet
+// (it joined less than a window ago, see fleetView.eligible) admits of a
+// key on its own count, so that a fleet that grows does not send its new
+// instances' keys to the store.
+
+// probationFraction is the part of a key's limit the instances on
+// probation share: each admits probationFraction × events / probation
+// claims of a key in any window, where the claims are the instances on
+// probation and, for a window, those gone on probation (probationTerm). A
+// fleet whose instances keep restarting has so many claims that the shares
+// come to none, and its new instances sync what they see. It comes out of
+// what the floor shares leave.
+const probationFraction = 0.05
+
+// probationShare is one probation share of events among claims, or 0 when
+// there is none (see share).
+func probationShare(events, claims int64) int64 {
+	return cut(probationFraction, events, claims)
+}
+
+// probationTerm is when an instance holds a probation claim, as every
+// instance works it out from the membership's records (Unix ms): from half
+// a heartbeat lifetime after it joined, when every other instance has
+// counted it, until it may take its floor share, or a window after it
+// ended. An instance on probation cuts its share by the claims its records
+// show at its heartbeat, so its share was never larger than one cut by the
+// fewest claims at any time of its term (fewestClaims): that is what the
+// others leave aside for it.
+type probationTerm struct {
+	from, to int64
+	// held is until when it may have admitted on its share: its end, or
+	// when it may take its floor share.
+	held int64
+}
+
+// probationTermOf is r's term, if r is of an instance that may hold a
+// probation share (not a founder of the fleet).
+func probationTermOf(r MemberRecord, founder bool, eligibleAt, windowMs, staleMs int64) (probationTerm, bool) {
+	t := probationTerm{from: r.Joined + staleMs/2, to: min(eligibleAt, r.Until+windowMs), held: min(eligibleAt, r.Until)}
+	return t, !founder && t.from < t.to
+}
+
+// claimsAt counts the terms that hold a claim at atMs.
+func claimsAt(terms []probationTerm, atMs int64) int64 {
+	var n int64
+	for _, t := range terms {
+		if t.from <= atMs && atMs < t.to {
+			n++
+		}
+	}
+	return n
+}
+
+// fewestClaims is the fewest claims at any time from t's start until it
+// stopped holding or nowMs: the count only falls when a term ends.
+func fewestClaims(terms []probationTerm, t probationTerm, nowMs int64) int64 {
+	end := min(t.held, nowMs)
+	least := claimsAt(terms, t.from)
+	for _, u := range terms {
+		if u.to > t.from && u.to <= end {
+			least = min(least, claimsAt(terms, u.to))
+		}
+	}
+	return max(least, 1)
+}
+
+// probationAside is what a key leaves aside for the live instances on
+// probation that may admit it unseen: for each, a probation share cut by
+// the fewest claims of its term (probationFewest).
+func probationAside(z *Zone, events int64) int64 {
+	live := z.fleet.probationFewest.Load()
+	if live == nil {
+		return 0
+	}
+	var aside int64
+	for _, fewest := range *live {
+		aside += probationShare(events, fewest)
+	}
+	return aside
+}
