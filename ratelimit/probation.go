@@ -1,5 +1,10 @@
 package ratelimit
 
+import (
+	"cmp"
+	"slices"
+)
+
 // Probation shares: what an instance that may not take its floor share yet
 // (it joined less than a window ago, see fleetView.eligible) admits of a
 // key on its own count, so that a fleet that grows does not send its new
@@ -42,25 +47,57 @@ func probationTermOf(r MemberRecord, founder bool, eligibleAt, windowMs, staleMs
 	return t, !founder && t.from < t.to
 }
 
-// claimsAt counts the terms that hold a claim at atMs.
-func claimsAt(terms []probationTerm, atMs int64) int64 {
-	var n int64
+// claimsTimeline is the count of probation claims over time: at each
+// instant a term starts or ends (Unix ms, ascending), the count from then on.
+type claimsTimeline struct {
+	at     []int64
+	claims []int64
+}
+
+// timelineOf sweeps the terms' starts and ends once, so that the fewest
+// claims of every term costs a scan, not a count per instant.
+func timelineOf(terms []probationTerm) claimsTimeline {
+	type edge struct{ at, delta int64 }
+	edges := make([]edge, 0, 2*len(terms))
 	for _, t := range terms {
-		if t.from <= atMs && atMs < t.to {
-			n++
+		if t.from < t.to {
+			edges = append(edges, edge{t.from, 1}, edge{t.to, -1})
 		}
 	}
-	return n
+	slices.SortFunc(edges, func(x, y edge) int { return cmp.Compare(x.at, y.at) })
+	var tl claimsTimeline
+	var n int64
+	for i, e := range edges {
+		n += e.delta
+		if i+1 < len(edges) && edges[i+1].at == e.at {
+			continue // the count after every edge at this instant
+		}
+		tl.at = append(tl.at, e.at)
+		tl.claims = append(tl.claims, n)
+	}
+	return tl
+}
+
+// claimsAt is the count of claims at atMs.
+func (tl claimsTimeline) claimsAt(atMs int64) int64 {
+	i, found := slices.BinarySearch(tl.at, atMs)
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return 0
+	}
+	return tl.claims[i]
 }
 
 // fewestClaims is the fewest claims at any time from t's start until it
-// stopped holding or nowMs: the count only falls when a term ends.
-func fewestClaims(terms []probationTerm, t probationTerm, nowMs int64) int64 {
+// stopped holding or nowMs (at least 1: its own).
+func (tl claimsTimeline) fewestClaims(t probationTerm, nowMs int64) int64 {
 	end := min(t.held, nowMs)
-	least := claimsAt(terms, t.from)
-	for _, u := range terms {
-		if u.to > t.from && u.to <= end {
-			least = min(least, claimsAt(terms, u.to))
+	least := tl.claimsAt(t.from)
+	for i, at := range tl.at {
+		if at > t.from && at <= end {
+			least = min(least, tl.claims[i])
 		}
 	}
 	return max(least, 1)

@@ -352,7 +352,8 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			onProbation[i] = false
 		}
 	}
-	c.probationClaims = claimsAt(terms, nowMs)
+	timeline := timelineOf(terms)
+	c.probationClaims = timeline.claimsAt(nowMs)
 	for i, r := range f.Members {
 		t := terms[i]
 		// Those that may hold a share: whose term has started (for one
@@ -361,7 +362,7 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 		if !onProbation[i] || r.Member == e.member || nowMs >= t.to || nowMs < t.from || !live && r.Seen < t.from {
 			continue
 		}
-		fewest := fewestClaims(terms, t, nowMs)
+		fewest := timeline.fewestClaims(t, nowMs)
 		if live {
 			c.probationFewest = append(c.probationFewest, fewest)
 		} else {
