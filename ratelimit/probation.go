@@ -28,11 +28,11 @@ func probationShare(events, claims int64) int64 {
 // probationTerm is when an instance holds a probation claim, as every
 // instance works it out from the membership's records (Unix ms): from half
 // a heartbeat lifetime after it joined, when every other instance has
-// counted it, until it may take its floor share, or a window after it
-// ended. An instance on probation cuts its share by the claims its records
-// show at its heartbeat, so its share was never larger than one cut by the
-// fewest claims at any time of its term (fewestClaims): that is what the
-// others leave aside for it.
+// counted it, until a window after it stopped holding the share (it ended,
+// or it may take its floor share). An instance on probation cuts its share
+// by the claims its records show at its heartbeat, so its share was never
+// larger than one cut by the fewest claims at any time of its term
+// (fewestClaims): that is what the others leave aside for it.
 type probationTerm struct {
 	from, to int64
 	// held is until when it may have admitted on its share: its end, or
@@ -43,8 +43,12 @@ type probationTerm struct {
 // probationTermOf is r's term, if r is of an instance that may hold a
 // probation share (not a founder of the fleet).
 func probationTermOf(r MemberRecord, founder bool, eligibleAt, windowMs, staleMs int64) (probationTerm, bool) {
-	t := probationTerm{from: r.Joined + staleMs/2, to: min(eligibleAt, r.Until+windowMs), held: min(eligibleAt, r.Until)}
-	return t, !founder && t.from < t.to
+	t := probationTerm{from: r.Joined + staleMs/2, held: min(eligibleAt, r.Until)}
+	t.to = t.held + windowMs // what it admitted stays in the window
+	if founder || t.from >= t.held {
+		return probationTerm{}, false // (an empty term counts no claim)
+	}
+	return t, true
 }
 
 // claimsTimeline is the count of probation claims over time: at each
