@@ -85,12 +85,16 @@ type lease struct {
 }
 
 const (
-	// extendTriesWaiting is how many failed tries of an extension a stream
-	// waiting at its lease sits through before it ends there: a retry is
-	// safe (the store applies an extension once), and each try waits at most
-	// store_timeout, so a stall shorter than about twice store_timeout cuts
-	// no stream, with a try to spare for a busy machine.
-	extendTriesWaiting = 3
+	// maxLeaseWait bounds how long a stream waits at its lease for an
+	// extension the store does not answer. Before it, a stream waiting at
+	// its lease ends there only once a try fails while the breaker is open
+	// (a probe got no answer within probeTimeout either): the store is
+	// down, not slow. A count of tries cut streams while the store answered
+	// every probe (a busy machine, a stampede of reconnects after a short
+	// stall), and a cut answer costs its client more than a pause of a
+	// second does. The bound covers a store that answers probes and fails
+	// extensions (a Cluster node of the key's slot down).
+	maxLeaseWait = 2 * time.Second
 	// extendBackoff is the first wait between tries of an extension while
 	// its stream still has output held ahead of its count; it doubles up to
 	// maxExtendBackoff.
@@ -317,18 +321,21 @@ func (l *lease) extend() {
 // units, and sends its answer on ch. A store that does not answer is tried
 // again, the same extension (the store applies it once), for as long as the
 // stream has output held ahead of its count, which is its own slack: it
-// waits for nothing meanwhile. Once the stream waits at its lease, the
-// extension has extendTriesWaiting tries before it fails and the
-// stream ends there. So a slow or failed call slows or cuts only the
-// stream whose extension it was; the breaker opens on a failed probe, not
-// on this (budget.Engine.Extend).
+// waits for nothing meanwhile. Once the stream waits at its lease, a try
+// that fails ends the extension, and the stream at its lease, if the store
+// is known down (the breaker is open) or the stream has waited
+// maxLeaseWait. So a slow or failed call slows only the stream whose
+// extension it was, and cuts a stream only in an outage; the breaker opens
+// on a failed probe, not on this (budget.Engine.Extend).
 func (l *lease) ask(ch chan<- extension, more int64, spend budget.Spend) {
 	h, res := l.h, l.res
 	ext := extension{more: more, failed: true} // until the store answers
 	defer func() { ch <- ext }()
 	defer safego.Recover("llmbudget lease", h.engines.reportPanic)
 	backoff := extendBackoff
-	for waited := 0; ; backoff = min(2*backoff, maxExtendBackoff) {
+	var waitingSince time.Time
+	for ; ; backoff = min(2*backoff, maxExtendBackoff) {
+		tried := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), h.storeTimeout)
 		denial, err := h.engines.budgets.Extend(ctx, res, spend)
 		cancel()
@@ -345,10 +352,11 @@ func (l *lease) ask(ch chan<- extension, more int64, spend budget.Spend) {
 		if l.ended.Load() {
 			return // the stream is over: nothing waits for this answer
 		}
-		if l.waiting.Load() {
-			waited++
+		waiting := l.waiting.Load()
+		if waiting && waitingSince.IsZero() {
+			waitingSince = time.Now()
 		}
-		if waited >= extendTriesWaiting {
+		if waiting && (h.engines.budgets.Down() || time.Since(waitingSince) >= maxLeaseWait) {
 			metrics.llmLeaseExtensions.WithLabelValues("failed").Inc()
 			msg := "extending an output lease failed; the stream ends at its lease"
 			if h.FailOpen || h.Shadow {
@@ -357,8 +365,14 @@ func (l *lease) ask(ch chan<- extension, more int64, spend budget.Spend) {
 			h.logger.Warn(msg, zap.String("reservation", res.ID), zap.Error(err))
 			return
 		}
-		if !l.waiting.Load() {
-			t := time.NewTimer(backoff)
+		// Waiting, the next try goes at once, but at most one a
+		// store_timeout: a refused connection fails at once.
+		pause := backoff
+		if waiting {
+			pause = h.storeTimeout - time.Since(tried)
+		}
+		if pause > 0 {
+			t := time.NewTimer(pause)
 			select {
 			case <-t.C:
 			case <-l.wake:
