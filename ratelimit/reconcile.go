@@ -397,9 +397,7 @@ func (e *Engine) announce(now int64) []HotKey {
 			continue
 		}
 		perWindow := float64(z.slots.N*z.slots.Len) / interval
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
+		z.eachShard(func(s *shard) {
 			for h, idx := range s.active {
 				en, ring := z.arena.at(idx)
 				if en.flags&(flagSynced|flagLeaving) != flagSynced || float64(en.ownRate)*perWindow*2 < float64(sh) {
@@ -415,8 +413,7 @@ func (e *Engine) announce(now int64) []HotKey {
 				room := events - used - e.goneAside(z, en, hotMark{}, false, sh, events) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
 				hot = append(hot, HotKey{Key: z.storeKey(h), Until: until, Room: room})
 			}
-			s.mu.Unlock()
-		}
+		})
 	}
 	return hot
 }
@@ -426,12 +423,7 @@ func (e *Engine) announce(now int64) []HotKey {
 // early pass pushes what it admitted on the floor share and registers it.
 func (e *Engine) learnHot(hot []HotKey, now int64) {
 	for _, z := range *e.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			clear(s.hot)
-			s.mu.Unlock()
-		}
+		z.eachShard(func(s *shard) { clear(s.hot) })
 	}
 	for _, k := range hot {
 		for _, z := range *e.zones.Load() {
@@ -554,19 +546,16 @@ func (e *Engine) claimActive(now int64) ([]plan, []Step) {
 	var plans []plan
 	var steps []Step
 	for _, z := range *e.zones.Load() {
-		for i := range z.shards {
-			plans, steps = e.claimShard(z, &z.shards[i], now, staleAfter, plans, steps)
-		}
+		z.eachShard(func(s *shard) {
+			plans, steps = e.claimShard(z, s, now, staleAfter, plans, steps)
+		})
 	}
 	return plans, steps
 }
 
-// claimShard appends the active keys of one shard. The unlock is deferred so
-// that a recovered panic (see safely) never leaves the shard locked for the
-// request path.
+// claimShard appends the active keys of one shard. The caller holds its
+// lock.
 func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []plan, steps []Step) ([]plan, []Step) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for h, idx := range s.active {
 		en, ring := z.arena.at(idx)
 		if en.flags&flagLeaving != 0 && now-en.leftAt >= e.leaveAfter() && en.flags&flagQueued == 0 {
@@ -655,9 +644,7 @@ func (e *Engine) claimQueuedKey(k queued, now int64) (plan, Step, bool) {
 func (e *Engine) claimStopping(now int64) (plans []plan, steps []Step, all bool) {
 	floorKeys := 0
 	for _, z := range *e.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
+		z.eachShard(func(s *shard) {
 			for h, idx := range s.entries {
 				en, ring := z.arena.at(idx)
 				if en.flags&flagFloor != 0 {
@@ -674,8 +661,7 @@ func (e *Engine) claimStopping(now int64) (plans []plan, steps []Step, all bool)
 				p, st := e.claim(z, s, h, en, ring, now)
 				plans, steps = append(plans, p), append(steps, st)
 			}
-			s.mu.Unlock()
-		}
+		})
 	}
 	return plans, steps, floorKeys <= flushFloorKeys
 }
@@ -867,14 +853,11 @@ func (e *Engine) storeOK() {
 // before the store restarted empty (see flagLost).
 func (e *Engine) markLost() {
 	for _, z := range *e.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
+		z.eachShard(func(s *shard) {
 			for _, idx := range s.active {
 				en, _ := z.arena.at(idx)
 				en.flags |= flagLost
 			}
-			s.mu.Unlock()
-		}
+		})
 	}
 }

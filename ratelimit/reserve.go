@@ -149,12 +149,7 @@ func reserveWant(en *entry, events int64) int64 {
 // lost them.
 func (e *Engine) dropReservations() {
 	for _, z := range *e.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
-			clear(s.reservations)
-			s.mu.Unlock()
-		}
+		z.eachShard(func(s *shard) { clear(s.reservations) })
 	}
 }
 
@@ -165,9 +160,7 @@ func (e *Engine) dropReservations() {
 // cannot: its reservations cost the fleet their window, never an excess.)
 func (e *Engine) returnReservations() {
 	for _, z := range *e.zones.Load() {
-		for i := range z.shards {
-			s := &z.shards[i]
-			s.mu.Lock()
+		z.eachShard(func(s *shard) {
 			for h, r := range s.reservations {
 				// Out of its slot with the admits made from it elsewhere:
 				// the next step's claimMoved takes them off the slot.
@@ -175,8 +168,7 @@ func (e *Engine) returnReservations() {
 				r.n = 0
 				s.reservations[h] = r
 			}
-			s.mu.Unlock()
-		}
+		})
 	}
 }
 

@@ -132,6 +132,21 @@ type shard struct {
 	reservations map[keyhash.Hash]reservation
 }
 
+// eachShard calls fn with each shard of z locked. The unlock is deferred, so
+// that a panic fn recovers from (see safely) never leaves a shard locked for
+// the request path.
+func (z *Zone) eachShard(fn func(s *shard)) {
+	for i := range z.shards {
+		z.shards[i].locked(fn)
+	}
+}
+
+func (s *shard) locked(fn func(s *shard)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fn(s)
+}
+
 // hotMark is what the fleet said of a hot key.
 type hotMark struct {
 	at, until int64 // when it became hot, and hot until (Unix ns)
@@ -289,9 +304,7 @@ func (z *Zone) lookup(s *shard, h keyhash.Hash) (*entry, []uint32) {
 // idle for max(idleTTL, 2 windows).
 func (z *Zone) evict(now, idleTTL int64) {
 	ttl := max(idleTTL, 2*z.slots.N*z.slots.Len)
-	for i := range z.shards {
-		s := &z.shards[i]
-		s.mu.Lock()
+	z.eachShard(func(s *shard) {
 		for h, idx := range s.entries {
 			e, _ := z.arena.at(idx)
 			if !e.pending() && now-e.lastSeen >= ttl && e.tat <= now {
@@ -301,6 +314,5 @@ func (z *Zone) evict(now, idleTTL int64) {
 				z.arena.free(idx)
 			}
 		}
-		s.mu.Unlock()
-	}
+	})
 }
