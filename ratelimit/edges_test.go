@@ -341,8 +341,9 @@ func TestAStoppedInstanceGivesBackItsReservations(t *testing.T) {
 // TestAGracefulStopLeavesNothingAside: an instance that stops (Caddy's
 // graceful stop) pushes what it admitted on its floor shares and says so in
 // its record, so the others hold nothing back for it; a killed instance's
-// floor admits are unknown, and its whole floor share stays aside until they
-// have left the window.
+// floor admits are unknown, and what its last floor promise allowed (its
+// admits as of its last heartbeat, and the headroom) stays aside until they
+// have left the window, not its whole floor share.
 func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 	for _, kill := range []bool{false, true} {
 		name := map[bool]string{false: "graceful", true: "kill"}[kill]
@@ -356,11 +357,18 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 			f.tick(now, true)
 			now = f.floorsTaken(a.e.warmUntil.Load())
 			const onA = 10
-			for range onA {
+			for i := range onA {
+				if i%2 == 0 {
+					// A heartbeat every two admits: the promise grows
+					// with them, and the key stays on the floor share.
+					now += int64(500 * time.Millisecond)
+					a.e.heartbeat(ctx, now/int64(time.Millisecond))
+				}
 				if !allow(a.e, a.z, f.l, name, now).Allowed {
 					t.Fatal("a was denied under its floor share")
 				}
 			}
+			a.e.heartbeat(ctx, now/int64(time.Millisecond))
 			a.live = false
 			if !kill {
 				a.e.stopped.Store(true) // as Close does, on the test's clock
@@ -380,6 +388,9 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 			}
 			if !kill && admitted < events-onA-2 {
 				t.Fatalf("after a stopped gracefully, b admitted %d: want the limit less a's admits (%d), not less a's whole floor share (%d)", admitted, events-onA, events-40)
+			}
+			if headroom := int(promiseHeadroom(events)); kill && admitted < events-onA-headroom-2 {
+				t.Fatalf("after a was killed, b admitted %d: want the limit less a's admits and the headroom of its promise (%d), not less a's whole floor share (%d)", admitted, events-onA-headroom, events-40)
 			}
 		})
 	}

@@ -103,6 +103,12 @@ type Engine struct {
 	// lastHeartbeat when the last heartbeat was sent (Unix ms).
 	founded       atomic.Int64
 	lastHeartbeat atomic.Int64
+	// promised is the floor promise the store holds (see promise.go),
+	// promising the one a heartbeat is sending, and promiseGen the
+	// generation of bounds that admits raise now; promiseGens are every
+	// generation of the last window (under heartbeatMu).
+	promised, promising, promiseGen atomic.Pointer[promises]
+	promiseGens                     promiseGenerations
 
 	// Keys queued for an early sync; kick wakes the reconciler for them.
 	queueMu sync.Mutex
@@ -413,7 +419,7 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 	case used >= events:
 		v.Fleet = true
 		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-events+1))
-	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor, now):
+	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor, l.Events, now):
 		v.Fleet = true
 		v.RetryAfter = time.Duration(e.interval.Load())
 	case onFloor:
@@ -483,19 +489,20 @@ func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, 
 		return 0
 	}
 	m, hot := s.hotAt(h, now)
-	aside := e.goneAside(z, en, m, hot, sh, events)
+	aside := e.goneAside(z, h, en, m, hot, sh, events)
 	if !hot || !e.heard(z, en, m) {
 		aside += max(z.fleet.holders.Load()-int64(en.syncing), 0)*sh + probationAside(z, events)
 	}
 	return aside
 }
 
-// goneAside is what a key of events leaves aside for the gone instances
+// goneAside is what a key h of events leaves aside for the gone instances
 // whose floor (sh) or probation admits of it may be missing from en's last
 // read: all but those that left having pushed them (flushed) an interval or
 // more before that read began, and, of a key hot since m (hot), those that
-// heartbeated after it became hot (they pushed them then).
-func (e *Engine) goneAside(z *Zone, en *entry, m hotMark, hot bool, sh, events int64) int64 {
+// heartbeated after it became hot (they pushed them then); for each, no
+// more than its last floor promise says it held (see promise.go).
+func (e *Engine) goneAside(z *Zone, h keyhash.Hash, en *entry, m hotMark, hot bool, sh, events int64) int64 {
 	gone := z.fleet.gone.Load()
 	if gone == nil {
 		return 0
@@ -507,9 +514,9 @@ func (e *Engine) goneAside(z *Zone, en *entry, m hotMark, hot bool, sh, events i
 		case g.flushed != 0 && en.readAt > g.flushed+interval:
 		case hot && g.seen > m.at+interval:
 		case g.fewest > 0:
-			aside += probationShare(events, g.fewest)
+			aside += g.promise.bound(z, h, probationShare(events, g.fewest), events)
 		default:
-			aside += sh
+			aside += g.promise.bound(z, h, sh, events)
 		}
 	}
 	return aside
@@ -528,17 +535,20 @@ func (e *Engine) heard(z *Zone, en *entry, m hotMark) bool {
 }
 
 // floorAdmits admits a key on its floor share while this instance's own
-// admits in the window stay under it; from three quarters of it on, the key
-// is queued to start syncing (push its admits, register, read the fleet's
-// counts), early enough that it rarely meets the floor. Just after this
-// instance joined, an eighth of its floor share queues it too: a key busy
-// here is likely busy elsewhere, where the others hold a floor share back
-// for this instance until it syncs the key.
-func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor, now int64) bool {
-	if (used+1)*4 >= 3*floor || (used+1)*8 >= floor && now < e.warmUntil.Load() {
+// admits in the window stay under it, and under what its floor promise
+// allows (see promise.go); from three quarters of the share on, or one
+// admit short of the promise, the key is queued to start syncing (push its
+// admits, register, read the fleet's counts), early enough that it rarely
+// meets either. Just after this instance joined, an eighth of its floor
+// share queues it too: a key busy here is likely busy elsewhere, where the
+// others hold a floor share back for this instance until it syncs the key.
+func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor, events, now int64) bool {
+	e.notePromised(z, h, min(used+1, floor))
+	most := e.promisedCap(z, h, floor, events)
+	if (used+1)*4 >= 3*floor || used+2 > most || (used+1)*8 >= floor && now < e.warmUntil.Load() {
 		e.enqueue(z, h, en)
 	}
-	return used < floor
+	return used < most
 }
 
 // judgeUntracked decides a request of a key the zone does not track: by the

@@ -204,10 +204,13 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 	e.lastHeartbeat.Store(nowMs)
 	e.joined.CompareAndSwap(0, nowMs)
 	now := nowMs * int64(time.Millisecond)
+	promise := e.propose(now)
 	f, err := e.store.Heartbeat(ctx, e.membersKey, e.hotKey, Heartbeat{
 		Member: e.member, Now: nowMs, TTL: time.Duration(e.staleAfter()),
 		Joined: e.joined.Load(), Seen: nowMs, Keep: e.keep(), Hot: e.announce(now),
+		Promise: promise.encode(),
 	})
+	e.promiseSent(promise, err == nil)
 	if err != nil {
 		// With every key on its floor share, the heartbeat is the only call:
 		// it tells whether the store is reachable.
@@ -348,7 +351,7 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			// on its floor share counts until a window after its end.
 			c.claims++
 			c.known++
-			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r)})
+			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r), promise: r.Promise})
 			onProbation[i] = false
 		}
 	}
@@ -366,7 +369,7 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 		if live {
 			c.probationFewest = append(c.probationFewest, fewest)
 		} else {
-			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r), fewest: fewest})
+			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r), fewest: fewest, promise: r.Promise})
 		}
 	}
 	return c
@@ -410,7 +413,7 @@ func (e *Engine) announce(now int64) []HotKey {
 				// be when the others read it: up to two heartbeats on, with
 				// what leaves the window meanwhile, less what the fleet asks.
 				ahead := 2 * float64(e.heartbeatEvery()*int64(time.Millisecond)) / interval
-				room := events - used - e.goneAside(z, en, hotMark{}, false, sh, events) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
+				room := events - used - e.goneAside(z, h, en, hotMark{}, false, sh, events) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
 				hot = append(hot, HotKey{Key: z.storeKey(h), Until: until, Room: room})
 			}
 		})

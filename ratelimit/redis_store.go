@@ -79,12 +79,12 @@ func (r *RedisStore) Sync(ctx context.Context, steps []Step, replies []Reply) er
 
 // Heartbeat implements SlotStore.
 func (r *RedisStore) Heartbeat(ctx context.Context, key, hotKey string, hb Heartbeat) (Fleet, error) {
-	args := make([]any, 0, 6+3*len(hb.Hot))
-	args = append(args, hb.Member, hb.Now, hb.TTL.Milliseconds(), hb.Joined, hb.Keep.Milliseconds(), hb.Seen)
+	args := make([]any, 0, 7+3*len(hb.Hot))
+	args = append(args, hb.Member, hb.Now, hb.TTL.Milliseconds(), hb.Joined, hb.Keep.Milliseconds(), hb.Seen, hb.Promise)
 	for _, h := range hb.Hot {
 		args = append(args, h.Key, h.Until, h.Room)
 	}
-	res, err := heartbeatScript.Run(ctx, r.client, []string{key, hotKey}, args...).Slice()
+	res, err := heartbeatScript.Run(ctx, r.client, []string{key, hotKey, key + ":promises"}, args...).Slice()
 	if err != nil {
 		return Fleet{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
@@ -118,17 +118,22 @@ func parseFleet(res []any) (Fleet, error) {
 	f := Fleet{Fresh: head[0] == 1, Founded: head[1]}
 	n := int(head[2])
 	rest := res[3:]
-	if n < 0 || len(rest) < 4*n || (len(rest)-4*n)%4 != 0 {
+	if n < 0 || len(rest) < 5*n || (len(rest)-5*n)%4 != 0 {
 		return Fleet{}, fmt.Errorf("unexpected reply %v", res)
 	}
-	recs, err := ints(rest[:4*n])
-	if err != nil {
-		return Fleet{}, err
+	for i := 0; i < 5*n; i += 5 {
+		nums, err := ints(rest[i : i+4])
+		promise, ok := rest[i+4].(string)
+		if err != nil || !ok {
+			return Fleet{}, fmt.Errorf("unexpected record %v", rest[i:i+5])
+		}
+		r := MemberRecord{Member: nums[0], Until: nums[1], Joined: nums[2], Seen: nums[3]}
+		if promise != "" {
+			r.Promise = []byte(promise)
+		}
+		f.Members = append(f.Members, r)
 	}
-	for i := 0; i < len(recs); i += 4 {
-		f.Members = append(f.Members, MemberRecord{Member: recs[i], Until: recs[i+1], Joined: recs[i+2], Seen: recs[i+3]})
-	}
-	for hot := rest[4*n:]; len(hot) > 0; hot = hot[4:] {
+	for hot := rest[5*n:]; len(hot) > 0; hot = hot[4:] {
 		key, ok := hot[0].(string)
 		nums, err := ints(hot[1:4])
 		if !ok || err != nil {

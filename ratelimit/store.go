@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"time"
@@ -80,6 +81,10 @@ type Heartbeat struct {
 	Keep time.Duration
 	// Hot are the keys this instance syncs because they are busy here.
 	Hot []HotKey
+	// Promise bounds what this instance may have admitted of each key on
+	// its floor share without pushing it (see promise.go); nil keeps the
+	// one it sent last.
+	Promise []byte
 }
 
 // HotKey is a key that an instance syncs because it is busy there: while it
@@ -97,6 +102,9 @@ type MemberRecord struct {
 	Joined int64 // when its life started (Unix ms)
 	Until  int64 // live until (Unix ms): its last heartbeat's end, or when it left
 	Seen   int64 // when it last learned the fleet (Unix ms)
+	// Promise is the last floor promise of a member that is gone (nil for
+	// a live one, or one that sent none).
+	Promise []byte
 }
 
 // Fleet is what a heartbeat learns.
@@ -167,12 +175,19 @@ func (m *MemoryStore) Heartbeat(_ context.Context, key, hotKey string, hb Heartb
 		m.fleets[key] = f
 	}
 	f.keep = max(f.keep, hb.Keep.Milliseconds())
-	f.members[hb.Member] = MemberRecord{Member: hb.Member, Joined: hb.Joined, Until: hb.Now + hb.TTL.Milliseconds(), Seen: hb.Seen}
+	promise := bytes.Clone(hb.Promise)
+	if promise == nil {
+		promise = f.members[hb.Member].Promise
+	}
+	f.members[hb.Member] = MemberRecord{Member: hb.Member, Joined: hb.Joined, Until: hb.Now + hb.TTL.Milliseconds(), Seen: hb.Seen, Promise: promise}
 	out.Founded = f.founded
 	for id, r := range f.members {
 		if r.Until+f.keep <= hb.Now {
 			delete(f.members, id)
 			continue
+		}
+		if r.Until > hb.Now {
+			r.Promise = nil // a live member's promise is no one else's business
 		}
 		out.Members = append(out.Members, r)
 	}

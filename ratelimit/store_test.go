@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"bytes"
 	"context"
 	"strconv"
 	"testing"
@@ -244,7 +245,8 @@ func expiresIn(t testing.TB, s SlotStore, key string) time.Duration {
 // keys alike. A record outlives its instance by the longest Keep asked for,
 // with when it joined and when it last learned the fleet; the founding time
 // stays; a hot key keeps when it became hot while it is announced again, and
-// is gone once its announcements stop.
+// is gone once its announcements stop; a member's floor promise is kept when
+// it sends none, and shown only once it is gone.
 func TestHeartbeatConformance(t *testing.T) {
 	for _, sc := range storeCases() {
 		t.Run(sc.name, func(t *testing.T) {
@@ -261,9 +263,10 @@ func TestHeartbeatConformance(t *testing.T) {
 			}
 			const t0 = int64(1_800_000_000_000) // Unix ms
 			keep := 10 * time.Second
+			promise := []byte{3, 0, 255, 0, 0, 7}
 			f := beat(Heartbeat{Member: 1 << 52, Now: t0, TTL: 2 * time.Second, Joined: t0, Seen: t0, Keep: keep,
-				Hot: []HotKey{{Key: "p:rl:{z:a}:500x20", Until: t0 + 2000, Room: 7}}})
-			if !f.Fresh || f.Founded != t0 || len(f.Members) != 1 || f.Members[0] != (MemberRecord{Member: 1 << 52, Joined: t0, Until: t0 + 2000, Seen: t0}) {
+				Hot: []HotKey{{Key: "p:rl:{z:a}:500x20", Until: t0 + 2000, Room: 7}}, Promise: promise})
+			if r := f.Members; !f.Fresh || f.Founded != t0 || len(r) != 1 || r[0].Member != 1<<52 || r[0].Joined != t0 || r[0].Until != t0+2000 || r[0].Seen != t0 || r[0].Promise != nil {
 				t.Fatalf("first heartbeat: %+v", f)
 			}
 			if len(f.Hot) != 1 || f.Hot[0] != (HotKey{Key: "p:rl:{z:a}:500x20", Until: t0 + 2000, Room: 7, At: t0}) {
@@ -292,7 +295,7 @@ func TestHeartbeatConformance(t *testing.T) {
 					gone = &f.Members[i]
 				}
 			}
-			if len(f.Members) != 2 || gone == nil || gone.Until != t0+600 || gone.Seen != t0 {
+			if len(f.Members) != 2 || gone == nil || gone.Until != t0+600 || gone.Seen != t0 || !bytes.Equal(gone.Promise, promise) {
 				t.Fatalf("the record of an instance that left: %+v", f.Members)
 			}
 			f = beat(Heartbeat{Member: 2, Now: t0 + 10_700, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 10_700, Keep: time.Second})

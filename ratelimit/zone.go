@@ -27,6 +27,8 @@ type Zone struct {
 	storeID string // <prefix>:rl:{<name>:  — the key's hash and storeSuffix follow
 	// storeSuffix is }:<slot length ms>x<slots>.
 	storeSuffix string
+	// promiseSeed spreads the zone's keys over a promise's cells.
+	promiseSeed uint64
 
 	maxKeys atomic.Int64
 	keys    atomic.Int64 // tracked keys
@@ -90,6 +92,8 @@ type goneRecord struct {
 	// its term: its share was never larger than one cut by that many (0:
 	// it was not on probation).
 	fewest int64
+	// promise is its last floor promise (see promise.go).
+	promise sentPromise
 }
 
 // widest is the claims the largest floor share any instance may hold is cut
@@ -166,6 +170,7 @@ func (s *shard) hotAt(h keyhash.Hash, now int64) (hotMark, bool) {
 func newZone(prefix, name string, id int, slots window.Slots) *Zone {
 	z := &Zone{name: name, id: id, slots: slots, storeID: prefix + ":rl:{" + name + ":",
 		storeSuffix: "}:" + strconv.FormatInt(slots.Len/1e6, 10) + "x" + strconv.FormatInt(slots.N, 10)}
+	z.promiseSeed = promiseSeedOf(z.storeID, z.storeSuffix)
 	z.maxKeys.Store(DefaultMaxKeys)
 	z.arena.ringLen = int(slots.N) + 1
 	for i := range z.shards {
