@@ -103,6 +103,8 @@ type Engine struct {
 	// lastHeartbeat when the last heartbeat was sent (Unix ms).
 	founded       atomic.Int64
 	lastHeartbeat atomic.Int64
+	// floorPushes numbers this instance's floor pushes (see floorPush).
+	floorPushes atomic.Uint64
 
 	// Keys queued for an early sync; kick wakes the reconciler for them.
 	queueMu sync.Mutex
