@@ -109,6 +109,8 @@ type Engine struct {
 	// generation of the last window (under heartbeatMu).
 	promised, promising, promiseGen atomic.Pointer[promises]
 	promiseGens                     promiseGenerations
+	// floorPushes numbers this instance's floor pushes (see floorPush).
+	floorPushes atomic.Uint64
 
 	// Keys queued for an early sync; kick wakes the reconciler for them.
 	queueMu sync.Mutex

@@ -254,3 +254,76 @@ func TestEarlyPassesAreReported(t *testing.T) {
 		t.Fatalf("OnEarlySync called %d times for one early pass, want 1", early)
 	}
 }
+
+// A key that starts syncing pushes what this instance admitted of it on its
+// floor share. If the store stalls past the client's timeout, it may run that
+// push late or not at all; the push is sent again under its id, which the
+// store applies once, so the key's admits count once either way (before,
+// the next push sent the same admits again under no id: 31 admits counted
+// 61 times when the stalled one ran late).
+func TestAStalledFloorPushNeverCountsTwice(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	c := srv.Client(t)
+	store := NewRedisStore(c)
+	if err := store.load(context.Background()); err != nil { // a stalled step runs late, not NOSCRIPT
+		t.Fatal(err)
+	}
+	f := &floorFleet{t: t, store: store, l: mustLimit(t, 100, 10*time.Second, 0)}
+	now := time.Now().UnixNano()
+	a, _ := f.start(now), f.start(now)
+	now = f.floorsTaken(now + int64(2*time.Second))
+	const onFloor = 30 // three quarters of a floor share of 40: the key is queued to sync
+	for range onFloor {
+		if !allow(a.e, a.z, f.l, "k", now).Allowed {
+			t.Fatal("denied under the floor share")
+		}
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	stalled := make(chan error, 1)
+	go func() { stalled <- admin.Do(context.Background(), "DEBUG", "SLEEP", "1").Err() }()
+	srv.WaitStalled(t)
+	err := a.e.pass(context.Background(), now, true) // past the client's read timeout
+	if err == nil {
+		t.Fatal("an early pass during a stall longer than its timeout must fail")
+	}
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	stored := func() int64 {
+		vals, err := admin.HGetAll(context.Background(), a.z.storeKey(keyhash.Of("k"))).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for field, v := range vals {
+			// Slots; not "d" (demand) nor "-<member>" (registrations).
+			if _, err := strconv.ParseUint(field, 10, 64); err == nil {
+				c, _ := strconv.ParseInt(v, 10, 64)
+				n += c
+			}
+		}
+		return n
+	}
+	first := stored()
+	t.Logf("the stalled push: %d in the store after the stall", first)
+	if first != 0 && first != onFloor {
+		t.Fatalf("after the stall the store holds %d admits, want %d (ran late) or 0", first, onFloor)
+	}
+	now += int64(100 * time.Millisecond)
+	if !allow(a.e, a.z, f.l, "k", now).Allowed {
+		t.Fatal("denied after the stall")
+	}
+	for range 2 {
+		if err := a.e.pass(context.Background(), now, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.e.pass(context.Background(), now, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := stored(); got != onFloor+1 {
+		t.Fatalf("after the next passes the store holds %d, want %d: each admit once (the stalled push had %s)", got, onFloor+1,
+			map[bool]string{true: "run late", false: "not run"}[first == onFloor])
+	}
+}

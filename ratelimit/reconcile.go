@@ -29,6 +29,9 @@ type plan struct {
 	// synced; leave: it deregisters a synced key that went back under its
 	// floor share.
 	join, leave bool
+	// floor is the floor push the step sends (see Step.FloorID): kept, if
+	// the step fails, to be sent again as it was.
+	floor floorPush
 }
 
 // Start runs the reconciler in the background until Close. Calling it again
@@ -525,6 +528,8 @@ func (e *Engine) sync(ctx context.Context, now int64, plans []plan, steps []Step
 		if replies[i].Err == nil {
 			e.merge(&plans[i], &replies[i], now, interval)
 			joined = joined || plans[i].join
+		} else if plans[i].floor.id != "" {
+			plans[i].zone.keepFloorPush(plans[i].hash, plans[i].floor)
 		}
 	}
 	if err != nil {
@@ -690,9 +695,12 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	switch {
 	case en.flags&flagFloor != 0:
 		p.join = true
-		st.Adds = [2]SlotCount{}
 		en.advance(ring, z.slots.Of(now))
-		st.Window = en.window(ring)
+		var again bool
+		if p.floor, again = e.floorPushOf(s, h, en, ring); !again {
+			st.Adds = [2]SlotCount{} // the push holds them
+		} // (else what it admitted since the push was claimed goes as any pending admit)
+		st.Floor, st.FloorID, st.Now = p.floor.slots, p.floor.id, now/int64(time.Millisecond)
 	case en.flags&flagSynced == 0 && en.readAt > 0 && floor > 0 && busy(en, ring, z, now, floor):
 		// Tracked before it could go on a floor share (the fleet's size
 		// not known yet), and found busy by a read: sync it. One found
@@ -752,6 +760,7 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 		en.leftAt = now
 	case p.join:
 		z.toSynced(s, p.hash, en)
+		delete(s.floorPushes, p.hash)
 	}
 	en.syncing = uint16(min(r.Syncing, math.MaxUint16))
 	if r.Reserved > 0 {

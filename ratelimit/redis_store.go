@@ -184,8 +184,16 @@ func (r *RedisStore) runPipeline(ctx context.Context, steps []Step, replies []Re
 	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
 			st := &steps[i]
-			args := make([]any, 0, 13+2*len(st.Window))
+			args := make([]any, 0, 15+2*len(st.Floor)+2*len(st.Window))
 			args = append(args, st.Oldest, st.TTL.Milliseconds(), st.Demand, st.Member, st.Now, st.MemberTTL.Milliseconds(), st.Reserve, st.Limit, st.Adds[0].Slot)
+			floorID := st.FloorID
+			if floorID == "" {
+				floorID = "0"
+			}
+			args = append(args, floorID, len(st.Floor))
+			for _, a := range st.Floor {
+				args = append(args, a.Slot, a.Count)
+			}
 			for _, adds := range [2][]SlotCount{st.Adds[:], st.Window} {
 				for _, a := range adds {
 					if a.Count != 0 {

@@ -23,10 +23,14 @@ type Step struct {
 	Demand int64
 	Oldest int64
 	TTL    time.Duration
-	// Window holds more counts to add, one per slot: the admits an instance
-	// made under its floor share, pushed when it starts syncing the key, or
-	// (negative) reserved admits moved out of their slot to when they were
-	// made.
+	// Floor holds the admits an instance made under its floor share, one
+	// count per slot, pushed when it starts syncing the key. FloorID names
+	// the push: a store applies it once, however often it is sent (a push
+	// whose reply was lost is sent again, and may have been applied).
+	Floor   []SlotCount
+	FloorID string
+	// Window holds more counts to add, one per slot: (negative) reserved
+	// admits moved out of their slot to when they were made.
 	Window []SlotCount
 	// Member, when not 0, is the instance taking part: it is registered as
 	// syncing the key until Now+MemberTTL (Unix ms), or deregistered when
@@ -155,6 +159,8 @@ type memoryKey struct {
 	demand  int64
 	syncing map[int64]int64 // member -> registered until (Unix ms)
 	expires time.Time
+	// floorPushes are the floor pushes applied (see Step.FloorID).
+	floorPushes map[string]bool
 }
 
 var _ SlotStore = (*MemoryStore)(nil)
@@ -249,8 +255,10 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 	for _, a := range st.Adds {
 		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
 	}
-	for _, a := range st.Window {
-		writes = writes || (a.Count != 0 && a.Slot >= st.Oldest)
+	for _, adds := range [][]SlotCount{st.Window, st.Floor} {
+		for _, a := range adds {
+			writes = writes || (a.Count != 0 && a.Slot >= st.Oldest)
+		}
 	}
 	if k == nil && !writes {
 		return Reply{}
@@ -259,7 +267,17 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 		k = &memoryKey{slots: make(map[int64]int64), syncing: make(map[int64]int64)}
 		m.keys[st.Key] = k
 	}
-	for _, adds := range [][]SlotCount{st.Adds[:], st.Window} {
+	floor := st.Floor
+	if st.FloorID != "" {
+		if k.floorPushes == nil {
+			k.floorPushes = make(map[string]bool)
+		}
+		if k.floorPushes[st.FloorID] {
+			floor = nil // applied before
+		}
+		k.floorPushes[st.FloorID] = true
+	}
+	for _, adds := range [][]SlotCount{st.Adds[:], st.Window, floor} {
 		for _, a := range adds {
 			if a.Count != 0 && a.Slot >= st.Oldest {
 				k.slots[a.Slot] += a.Count

@@ -84,6 +84,24 @@ func TestSlotStoreConformance(t *testing.T) {
 				}
 			}
 		}},
+		{"a floor push counts once, however often it is sent", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
+			s := newStore(t)
+			now := time.Now().UnixMilli()
+			var steps []Step
+			for k := 0; k < keys; k++ {
+				steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 80, TTL: time.Minute, Now: now,
+					Adds:  [2]SlotCount{{Slot: 100, Count: 1}},
+					Floor: []SlotCount{{Slot: 98, Count: 5}, {Slot: 99, Count: int64(k + 1)}}, FloorID: "7." + strconv.Itoa(k)})
+			}
+			syncSteps(t, s, steps)
+			replies := syncSteps(t, s, steps) // sent again: its adds count again, its floor push does not
+			for k, r := range replies {
+				got := slotMap(r)
+				if len(got) != 3 || got[98] != 5 || got[99] != int64(k+1) || got[100] != 2 || r.Syncing != 0 {
+					t.Fatalf("key %d: slots %v, %d syncing; want 98:5 99:%d 100:2, none syncing", k, got, r.Syncing, k+1)
+				}
+			}
+		}},
 		{"slots older than the window are dropped", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
 			s := newStore(t)
 			var steps []Step

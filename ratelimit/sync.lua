@@ -1,7 +1,8 @@
 -- One reconcile step of one key: a hash with a field per slot (the slot number),
 -- the field "d" (the key's demand counter), and a field per instance that
 -- syncs the key ("-" and the instance's number, so that a field never reads
--- as a slot that counts) holding until when (Unix ms).
+-- as a slot that counts) holding until when (Unix ms), and a field per floor
+-- push applied ("-f" and its id) holding until when it is remembered.
 -- KEYS[1]  the key
 -- ARGV[1]  the oldest slot that still counts; older fields are dropped
 -- ARGV[2]  the expiry to re-arm, in milliseconds
@@ -11,13 +12,24 @@
 -- ARGV[6]  the instance's registration lasts this long, in ms (0: deregister)
 -- ARGV[7]  admits to reserve ahead of time (0: none), in slot ARGV[9], as far
 --          as the window's count stays within ARGV[8]
--- ARGV[10…] pairs of slot and count to add
+-- ARGV[10] the id of the floor push (pairs of ARGV[12…]), "0" if none: it is
+--          applied once, whatever the times it is sent
+-- ARGV[11] how many pairs of slot and count the floor push holds
+-- ARGV[12…] the floor push's pairs, then pairs of slot and count to add
 -- Returns { demand, syncing, reserved, slot, count, slot, count, … } for the
 -- slots that count, where syncing is how many other instances are
 -- registered and reserved how many admits were reserved.
 local key = KEYS[1]
 local oldest = tonumber(ARGV[1])
-for i = 10, #ARGV, 2 do
+local rest = 12 + 2 * tonumber(ARGV[11])
+if ARGV[10] == '0' or redis.call('HSETNX', key, '-f' .. ARGV[10], tonumber(ARGV[5]) + tonumber(ARGV[2])) == 1 then
+	for i = 12, rest - 1, 2 do
+		if tonumber(ARGV[i]) >= oldest then
+			redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
+		end
+	end
+end
+for i = rest, #ARGV, 2 do
 	if tonumber(ARGV[i]) >= oldest then
 		redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
 	end
@@ -40,6 +52,8 @@ for i = 1, #fields, 2 do
 	elseif string.sub(f, 1, 1) == '-' then
 		if tonumber(fields[i + 1]) <= now then
 			old[#old + 1] = f
+		elseif string.sub(f, 2, 2) == 'f' then
+			-- a floor push applied: no registration
 		elseif f == self then
 			mine = tonumber(fields[i + 1])
 		else

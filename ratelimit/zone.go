@@ -134,6 +134,9 @@ type shard struct {
 	// the shard's keys admitted on reservations (see reserve.go). Nil while
 	// there are none.
 	reservations map[keyhash.Hash]reservation
+	// floorPushes are the floor pushes of keys whose step failed, to be
+	// sent again (see floorPush). Nil while there are none.
+	floorPushes map[keyhash.Hash]floorPush
 }
 
 // eachShard calls fn with each shard of z locked. The unlock is deferred, so
@@ -315,6 +318,7 @@ func (z *Zone) evict(now, idleTTL int64) {
 			if !e.pending() && now-e.lastSeen >= ttl && e.tat <= now {
 				delete(s.entries, h)
 				delete(s.active, h)
+				delete(s.floorPushes, h)
 				z.keys.Add(-1)
 				z.arena.free(idx)
 			}
