@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 	"github.com/fleetguard/fleetguard/window"
 )
@@ -415,4 +416,47 @@ func TestAStopWithTooManyFloorKeysSaysItDidNotFlush(t *testing.T) {
 			t.Errorf("%d keys on floor shares: flushed %v, want %v", keys, got, want)
 		}
 	}
+}
+
+// A reservation used in a later slot than its own moves there: the store's
+// count of its slot falls by one and the later slot's grows by one. Another
+// instance that read the first slot before takes the store's counts as they
+// are; merged by maximum, it kept the old count too and counted the admit
+// twice until the slot left the window (under kill churn the key at 90% of
+// its limit was read at 100-102 while the fleet had admitted 83-88).
+func TestAMovedReservationCountsOnceEverywhere(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	f := &floorFleet{t: t, store: NewRedisStore(rc), l: mustLimit(t, 3, 10*time.Second, 0)}
+	ctx := context.Background()
+	now := time.Now().UnixNano()
+	a, b := f.start(now), f.start(now) // a limit of 3 on 2: no floor share, reservations
+	now = f.floorsTaken(now + int64(2*time.Second))
+	pass := func(in *floorInstance, at int64) {
+		t.Helper()
+		if err := in.e.pass(ctx, at, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b counts what the store holds of the key after each of its reads.
+	readByB := func(at int64, when string) {
+		t.Helper()
+		allow(b.e, b.z, f.l, "k", at)
+		pass(b, at)
+		want := storedCount(t, rc, b.z.storeKey(keyhash.Of("k")))
+		if _, ring := stateOf(b.z, "k"); count(ring) != want {
+			t.Fatalf("%s: b counts %d of the key, the store %d", when, count(ring), want)
+		}
+	}
+	if allow(a.e, a.z, f.l, "k", now).Allowed {
+		t.Fatal("a admitted a key of reservations without one")
+	}
+	pass(a, now) // a is granted a reservation in now's slot
+	readByB(now, "after a's reservation")
+	later := now + int64(time.Second) // two slots on
+	if !allow(a.e, a.z, f.l, "k", later).Allowed {
+		t.Fatal("a did not admit on its reservation")
+	}
+	pass(a, later) // the admit moves to its slot
+	readByB(later, "after a used its reservation a second later")
 }

@@ -22,6 +22,11 @@ type entry struct {
 	readAt   int64 // last successful read of the fleet's counts, Unix ns; 0 before the first
 	leftAt   int64 // when the key deregistered (flagLeaving), Unix ns
 	head     int64 // the slot of ring's newest count
+	// mergeMaxUntil is the slot until which a read merges each slot by
+	// maximum: a push of the key failed, and the store may lack admits the
+	// ring holds. Otherwise a read takes the store's counts (they can fall:
+	// a reservation used in a later slot moves out of its own).
+	mergeMaxUntil int64
 
 	pendCur  uint32 // unclaimed admits in slot head
 	pendPrev uint32 // unclaimed admits in slot head-1 (older ones are moved up to it)

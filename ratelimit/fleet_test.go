@@ -290,21 +290,7 @@ func TestAStalledFloorPushNeverCountsTwice(t *testing.T) {
 	if err := <-stalled; err != nil {
 		t.Fatal(err)
 	}
-	stored := func() int64 {
-		vals, err := admin.HGetAll(context.Background(), a.z.storeKey(keyhash.Of("k"))).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		for field, v := range vals {
-			// Slots; not "d" (demand) nor "-<member>" (registrations).
-			if _, err := strconv.ParseUint(field, 10, 64); err == nil {
-				c, _ := strconv.ParseInt(v, 10, 64)
-				n += c
-			}
-		}
-		return n
-	}
+	stored := func() int64 { return storedCount(t, admin, a.z.storeKey(keyhash.Of("k"))) }
 	first := stored()
 	t.Logf("the stalled push: %d in the store after the stall", first)
 	if first != 0 && first != onFloor {
@@ -326,4 +312,22 @@ func TestAStalledFloorPushNeverCountsTwice(t *testing.T) {
 		t.Fatalf("after the next passes the store holds %d, want %d: each admit once (the stalled push had %s)", got, onFloor+1,
 			map[bool]string{true: "run late", false: "not run"}[first == onFloor])
 	}
+}
+
+// storedCount is what the store holds of a key in its slots (not its demand
+// "d", nor the "-" fields of registrations and floor pushes).
+func storedCount(t *testing.T, rc redis.UniversalClient, key string) int64 {
+	t.Helper()
+	vals, err := rc.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for field, v := range vals {
+		if _, err := strconv.ParseUint(field, 10, 64); err == nil {
+			c, _ := strconv.ParseInt(v, 10, 64)
+			n += c
+		}
+	}
+	return n
 }

@@ -28,11 +28,19 @@ func (e *Engine) floorPushOf(s *shard, h keyhash.Hash, en *entry, ring []uint32)
 	return floorPush{id: id, slots: en.window(ring)}, false
 }
 
-// keepFloorPush keeps the push of a step that failed, to be sent again.
-func (z *Zone) keepFloorPush(h keyhash.Hash, p floorPush) {
+// pushFailed notes a step of h that failed: its reads merge by maximum for a
+// window (the store may lack what it pushed), and its floor push p, if any,
+// is kept to be sent again.
+func (z *Zone) pushFailed(h keyhash.Hash, p floorPush) {
 	s := z.shardOf(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if en, ring := z.lookup(s, h); en != nil {
+		en.mergeMaxUntil = en.head + int64(len(ring))
+	}
+	if p.id == "" {
+		return
+	}
 	if s.floorPushes == nil {
 		s.floorPushes = make(map[keyhash.Hash]floorPush)
 	}

@@ -528,8 +528,8 @@ func (e *Engine) sync(ctx context.Context, now int64, plans []plan, steps []Step
 		if replies[i].Err == nil {
 			e.merge(&plans[i], &replies[i], now, interval)
 			joined = joined || plans[i].join
-		} else if plans[i].floor.id != "" {
-			plans[i].zone.keepFloorPush(plans[i].hash, plans[i].floor)
+		} else {
+			plans[i].zone.pushFailed(plans[i].hash, plans[i].floor)
 		}
 	}
 	if err != nil {
@@ -781,11 +781,13 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 	}
 }
 
-// mergeSlots sets each slot of the ring to the larger of what this instance
-// knew and what the store holds plus this instance's admits since the
-// claim. Merging by maximum never forgets this instance's own admits (a
-// push that failed, a store that restarted empty) and never counts an admit
-// the store already holds twice.
+// mergeSlots sets each slot of the ring to what the store holds plus this
+// instance's admits since the claim. After a push of the key failed (for a
+// window, see pushFailed) or a store that restarted empty, it takes the
+// larger of that and what the ring knew, so that this instance never
+// forgets its own admits; otherwise it takes the store's count even when it
+// fell (a reservation moved to the slot it was used in), so that no admit
+// is counted in two slots.
 func mergeSlots(en *entry, ring []uint32, slots []SlotCount) {
 	n := int64(len(ring))
 	lost := en.flags&flagLost != 0
@@ -802,13 +804,17 @@ func mergeSlots(en *entry, ring []uint32, slots []SlotCount) {
 			v += int64(en.pendPrev)
 		}
 		i := slotIndex(sc.Slot, n)
-		if lost {
+		switch {
+		case lost:
 			// The store lost what the ring knew: what it holds now was
 			// admitted since (this instance's pushes may count twice, which
 			// errs on the safe side).
-			v += int64(ring[i])
+			ring[i] = max(ring[i], uint32(min(v+int64(ring[i]), math.MaxUint32)))
+		case en.head < en.mergeMaxUntil:
+			ring[i] = max(ring[i], uint32(min(v, math.MaxUint32)))
+		default:
+			ring[i] = uint32(min(max(v, 0), math.MaxUint32))
 		}
-		ring[i] = max(ring[i], uint32(min(v, math.MaxUint32)))
 	}
 	en.sinceRead = en.pendCur + en.pendPrev
 }
