@@ -696,10 +696,12 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	case en.flags&flagFloor != 0:
 		p.join = true
 		en.advance(ring, z.slots.Of(now))
+		// A push sent again leaves what was admitted since it was claimed
+		// to go as any pending admit; a new one holds them.
 		var again bool
 		if p.floor, again = e.floorPushOf(s, h, en, ring); !again {
-			st.Adds = [2]SlotCount{} // the push holds them
-		} // (else what it admitted since the push was claimed goes as any pending admit)
+			st.Adds = [2]SlotCount{}
+		}
 		st.Floor, st.FloorID, st.Now = p.floor.slots, p.floor.id, now/int64(time.Millisecond)
 	case en.flags&flagSynced == 0 && en.readAt > 0 && floor > 0 && busy(en, ring, z, now, floor):
 		// Tracked before it could go on a floor share (the fleet's size
@@ -726,9 +728,7 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 		// its probation share aside in every key, see probationAside.)
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
 	}
-	if mv, ok := s.claimMoved(h); ok {
-		st.Window = append(st.Window, mv)
-	}
+	st.Moved = s.claimMoved(h)
 	if en.flags&flagReserved != 0 && en.demand > 0 && !e.stopped.Load() && s.reservedOf(h, e.lapseSlot(z, now)) == 0 {
 		// Asked for here and none held: reserve some, within what the key
 		// leaves aside for the floor admits of others.

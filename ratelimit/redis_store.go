@@ -184,7 +184,7 @@ func (r *RedisStore) runPipeline(ctx context.Context, steps []Step, replies []Re
 	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
 			st := &steps[i]
-			args := make([]any, 0, 15+2*len(st.Floor)+2*len(st.Window))
+			args := make([]any, 0, 17+2*len(st.Floor))
 			args = append(args, st.Oldest, st.TTL.Milliseconds(), st.Demand, st.Member, st.Now, st.MemberTTL.Milliseconds(), st.Reserve, st.Limit, st.Adds[0].Slot)
 			floorID := st.FloorID
 			if floorID == "" {
@@ -194,11 +194,9 @@ func (r *RedisStore) runPipeline(ctx context.Context, steps []Step, replies []Re
 			for _, a := range st.Floor {
 				args = append(args, a.Slot, a.Count)
 			}
-			for _, adds := range [2][]SlotCount{st.Adds[:], st.Window} {
-				for _, a := range adds {
-					if a.Count != 0 {
-						args = append(args, a.Slot, a.Count)
-					}
+			for _, a := range [3]SlotCount{st.Adds[0], st.Adds[1], st.Moved} {
+				if a.Count != 0 {
+					args = append(args, a.Slot, a.Count)
 				}
 			}
 			cmds[j] = syncScript.EvalSha(ctx, p, []string{st.Key}, args...)

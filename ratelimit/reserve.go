@@ -110,12 +110,12 @@ func (s *shard) takeReserved(h keyhash.Hash, head int64) int64 {
 }
 
 // claimMoved takes what must move out of h's reservation slot, as a count
-// to add there, and forgets a reservation that is spent. The caller holds
-// s's lock.
-func (s *shard) claimMoved(h keyhash.Hash) (SlotCount, bool) {
+// to add there (0: nothing), and forgets a reservation that is spent. The
+// caller holds s's lock.
+func (s *shard) claimMoved(h keyhash.Hash) SlotCount {
 	r, ok := s.reservations[h]
 	if !ok {
-		return SlotCount{}, false
+		return SlotCount{}
 	}
 	out := SlotCount{Slot: r.slot, Count: -r.moved}
 	if r.moved = 0; r.n == 0 {
@@ -123,7 +123,7 @@ func (s *shard) claimMoved(h keyhash.Hash) (SlotCount, bool) {
 	} else {
 		s.reservations[h] = r
 	}
-	return out, out.Count != 0
+	return out
 }
 
 // addReserved records n admits reserved for h in slot. The caller holds s's

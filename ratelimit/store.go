@@ -29,9 +29,9 @@ type Step struct {
 	// whose reply was lost is sent again, and may have been applied).
 	Floor   []SlotCount
 	FloorID string
-	// Window holds more counts to add, one per slot: (negative) reserved
-	// admits moved out of their slot to when they were made.
-	Window []SlotCount
+	// Moved takes reserved admits out of their slot (a negative count), as
+	// they were made in later slots (see claimMoved); Count 0: none.
+	Moved SlotCount
 	// Member, when not 0, is the instance taking part: it is registered as
 	// syncing the key until Now+MemberTTL (Unix ms), or deregistered when
 	// MemberTTL is 0.
@@ -255,7 +255,7 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 	for _, a := range st.Adds {
 		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
 	}
-	for _, adds := range [][]SlotCount{st.Window, st.Floor} {
+	for _, adds := range [][]SlotCount{{st.Moved}, st.Floor} {
 		for _, a := range adds {
 			writes = writes || (a.Count != 0 && a.Slot >= st.Oldest)
 		}
@@ -277,7 +277,7 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 		}
 		k.floorPushes[st.FloorID] = true
 	}
-	for _, adds := range [][]SlotCount{st.Adds[:], st.Window, floor} {
+	for _, adds := range [][]SlotCount{st.Adds[:], {st.Moved}, floor} {
 		for _, a := range adds {
 			if a.Count != 0 && a.Slot >= st.Oldest {
 				k.slots[a.Slot] += a.Count
