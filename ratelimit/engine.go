@@ -537,20 +537,21 @@ func (e *Engine) heard(z *Zone, en *entry, m hotMark) bool {
 }
 
 // floorAdmits admits a key on its floor share while this instance's own
-// admits in the window stay under it, and under what its floor promise
-// allows (see promise.go); from three quarters of the share on, or one
-// admit short of the promise, the key is queued to start syncing (push its
-// admits, register, read the fleet's counts), early enough that it rarely
-// meets either. Just after this instance joined, an eighth of its floor
-// share queues it too: a key busy here is likely busy elsewhere, where the
-// others hold a floor share back for this instance until it syncs the key.
+// admits in the window stay under it. From three quarters of the share on,
+// or from the first admit past what its floor promise allows (see
+// promise.go), the key is queued to start syncing (push its admits,
+// register, read the fleet's counts): early enough that it rarely meets
+// the share, and, past the promise, so that what the others do not leave
+// aside for this instance is in the store an early pass later. Just after
+// this instance joined, an eighth of its floor share queues it too: a key
+// busy here is likely busy elsewhere, where the others hold a floor share
+// back for this instance until it syncs the key.
 func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor, events, now int64) bool {
 	e.notePromised(z, h, min(used+1, floor))
-	most := e.promisedCap(z, h, floor, events)
-	if (used+1)*4 >= 3*floor || used+2 > most || (used+1)*8 >= floor && now < e.warmUntil.Load() {
+	if (used+1)*4 >= 3*floor || used+1 > e.promisedCap(z, h, floor, events) || (used+1)*8 >= floor && now < e.warmUntil.Load() {
 		e.enqueue(z, h, en)
 	}
-	return used < most
+	return used < floor
 }
 
 // judgeUntracked decides a request of a key the zone does not track: by the

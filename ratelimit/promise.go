@@ -15,17 +15,21 @@ import (
 // after a founder's kill -9. A promise bounds it per key. Each heartbeat
 // carries a sketch of the most this instance has counted of each key on
 // such shares within the last window (two rows of cells, each key raising
-// one cell of each row; a key's bound is the smaller of its two), and the
-// instance admits a key on such a share only up to its bound plus
-// promiseHeadroom, as last sent (and as being sent), until a heartbeat
-// carries a larger one. For a gone instance that sent one, the others leave
-// aside the bound plus the headroom of each key, not its share.
+// one cell of each row; a key's bound is the smaller of its two). For a
+// gone instance that sent one, the others leave aside each key's bound plus
+// promiseHeadroom, not its share.
+//
+// The headroom is for the admits after the last heartbeat. An admit past
+// it (past the bound plus headroom as last sent, and as being sent) is not
+// refused: it queues the key to push what this instance admitted of it and
+// sync from then on, an early pass later (earlySpacing), so the store
+// counts what the others leave no room for. A kill -9 in between loses
+// those admits, as it loses any admit not pushed yet (see shareAdmits).
 //
 // The bounds grow as keys are admitted: the request path raises the cells
 // of the current generation (generations of a window / (promiseGens-1), so
 // that those kept cover a window), and a heartbeat sends the largest of
-// every generation's cell. A key that comes to its bound is queued to sync,
-// as one that comes to its floor share.
+// every generation's cell.
 const (
 	promiseRows  = 2
 	promiseWidth = 512
@@ -36,9 +40,10 @@ const (
 )
 
 // promiseHeadroom is how far past its bound a key may be admitted on a
-// floor share before the next heartbeat sends a larger bound: a twentieth of
-// the limit, so that the headroom of two killed instances leaves a key at
-// 90% of its limit its room.
+// floor share before the next heartbeat sends a larger bound, without
+// being pushed: a twentieth of the limit. Less would send keys far below
+// their limit to the store; more would leave more aside for a killed
+// instance.
 func promiseHeadroom(events int64) int64 { return max(events/20, 1) }
 
 // promises is one sketch of bounds. Its cells change atomically: the request
@@ -129,8 +134,9 @@ func (s sentPromise) bound(z *Zone, h keyhash.Hash, sh, events int64) int64 {
 }
 
 // promisedCap is how many of h's admits in the window this instance may
-// hold on its floor share of floor: no more than the promise it sent (and
-// the one it is sending) allows. Before its first promise, the share.
+// hold on its floor share of floor without pushing them: what the promise
+// it sent (and the one it is sending) allows. Before its first promise, the
+// share.
 func (e *Engine) promisedCap(z *Zone, h keyhash.Hash, floor, events int64) int64 {
 	sent, sending := e.promised.Load(), e.promising.Load()
 	if sent == nil && sending == nil {

@@ -1,0 +1,54 @@
+package ratelimit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// TestABurstPastItsPromiseIsPushedNotRefused: a cold key admitted past its
+// floor promise (its bound, 0, and the headroom) within one heartbeat is
+// admitted on its floor share as before, and pushed an early pass later, so
+// that once its instance is killed, the others, who leave aside only what
+// its promise said, still see every admit.
+func TestABurstPastItsPromiseIsPushedNotRefused(t *testing.T) {
+	srv := redistest.Start(t)
+	const events = 100 // 2 instances: floor shares of 40, a headroom of 5
+	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
+	now := time.Now().UnixNano()
+	a, b := f.start(now), f.start(now)
+	f.tick(now, true)
+	now = f.floorsTaken(a.e.warmUntil.Load())
+	const burst = 3 * events / 20 // three times the headroom
+	for range burst {
+		if !allow(a.e, a.z, f.l, "k", now).Allowed {
+			t.Fatal("a burst under the floor share was refused: past the promise, an admit is pushed, not refused")
+		}
+	}
+	now += int64(5 * time.Millisecond)
+	if err := a.e.pass(context.Background(), now, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := storedCount(t, srv.Client(t), a.z.storeKey(keyhash.Of("k"))); got != burst {
+		t.Fatalf("an early pass after the burst, the store counts %d of the key: want the %d admitted past the promise", got, burst)
+	}
+	a.live = false // killed: no flush, no leave
+	admitted := 0
+	for i := range 300 { // 3 s, well within the window
+		now += int64(10 * time.Millisecond)
+		if allow(b.e, b.z, f.l, "k", now).Allowed {
+			admitted++
+		}
+		f.tick(now, i%10 == 0)
+	}
+	t.Logf("b admitted %d after a admitted %d and was killed, limit %d", admitted, burst, events)
+	if admitted+burst > events {
+		t.Fatalf("the fleet admitted %d, limit %d", admitted+burst, events)
+	}
+	if headroom := int(promiseHeadroom(events)); admitted < events-burst-headroom-2 {
+		t.Fatalf("b admitted %d: want the limit less a's admits and its promise's headroom (%d), not less its floor share (%d)", admitted, events-burst-headroom, events-burst-40)
+	}
+}
