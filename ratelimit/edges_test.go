@@ -358,13 +358,11 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 			f.tick(now, true)
 			now = f.floorsTaken(a.e.warmUntil.Load())
 			const onA = 10
-			for i := range onA {
-				if i%2 == 0 {
-					// A heartbeat every two admits: the promise grows
-					// with them, and the key stays on the floor share.
-					now += int64(500 * time.Millisecond)
-					a.e.heartbeat(ctx, now/int64(time.Millisecond))
-				}
+			for range onA {
+				// A heartbeat before every admit: the promise grows with
+				// them, and the key stays on the floor share.
+				now += int64(500 * time.Millisecond)
+				a.e.heartbeat(ctx, now/int64(time.Millisecond))
 				if !allow(a.e, a.z, f.l, name, now).Allowed {
 					t.Fatal("a was denied under its floor share")
 				}
@@ -390,7 +388,7 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 			if !kill && admitted < events-onA-2 {
 				t.Fatalf("after a stopped gracefully, b admitted %d: want the limit less a's admits (%d), not less a's whole floor share (%d)", admitted, events-onA, events-40)
 			}
-			if headroom := int(promiseHeadroom(events)); kill && admitted < events-onA-headroom-2 {
+			if headroom := int(promiseHeadroom(a.z, events)); kill && admitted < events-onA-headroom-2 {
 				t.Fatalf("after a was killed, b admitted %d: want the limit less a's admits and the headroom of its promise (%d), not less a's whole floor share (%d)", admitted, events-onA-headroom, events-40)
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"sync/atomic"
+	"time"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
@@ -39,12 +40,21 @@ const (
 	promiseSaturated = 1<<16 - 1
 )
 
-// promiseHeadroom is how far past its bound a key may be admitted on a
-// floor share before the next heartbeat sends a larger bound, without
-// being pushed: a twentieth of the limit. Less would send keys far below
-// their limit to the store; more would leave more aside for a killed
-// instance.
-func promiseHeadroom(events int64) int64 { return max(events/20, 1) }
+// promiseHeadroom is how far past its bound a key of z with a limit of
+// events may be admitted on a floor share before the next heartbeat sends a
+// larger bound, without being pushed: what a fifth of the limit's rate
+// admits in half a second, a heartbeat at the default sync interval (a
+// hundredth of the limit of a 10 s window), and at least one. A key far
+// below its limit rarely comes past it; a larger one left more aside for a
+// killed instance (bench/churn, kill: the key at 90% of its limit was
+// denied 15-20 times with a twentieth, 0-2 with a hundredth).
+func promiseHeadroom(z *Zone, events int64) int64 {
+	return max(events*int64(promiseHeadroomTime)/(z.slots.N*z.slots.Len), 1)
+}
+
+// promiseHeadroomTime is how long a fifth of a limit's rate takes to fill
+// the headroom (see promiseHeadroom).
+const promiseHeadroomTime = 100 * time.Millisecond
 
 // promises is one sketch of bounds. Its cells change atomically: the request
 // path reads and raises them while a heartbeat folds them.
@@ -130,7 +140,7 @@ func (s sentPromise) bound(z *Zone, h keyhash.Hash, sh, events int64) int64 {
 	if c == promiseSaturated {
 		return sh
 	}
-	return min(sh, int64(c)+promiseHeadroom(events))
+	return min(sh, int64(c)+promiseHeadroom(z, events))
 }
 
 // promisedCap is how many of h's admits in the window this instance may
@@ -153,7 +163,7 @@ func (e *Engine) promisedCap(z *Zone, h keyhash.Hash, floor, events int64) int64
 	if c >= promiseSaturated {
 		return floor
 	}
-	return min(floor, c+promiseHeadroom(events))
+	return min(floor, c+promiseHeadroom(z, events))
 }
 
 // notePromised raises h's cells of the current generation to used, what

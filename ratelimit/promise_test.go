@@ -16,13 +16,13 @@ import (
 // its promise said, still see every admit.
 func TestABurstPastItsPromiseIsPushedNotRefused(t *testing.T) {
 	srv := redistest.Start(t)
-	const events = 100 // 2 instances: floor shares of 40, a headroom of 5
+	const events = 100 // 2 instances: floor shares of 40, a headroom of 1
 	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
 	now := time.Now().UnixNano()
 	a, b := f.start(now), f.start(now)
 	f.tick(now, true)
 	now = f.floorsTaken(a.e.warmUntil.Load())
-	const burst = 3 * events / 20 // three times the headroom
+	const burst = 15 // past the headroom, under the share
 	for range burst {
 		if !allow(a.e, a.z, f.l, "k", now).Allowed {
 			t.Fatal("a burst under the floor share was refused: past the promise, an admit is pushed, not refused")
@@ -48,7 +48,7 @@ func TestABurstPastItsPromiseIsPushedNotRefused(t *testing.T) {
 	if admitted+burst > events {
 		t.Fatalf("the fleet admitted %d, limit %d", admitted+burst, events)
 	}
-	if headroom := int(promiseHeadroom(events)); admitted < events-burst-headroom-2 {
+	if headroom := int(promiseHeadroom(a.z, events)); admitted < events-burst-headroom-2 {
 		t.Fatalf("b admitted %d: want the limit less a's admits and its promise's headroom (%d), not less its floor share (%d)", admitted, events-burst-headroom, events-burst-40)
 	}
 }
