@@ -312,17 +312,18 @@ func TestAJoiningInstanceKeepsColdKeysOffTheStore(t *testing.T) {
 	if got := b.e.setAside(b.z, b.z.shardOf(keyhash.Of("k")), keyhash.Of("k"), en, 1000, now); got != sh+pr {
 		t.Fatalf("b leaves %d aside, want a's floor share and c's probation share (%d)", got, sh+pr)
 	}
-	// c is killed: once its record lapses, what it admitted on probation
-	// shares stays aside until it has left the window.
+	// c is killed: once its record lapses, what it may have admitted on
+	// probation shares stays aside until it has left the window: of k,
+	// which it never admitted, its last promise's headroom.
 	c.live = false
 	for range 30 {
 		now += int64(100 * time.Millisecond)
 		f.tick(now, true)
 	}
 	en.readAt = now
-	sh = share(1000, 2)
+	sh, pr = share(1000, 2), promiseHeadroom(c.z, 1000)
 	if got := b.e.setAside(b.z, b.z.shardOf(keyhash.Of("k")), keyhash.Of("k"), en, 1000, now); got != sh+pr {
-		t.Fatalf("after c was killed, b leaves %d aside, want a's floor share and c's probation share (%d)", got, sh+pr)
+		t.Fatalf("after c was killed, b leaves %d aside, want a's floor share and c's promise's headroom (%d)", got, sh+pr)
 	}
 }
 
