@@ -221,3 +221,38 @@ func BenchmarkGracefulStopWithKeysOnTheirFloor(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAllowKeysOnTheirFloor admits 100k keys on their floor share in
+// turn, as a fleet's cold keys are: the floor admit, with the floor
+// promise's raise and check. The clock moves 1 µs a request (each key comes
+// back every 100 ms, a tenth of its floor share in a window), and a
+// heartbeat every half second sends the promise (not timed).
+func BenchmarkAllowKeysOnTheirFloor(b *testing.B) {
+	const keys = 100_000
+	e, z, l, now := founderWithKeysOnTheirFloor(b, NewMemoryStore(), "bench", keys)
+	hashes := make([]keyhash.Hash, keys)
+	for i := range hashes {
+		hashes[i] = keyhash.Of("key-" + strconv.Itoa(i))
+	}
+	checks := []Check{{Zone: z, Limit: l}}
+	out := make([]Verdict, 1)
+	nextHeartbeat := now
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		now += int64(time.Microsecond)
+		if now >= nextHeartbeat {
+			b.StopTimer()
+			e.heartbeat(context.Background(), now/int64(time.Millisecond))
+			nextHeartbeat = now + int64(500*time.Millisecond)
+			b.StartTimer()
+		}
+		checks[0].Key = hashes[i]
+		if i++; i == keys {
+			i = 0
+		}
+		if d := e.Allow(now, checks, out); d != -1 {
+			b.Fatal("denied")
+		}
+	}
+}
