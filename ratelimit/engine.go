@@ -109,6 +109,9 @@ type Engine struct {
 	// generation of the last window (under heartbeatMu).
 	promised, promising, promiseGen atomic.Pointer[promises]
 	promiseGens                     promiseGenerations
+	// gonePromises are the gone members' promises the last heartbeat
+	// learned, by member (under heartbeatMu; see heldPromises).
+	gonePromises map[int64]heldPromise
 	// floorPushes numbers this instance's floor pushes (see floorPush).
 	floorPushes atomic.Uint64
 

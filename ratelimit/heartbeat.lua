@@ -14,12 +14,13 @@
 -- ARGV[5]  how long its record outlives it, in ms
 -- ARGV[6]  when it last learned the fleet, Unix ms
 -- ARGV[7]  its floor promise ("": keep the one it sent last)
--- ARGV[8…] triples of key, until (Unix ms) and room: the hot keys this
+-- ARGV[8]  the gone members' promises it holds: "<number>:<until> ..."
+-- ARGV[9…] triples of key, until (Unix ms) and room: the hot keys this
 --          instance announces
 -- Returns { fresh (1: the membership was empty), founded, number of records,
 -- then per record: instance number, until, joined, seen, and its promise if it
--- is gone ("" if live or none); then per key hot now: key, until, room, became
--- hot at }.
+-- is gone ("" if live or none, "=" if the caller holds it); then per key hot
+-- now: key, until, room, became hot at }.
 local members, hot, promises = KEYS[1], KEYS[2], KEYS[3]
 local now = tonumber(ARGV[2])
 local founded = tonumber(redis.call('HGET', members, 'f'))
@@ -36,6 +37,10 @@ end
 redis.call('HSET', members, ARGV[1], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[4] .. ' ' .. ARGV[6])
 if ARGV[7] ~= '' then
 	redis.call('HSET', promises, ARGV[1], ARGV[7])
+end
+local known = {}
+for m, u in string.gmatch(ARGV[8], '(%d+):(%d+)') do
+	known[m] = u
 end
 local out = { fresh, founded, 0 }
 local old = {}
@@ -54,7 +59,11 @@ for i = 1, #fields, 2 do
 			out[#out + 1] = tonumber(seen)
 			local promise = ''
 			if tonumber(untl) <= now then
-				promise = redis.call('HGET', promises, f) or ''
+				if known[f] == untl then
+					promise = '='
+				else
+					promise = redis.call('HGET', promises, f) or ''
+				end
 			end
 			out[#out + 1] = promise
 		end
@@ -67,7 +76,7 @@ end
 redis.call('PEXPIRE', members, keep + 2 * tonumber(ARGV[3]) + 60000)
 redis.call('PEXPIRE', promises, keep + 2 * tonumber(ARGV[3]) + 60000)
 
-for i = 8, #ARGV, 3 do
+for i = 9, #ARGV, 3 do
 	local at = now
 	local cur = redis.call('HGET', hot, ARGV[i])
 	if cur then
@@ -95,7 +104,7 @@ end
 if #old > 0 then
 	redis.call('HDEL', hot, unpack(old))
 end
-if #fields > 0 or #ARGV >= 8 then
+if #fields > 0 or #ARGV >= 9 then
 	redis.call('PEXPIRE', hot, 60000 + 2 * tonumber(ARGV[3]))
 end
 return out

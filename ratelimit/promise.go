@@ -235,3 +235,44 @@ func (e *Engine) longestWindow() int64 {
 	}
 	return w
 }
+
+// heldPromise is a gone member's promise, as of its record's end (until,
+// Unix ms).
+type heldPromise struct {
+	until   int64
+	promise sentPromise
+}
+
+// knownPromises names the gone members' promises this instance holds, for
+// the store not to send again: a gone member's record (and promise) stays
+// for a window, which may be hours, and is read at every heartbeat. The
+// caller holds heartbeatMu.
+func (e *Engine) knownPromises() []KnownPromise {
+	if len(e.gonePromises) == 0 {
+		return nil
+	}
+	known := make([]KnownPromise, 0, len(e.gonePromises))
+	for m, h := range e.gonePromises {
+		known = append(known, KnownPromise{Member: m, Until: h.until})
+	}
+	return known
+}
+
+// holdPromises fills in the promises of f the store did not send again
+// (known: this instance holds them), and holds every gone member's promise
+// for the next heartbeat. The caller holds heartbeatMu.
+func (e *Engine) holdPromises(f *Fleet, nowMs int64) {
+	held := make(map[int64]heldPromise)
+	for i := range f.Members {
+		r := &f.Members[i]
+		if r.PromiseKnown {
+			if h, ok := e.gonePromises[r.Member]; ok && h.until == r.Until {
+				r.Promise = h.promise
+			}
+		}
+		if r.Until <= nowMs && r.Promise != nil {
+			held[r.Member] = heldPromise{until: r.Until, promise: r.Promise}
+		}
+	}
+	e.gonePromises = held
+}

@@ -52,3 +52,28 @@ func TestABurstPastItsPromiseIsPushedNotRefused(t *testing.T) {
 		t.Fatalf("b admitted %d: want the limit less a's admits and its promise's headroom (%d), not less its floor share (%d)", admitted, events-burst-headroom, events-burst-40)
 	}
 }
+
+// TestAGoneMembersPromiseIsReadOnce: the store sends a gone member's promise
+// to each instance once; later heartbeats name it as held, get none, and the
+// instance keeps leaving aside by it.
+func TestAGoneMembersPromiseIsReadOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, 100, 10*time.Second, 0)}
+	now := time.Now().UnixNano()
+	a, b := f.start(now), f.start(now)
+	f.tick(now, true)
+	now = f.floorsTaken(a.e.warmUntil.Load())
+	a.live = false // killed
+	now += int64(3 * time.Second)
+	for beat := range 3 {
+		now += int64(500 * time.Millisecond)
+		b.e.heartbeat(context.Background(), now/int64(time.Millisecond))
+		gone := b.z.fleet.gone.Load()
+		if gone == nil || len(*gone) != 1 || !(*gone)[0].promise.valid() {
+			t.Fatalf("heartbeat %d after a's death: b holds %+v, want a's promise", beat, gone)
+		}
+		if held := b.e.knownPromises(); len(held) != 1 || held[0].Member != a.e.member {
+			t.Fatalf("heartbeat %d: b names %v as held, want a's", beat, held)
+		}
+	}
+}

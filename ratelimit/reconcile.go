@@ -211,7 +211,7 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 	f, err := e.store.Heartbeat(ctx, e.membersKey, e.hotKey, Heartbeat{
 		Member: e.member, Now: nowMs, TTL: time.Duration(e.staleAfter()),
 		Joined: e.joined.Load(), Seen: nowMs, Keep: e.keep(), Hot: e.announce(now),
-		Promise: promise.encode(),
+		Promise: promise.encode(), Known: e.knownPromises(),
 	})
 	e.promiseSent(promise, err == nil)
 	if err != nil {
@@ -221,6 +221,7 @@ func (e *Engine) heartbeat(ctx context.Context, nowMs int64) {
 		return
 	}
 	e.storeOK()
+	e.holdPromises(&f, nowMs)
 	e.see(f, now)
 	e.learnHot(f.Hot, now)
 }

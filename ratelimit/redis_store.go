@@ -79,8 +79,8 @@ func (r *RedisStore) Sync(ctx context.Context, steps []Step, replies []Reply) er
 
 // Heartbeat implements SlotStore.
 func (r *RedisStore) Heartbeat(ctx context.Context, key, hotKey string, hb Heartbeat) (Fleet, error) {
-	args := make([]any, 0, 7+3*len(hb.Hot))
-	args = append(args, hb.Member, hb.Now, hb.TTL.Milliseconds(), hb.Joined, hb.Keep.Milliseconds(), hb.Seen, hb.Promise)
+	args := make([]any, 0, 8+3*len(hb.Hot))
+	args = append(args, hb.Member, hb.Now, hb.TTL.Milliseconds(), hb.Joined, hb.Keep.Milliseconds(), hb.Seen, hb.Promise, knownArg(hb.Known))
 	for _, h := range hb.Hot {
 		args = append(args, h.Key, h.Until, h.Room)
 	}
@@ -93,6 +93,18 @@ func (r *RedisStore) Heartbeat(ctx context.Context, key, hotKey string, hb Heart
 		return Fleet{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
 	return f, nil
+}
+
+// knownArg is heartbeat.lua's list of the promises a heartbeat holds.
+func knownArg(known []KnownPromise) string {
+	var b []byte
+	for _, k := range known {
+		b = strconv.AppendInt(b, k.Member, 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, k.Until, 10)
+		b = append(b, ' ')
+	}
+	return string(b)
 }
 
 // parseFleet reads heartbeat.lua's reply.
@@ -128,7 +140,11 @@ func parseFleet(res []any) (Fleet, error) {
 			return Fleet{}, fmt.Errorf("unexpected record %v", rest[i:i+5])
 		}
 		r := MemberRecord{Member: nums[0], Until: nums[1], Joined: nums[2], Seen: nums[3]}
-		if promise != "" {
+		switch promise {
+		case "":
+		case "=":
+			r.PromiseKnown = true
+		default:
 			r.Promise = []byte(promise)
 		}
 		f.Members = append(f.Members, r)

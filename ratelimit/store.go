@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"bytes"
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -89,7 +90,16 @@ type Heartbeat struct {
 	// its floor share without pushing it (see promise.go); nil keeps the
 	// one it sent last.
 	Promise []byte
+	// Known are the gone members' promises this instance holds, each as of
+	// its record's Until: the store does not send one again while the
+	// record is unchanged (see MemberRecord.PromiseKnown), so a fleet with
+	// many gone members does not read them all at every heartbeat.
+	Known []KnownPromise
 }
+
+// KnownPromise names a gone member's promise a heartbeat's sender holds: the
+// one of Member's record that ended at Until (Unix ms).
+type KnownPromise struct{ Member, Until int64 }
 
 // HotKey is a key that an instance syncs because it is busy there: while it
 // is hot, no instance admits it on a floor share.
@@ -109,6 +119,9 @@ type MemberRecord struct {
 	// Promise is the last floor promise of a member that is gone (nil for
 	// a live one, or one that sent none).
 	Promise []byte
+	// PromiseKnown says Promise was not sent: it is the one the heartbeat
+	// named in Known for this Member and Until.
+	PromiseKnown bool
 }
 
 // Fleet is what a heartbeat learns.
@@ -192,8 +205,11 @@ func (m *MemoryStore) Heartbeat(_ context.Context, key, hotKey string, hb Heartb
 			delete(f.members, id)
 			continue
 		}
-		if r.Until > hb.Now {
+		switch {
+		case r.Until > hb.Now:
 			r.Promise = nil // a live member's promise is no one else's business
+		case slices.Contains(hb.Known, KnownPromise{id, r.Until}):
+			r.Promise, r.PromiseKnown = nil, true
 		}
 		out.Members = append(out.Members, r)
 	}

@@ -316,6 +316,27 @@ func TestHeartbeatConformance(t *testing.T) {
 			if len(f.Members) != 2 || gone == nil || gone.Until != t0+600 || gone.Seen != t0 || !bytes.Equal(gone.Promise, promise) {
 				t.Fatalf("the record of an instance that left: %+v", f.Members)
 			}
+			// A gone member's promise the heartbeat holds is not sent again,
+			// unless its record changed since.
+			goneOf := func(f Fleet) MemberRecord {
+				for _, r := range f.Members {
+					if r.Member == 1<<52 {
+						return r
+					}
+				}
+				t.Fatalf("no record of the instance that left: %+v", f.Members)
+				return MemberRecord{}
+			}
+			f = beat(Heartbeat{Member: 2, Now: t0 + 9500, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 9500, Keep: time.Second,
+				Known: []KnownPromise{{Member: 1 << 52, Until: t0 + 600}, {Member: 77, Until: t0}}})
+			if r := goneOf(f); !r.PromiseKnown || r.Promise != nil || r.Until != t0+600 {
+				t.Fatalf("a promise the heartbeat holds: %+v, want it named known and not sent", r)
+			}
+			f = beat(Heartbeat{Member: 2, Now: t0 + 9600, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 9600, Keep: time.Second,
+				Known: []KnownPromise{{Member: 1 << 52, Until: t0 + 500}}})
+			if r := goneOf(f); r.PromiseKnown || !bytes.Equal(r.Promise, promise) {
+				t.Fatalf("a promise the heartbeat holds of another record: %+v, want it sent", r)
+			}
 			f = beat(Heartbeat{Member: 2, Now: t0 + 10_700, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 10_700, Keep: time.Second})
 			if len(f.Members) != 1 || f.Members[0].Member != 2 {
 				t.Fatalf("past the longest keep: %+v, want only the live instance", f.Members)
