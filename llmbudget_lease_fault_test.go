@@ -204,16 +204,18 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				events := 0
-				for range 5 {
+				// A reserve that timed out before any stall (50 at once on
+				// a busy machine under -race) is no stream the stall cut:
+				// it is sent again, for up to 20 s, since the timeouts may
+				// have opened the store's breaker, which refuses reserves
+				// until a probe answers.
+				for retryUntil := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 					seen[i] = readChatStream(urls[i%2], body, func() {
 						if events++; events == 35 {
 							started.Done()
 						}
 					})
-					// A reserve that timed out before any stall (50 at once
-					// on a busy machine under -race) is no stream the stall
-					// cut: it is sent again.
-					if events > 0 || seen[i].status != http.StatusServiceUnavailable {
+					if events > 0 || seen[i].status != http.StatusServiceUnavailable || time.Now().After(retryUntil) {
 						break
 					}
 				}
