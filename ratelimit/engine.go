@@ -494,7 +494,7 @@ func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, 
 		return 0
 	}
 	m, hot := s.hotAt(h, now)
-	aside := e.goneAside(z, h, en, m, hot, sh, events)
+	aside := e.goneAside(z, h, en, m, hot, sh, events, now)
 	if !hot || !e.heard(z, en, m) {
 		aside += max(z.fleet.holders.Load()-int64(en.syncing), 0)*sh + probationAside(z, events)
 	}
@@ -506,8 +506,13 @@ func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, 
 // read: all but those that left having pushed them (flushed) an interval or
 // more before that read began, and, of a key hot since m (hot), those that
 // heartbeated after it became hot (they pushed them then); for each, no
-// more than its last floor promise says it held (see promise.go).
-func (e *Engine) goneAside(z *Zone, h keyhash.Hash, en *entry, m hotMark, hot bool, sh, events int64) int64 {
+// more than its last floor promise says it held (see promise.go). The
+// admits a promise counts were made by the heartbeat that sent it (seen; an
+// interval on, for the promise's folding and the clocks): once their slot
+// has left the window at now, only the promise's headroom is left aside, for
+// the admits after it (bench/churn, kill: the key at 90% of its limit was
+// denied in the seconds after its founders' admits had left the window).
+func (e *Engine) goneAside(z *Zone, h keyhash.Hash, en *entry, m hotMark, hot bool, sh, events, now int64) int64 {
 	gone := z.fleet.gone.Load()
 	if gone == nil {
 		return 0
@@ -515,13 +520,14 @@ func (e *Engine) goneAside(z *Zone, h keyhash.Hash, en *entry, m hotMark, hot bo
 	interval := e.interval.Load()
 	var aside int64
 	for _, g := range *gone {
+		past := now >= z.slots.LeavesAt(z.slots.Of(g.seen+interval))
 		switch {
 		case g.flushed != 0 && en.readAt > g.flushed+interval:
 		case hot && g.seen > m.at+interval:
 		case g.fewest > 0:
-			aside += g.promise.bound(z, h, probationShare(events, g.fewest), events)
+			aside += g.promise.bound(z, h, probationShare(events, g.fewest), events, past)
 		default:
-			aside += g.promise.bound(z, h, sh, events)
+			aside += g.promise.bound(z, h, sh, events, past)
 		}
 	}
 	return aside

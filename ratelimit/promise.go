@@ -130,8 +130,9 @@ type sentPromise []byte
 func (s sentPromise) valid() bool { return len(s) == 2*promiseRows*promiseWidth }
 
 // bound is what s leaves aside for h of z with a share of sh: the bound and
-// the headroom, at most the share.
-func (s sentPromise) bound(z *Zone, h keyhash.Hash, sh, events int64) int64 {
+// the headroom, at most the share; only the headroom once the admits the
+// bound counts have left the window (past, see goneAside).
+func (s sentPromise) bound(z *Zone, h keyhash.Hash, sh, events int64, past bool) int64 {
 	if !s.valid() {
 		return sh
 	}
@@ -139,6 +140,9 @@ func (s sentPromise) bound(z *Zone, h keyhash.Hash, sh, events int64) int64 {
 	c := min(binary.LittleEndian.Uint16(s[2*i:]), binary.LittleEndian.Uint16(s[2*j:]))
 	if c == promiseSaturated {
 		return sh
+	}
+	if past {
+		c = 0
 	}
 	return min(sh, int64(c)+promiseHeadroom(z, events))
 }

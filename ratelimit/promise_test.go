@@ -77,3 +77,54 @@ func TestAGoneMembersPromiseIsReadOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestAKilledInstancesPromiseEndsWithItsAdmits: what a killed instance's
+// promise bounds was admitted by the heartbeat that sent it, so once those
+// admits have left the window the others leave aside only the promise's
+// headroom, though the instance's record (and its claim) lasts a heartbeat
+// lifetime longer.
+func TestAKilledInstancesPromiseEndsWithItsAdmits(t *testing.T) {
+	srv := redistest.Start(t)
+	const events = 100 // 2 instances: floor shares of 40
+	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
+	ctx := context.Background()
+	now := time.Now().UnixNano()
+	a, b := f.start(now), f.start(now)
+	f.tick(now, true)
+	now = f.floorsTaken(a.e.warmUntil.Load())
+	const onA = 20
+	for range onA {
+		// A heartbeat before every admit: the promise grows with them.
+		now += int64(100 * time.Millisecond)
+		a.e.heartbeat(ctx, now/int64(time.Millisecond))
+		if !allow(a.e, a.z, f.l, "k", now).Allowed {
+			t.Fatal("a was denied under its floor share")
+		}
+	}
+	a.e.heartbeat(ctx, now/int64(time.Millisecond))
+	seen := now
+	a.live = false // killed: no flush, no leave
+	// Past the slot of a's last heartbeat (and an interval) leaving the window.
+	now = a.z.slots.LeavesAt(a.z.slots.Of(seen+b.e.interval.Load())) + int64(time.Millisecond)
+	f.tick(now, true)
+	admitted := 0
+	for range 100 {
+		now += int64(5 * time.Millisecond)
+		if allow(b.e, b.z, f.l, "k", now).Allowed {
+			admitted++
+		}
+		f.tick(now, false)
+	}
+	f.tick(now, true)
+	if gone := b.z.fleet.gone.Load(); gone == nil || len(*gone) != 1 {
+		t.Fatalf("a's record is gone by the end (%v): the test proves nothing", gone)
+	}
+	headroom := int(promiseHeadroom(a.z, events))
+	t.Logf("b admitted %d once a's %d admits had left the window; a's promise's headroom is %d", admitted, onA, headroom)
+	if admitted > events {
+		t.Fatalf("b admitted %d, limit %d", admitted, events)
+	}
+	if admitted < events-headroom-2 {
+		t.Fatalf("b admitted %d after a's admits had left the window: want the limit less the headroom of a's promise (%d), not less its bound too (%d)", admitted, events-headroom, events-onA-headroom)
+	}
+}

@@ -417,7 +417,7 @@ func (e *Engine) announce(now int64) []HotKey {
 				// be when the others read it: up to two heartbeats on, with
 				// what leaves the window meanwhile, less what the fleet asks.
 				ahead := 2 * float64(e.heartbeatEvery()*int64(time.Millisecond)) / interval
-				room := events - used - e.goneAside(z, h, en, hotMark{}, false, sh, events) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
+				room := events - used - e.goneAside(z, h, en, hotMark{}, false, sh, events, now) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
 				hot = append(hot, HotKey{Key: z.storeKey(h), Until: until, Room: room})
 			}
 		})
