@@ -395,6 +395,60 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 	}
 }
 
+// TestASyncedKeyHoldsAtMostAHundredthUnpushed: a kill -9 loses what its
+// instance has not pushed, and the others admit it again, so a synced key
+// never holds more than unpushedMost of its admits unpushed past an early
+// pass, however far it is from its limit.
+func TestASyncedKeyHoldsAtMostAHundredthUnpushed(t *testing.T) {
+	for _, events := range []int64{100, 1000} {
+		t.Run(strconv.FormatInt(events, 10), func(t *testing.T) {
+			srv := redistest.Start(t)
+			f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
+			ctx := context.Background()
+			now := time.Now().UnixNano()
+			a, _ := f.start(now), f.start(now)
+			f.tick(now, true)
+			now = f.floorsTaken(a.e.warmUntil.Load())
+			h := keyhash.Of("k")
+			synced := func() bool {
+				s := a.z.shardOf(h)
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				en, _ := a.z.lookup(s, h)
+				return en != nil && en.flags&flagSynced != 0
+			}
+			admitted := int64(0)
+			for i := 0; !synced(); i++ {
+				if i == 1000 {
+					t.Fatal("the key never synced")
+				}
+				now += int64(time.Millisecond)
+				if allow(a.e, a.z, f.l, "k", now).Allowed {
+					admitted++
+				}
+				if err := a.e.pass(ctx, now, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			most := unpushedMost(events)
+			for range 3 * most {
+				now += int64(time.Millisecond)
+				if !allow(a.e, a.z, f.l, "k", now).Allowed {
+					t.Fatalf("a synced key at %d of %d was denied", admitted, events)
+				}
+				admitted++
+				now += int64(time.Millisecond)
+				if err := a.e.pass(ctx, now, true); err != nil {
+					t.Fatal(err)
+				}
+				if stored := storedCount(t, srv.Client(t), a.z.storeKey(h)); admitted-stored >= most {
+					t.Fatalf("after an early pass the store counts %d of the key's %d admits: %d unpushed, want fewer than %d (a hundredth of %d)", stored, admitted, admitted-stored, most, events)
+				}
+			}
+		})
+	}
+}
+
 // TestAStopWithTooManyFloorKeysSaysItDidNotFlush: a stop pushes at most
 // flushFloorKeys keys held on floor shares (more would not fit Caddy's
 // shutdown); past that its record must not say it pushed them all.
