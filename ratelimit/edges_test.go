@@ -347,24 +347,11 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 	for _, kill := range []bool{false, true} {
 		name := map[bool]string{false: "graceful", true: "kill"}[kill]
 		t.Run(name, func(t *testing.T) {
-			srv := redistest.Start(t) // a fleet of its own
-			const events = 100        // 2 instances: floor shares of 40
-			f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
+			const events = 100 // 2 instances: floor shares of 40
+			f, a, b, now := twoOnTheirFloors(t, events)
 			ctx := context.Background()
-			now := time.Now().UnixNano()
-			a, b := f.start(now), f.start(now)
-			f.tick(now, true)
-			now = f.floorsTaken(a.e.warmUntil.Load())
 			const onA = 10
-			for range onA {
-				// A heartbeat before every admit: the promise grows with
-				// them, and the key stays on the floor share.
-				now += int64(500 * time.Millisecond)
-				a.e.heartbeat(ctx, now/int64(time.Millisecond))
-				if !allow(a.e, a.z, f.l, name, now).Allowed {
-					t.Fatal("a was denied under its floor share")
-				}
-			}
+			now = f.admitBeating(a, name, onA, 500*time.Millisecond, now)
 			a.e.heartbeat(ctx, now/int64(time.Millisecond))
 			a.live = false
 			if !kill {
@@ -400,13 +387,8 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 func TestASyncedKeyHoldsAtMostAHundredthUnpushed(t *testing.T) {
 	for _, events := range []int64{100, 1000} {
 		t.Run(strconv.FormatInt(events, 10), func(t *testing.T) {
-			srv := redistest.Start(t)
-			f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
+			f, a, _, now := twoOnTheirFloors(t, events)
 			ctx := context.Background()
-			now := time.Now().UnixNano()
-			a, _ := f.start(now), f.start(now)
-			f.tick(now, true)
-			now = f.floorsTaken(a.e.warmUntil.Load())
 			h := keyhash.Of("k")
 			synced := func() bool {
 				s := a.z.shardOf(h)
@@ -439,7 +421,7 @@ func TestASyncedKeyHoldsAtMostAHundredthUnpushed(t *testing.T) {
 				if err := a.e.pass(ctx, now, true); err != nil {
 					t.Fatal(err)
 				}
-				if stored := storedCount(t, srv.Client(t), a.z.storeKey(h)); admitted-stored >= most {
+				if stored := f.stored(a.z, h); admitted-stored >= most {
 					t.Fatalf("after an early pass the store counts %d of the key's %d admits: %d unpushed, want fewer than %d (a hundredth of %d)", stored, admitted, admitted-stored, most, events)
 				}
 			}

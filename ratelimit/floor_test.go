@@ -35,6 +35,40 @@ func (f *floorFleet) join() *floorInstance {
 	return in
 }
 
+// twoOnTheirFloors starts two instances on a Redis of their own, with a
+// limit of events per 10 s, and runs them until both hold floor shares. It
+// returns the fleet, the two, and the test's clock then.
+func twoOnTheirFloors(t *testing.T, events int64) (f *floorFleet, a, b *floorInstance, now int64) {
+	t.Helper()
+	srv := redistest.Start(t)
+	f = &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
+	now = time.Now().UnixNano()
+	a, b = f.start(now), f.start(now)
+	f.tick(now, true)
+	return f, a, b, f.floorsTaken(a.e.warmUntil.Load())
+}
+
+// stored is what the fleet's Redis counts of h in z's window.
+func (f *floorFleet) stored(z *Zone, h keyhash.Hash) int64 {
+	f.t.Helper()
+	return storedCount(f.t, f.store.(*RedisStore).client, z.storeKey(h))
+}
+
+// admitBeating admits n of key on in, every apart from now, each after a
+// heartbeat of in, so that its promise grows with its admits; the key must
+// stay under in's floor share. It returns the clock after the last admit.
+func (f *floorFleet) admitBeating(in *floorInstance, key string, n int, every time.Duration, now int64) int64 {
+	f.t.Helper()
+	for range n {
+		now += int64(every)
+		in.e.heartbeat(context.Background(), now/int64(time.Millisecond))
+		if !allow(in.e, in.z, f.l, key, now).Allowed {
+			f.t.Fatal("an admit under the floor share was denied")
+		}
+	}
+	return now
+}
+
 // start is an instance's start as Caddy runs it: the first heartbeat before
 // the first request.
 func (f *floorFleet) start(at int64) *floorInstance {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
-	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
 // TestABurstPastItsPromiseIsPushedNotRefused: a cold key admitted past its
@@ -15,13 +14,8 @@ import (
 // that once its instance is killed, the others, who leave aside only what
 // its promise said, still see every admit.
 func TestABurstPastItsPromiseIsPushedNotRefused(t *testing.T) {
-	srv := redistest.Start(t)
 	const events = 100 // 2 instances: floor shares of 40, a headroom of 1
-	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
-	now := time.Now().UnixNano()
-	a, b := f.start(now), f.start(now)
-	f.tick(now, true)
-	now = f.floorsTaken(a.e.warmUntil.Load())
+	f, a, b, now := twoOnTheirFloors(t, events)
 	const burst = 15 // past the headroom, under the share
 	for range burst {
 		if !allow(a.e, a.z, f.l, "k", now).Allowed {
@@ -32,7 +26,7 @@ func TestABurstPastItsPromiseIsPushedNotRefused(t *testing.T) {
 	if err := a.e.pass(context.Background(), now, true); err != nil {
 		t.Fatal(err)
 	}
-	if got := storedCount(t, srv.Client(t), a.z.storeKey(keyhash.Of("k"))); got != burst {
+	if got := f.stored(a.z, keyhash.Of("k")); got != burst {
 		t.Fatalf("an early pass after the burst, the store counts %d of the key: want the %d admitted past the promise", got, burst)
 	}
 	a.live = false // killed: no flush, no leave
@@ -57,12 +51,7 @@ func TestABurstPastItsPromiseIsPushedNotRefused(t *testing.T) {
 // to each instance once; later heartbeats name it as held, get none, and the
 // instance keeps leaving aside by it.
 func TestAGoneMembersPromiseIsReadOnce(t *testing.T) {
-	srv := redistest.Start(t)
-	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, 100, 10*time.Second, 0)}
-	now := time.Now().UnixNano()
-	a, b := f.start(now), f.start(now)
-	f.tick(now, true)
-	now = f.floorsTaken(a.e.warmUntil.Load())
+	_, a, b, now := twoOnTheirFloors(t, 100)
 	a.live = false // killed
 	now += int64(3 * time.Second)
 	for beat := range 3 {
@@ -84,23 +73,11 @@ func TestAGoneMembersPromiseIsReadOnce(t *testing.T) {
 // headroom, though the instance's record (and its claim) lasts a heartbeat
 // lifetime longer.
 func TestAKilledInstancesPromiseEndsWithItsAdmits(t *testing.T) {
-	srv := redistest.Start(t)
 	const events = 100 // 2 instances: floor shares of 40
-	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, events, 10*time.Second, 0)}
+	f, a, b, now := twoOnTheirFloors(t, events)
 	ctx := context.Background()
-	now := time.Now().UnixNano()
-	a, b := f.start(now), f.start(now)
-	f.tick(now, true)
-	now = f.floorsTaken(a.e.warmUntil.Load())
 	const onA = 20
-	for range onA {
-		// A heartbeat before every admit: the promise grows with them.
-		now += int64(100 * time.Millisecond)
-		a.e.heartbeat(ctx, now/int64(time.Millisecond))
-		if !allow(a.e, a.z, f.l, "k", now).Allowed {
-			t.Fatal("a was denied under its floor share")
-		}
-	}
+	now = f.admitBeating(a, "k", onA, 100*time.Millisecond, now)
 	a.e.heartbeat(ctx, now/int64(time.Millisecond))
 	seen := now
 	a.live = false // killed: no flush, no leave
