@@ -194,6 +194,23 @@ func BenchmarkPassWithKeysOnTheirFloor(b *testing.B) {
 	}
 }
 
+// BenchmarkHeartbeatWithKeysOnTheirFloor is one heartbeat of a fleet
+// instance tracking 100k or 1M keys on their floor share (on the embedded
+// store): its promise reads every such key's ring (see propose).
+func BenchmarkHeartbeatWithKeysOnTheirFloor(b *testing.B) {
+	for _, keys := range []int{100_000, 1_000_000} {
+		b.Run(strconv.Itoa(keys), func(b *testing.B) {
+			e, _, _, now := founderWithKeysOnTheirFloor(b, NewMemoryStore(), "bench", keys)
+			nowMs := now / int64(time.Millisecond)
+			b.ReportAllocs()
+			for b.Loop() {
+				nowMs++
+				e.heartbeat(context.Background(), nowMs)
+			}
+		})
+	}
+}
+
 // BenchmarkGracefulStopWithKeysOnTheirFloor is what a graceful stop costs
 // when many keys hold admits on their floor share: one step each, pushed to
 // a real redis-server in pipelines (see flush). Each op is one stop.

@@ -56,11 +56,16 @@ func promiseHeadroom(z *Zone, events int64) int64 {
 // the headroom (see promiseHeadroom).
 const promiseHeadroomTime = 100 * time.Millisecond
 
-// promises is one sketch of bounds. Its cells change atomically: the request
-// path reads and raises them while a heartbeat folds them.
+// promises is one sketch of bounds, and the keys it names as pushed (see
+// promise_pushed.go). Its cells change atomically: the request path reads
+// and raises them while a heartbeat folds them.
 type promises struct {
-	cells [promiseRows * promiseWidth]atomic.Uint32
+	cells  [promiseRows * promiseWidth]atomic.Uint32
+	pushed []uint64 // sorted; set before the promise is published
 }
+
+// promiseSketchBytes is the size of a promise's sketch as sent.
+const promiseSketchBytes = 2 * promiseRows * promiseWidth
 
 // promiseCells are the cells of h in z's keys: one in each row.
 func (z *Zone) promiseCells(h keyhash.Hash) (int, int) {
@@ -114,24 +119,28 @@ func lowest(p, q *promises) *promises {
 }
 
 // encode is p as a heartbeat carries it: each cell in two bytes, little
-// endian, saturated.
+// endian, saturated, then the keys it names, if any (a promise naming none
+// reads the same to a version that knows no names).
 func (p *promises) encode() []byte {
-	b := make([]byte, 2*len(p.cells))
+	b := make([]byte, promiseSketchBytes, promiseSketchBytes+8*len(p.pushed))
 	for i := range p.cells {
 		binary.LittleEndian.PutUint16(b[2*i:], uint16(min(p.cells[i].Load(), promiseSaturated)))
 	}
-	return b
+	return appendPushed(b, p.pushed)
 }
 
 // sentPromise is a gone instance's promise as its record carries it: nil, or
 // a sketch of another size (another version), bounds nothing.
 type sentPromise []byte
 
-func (s sentPromise) valid() bool { return len(s) == 2*promiseRows*promiseWidth }
+func (s sentPromise) valid() bool {
+	return len(s) >= promiseSketchBytes && (len(s)-promiseSketchBytes)%8 == 0
+}
 
 // bound is what s leaves aside for h of z with a share of sh: the bound and
 // the headroom, at most the share; only the headroom once the admits the
-// bound counts have left the window (past, see goneAside).
+// bound counts have left the window (past, see goneAside), or for a key it
+// names as pushed.
 func (s sentPromise) bound(z *Zone, h keyhash.Hash, sh, events int64, past bool) int64 {
 	if !s.valid() {
 		return sh
@@ -141,7 +150,7 @@ func (s sentPromise) bound(z *Zone, h keyhash.Hash, sh, events int64, past bool)
 	if c == promiseSaturated {
 		return sh
 	}
-	if past {
+	if past || c > 0 && s.names(z, h) {
 		c = 0
 	}
 	return min(sh, int64(c)+promiseHeadroom(z, events))
@@ -214,6 +223,7 @@ func (e *Engine) propose(now int64) *promises {
 		}
 	}
 	fold()
+	p.pushed = e.pushedKeys(now)
 	e.promising.Store(p)
 	fold()
 	return p

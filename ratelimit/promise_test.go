@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -104,4 +105,108 @@ func TestAKilledInstancesPromiseEndsWithItsAdmits(t *testing.T) {
 	if admitted < events-headroom-2 {
 		t.Fatalf("b admitted %d after a's admits had left the window: want the limit less the headroom of a's promise (%d), not less its bound too (%d)", admitted, events-headroom, events-onA-headroom)
 	}
+}
+
+// pushFloor has in's key start syncing at now: an early pass pushes what in
+// admitted of it on its floor share and registers it.
+func (f *floorFleet) pushFloor(in *floorInstance, key string, now int64) {
+	f.t.Helper()
+	h := keyhash.Of(key)
+	s := in.z.shardOf(h)
+	s.mu.Lock()
+	en, _ := in.z.lookup(s, h)
+	in.e.enqueue(in.z, h, en)
+	s.mu.Unlock()
+	if err := in.e.pass(context.Background(), now, true); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// TestAKeyThatSyncedLeavesItsPromise: a key that starts syncing pushes what
+// its instance admitted of it on its floor share, and that instance's next
+// promises name it as pushed, so once the instance is killed the others
+// leave aside the headroom for it, not again what the store already counts
+// (bench/churn, kill: both killed founders had pushed the key at 90% of its
+// limit, and the others left their bounds of it, 4 and 5, aside on top).
+func TestAKeyThatSyncedLeavesItsPromise(t *testing.T) {
+	const events = 100 // 2 instances: floor shares of 40
+	f, a, b, now := twoOnTheirFloors(t, events)
+	ctx := context.Background()
+	const onA = 20
+	now = f.admitBeating(a, "k", onA, 100*time.Millisecond, now)
+	now += int64(time.Millisecond)
+	f.pushFloor(a, "k", now)
+	h := keyhash.Of("k")
+	if got := f.stored(a.z, h); got != onA {
+		t.Fatalf("after a's early pass the store counts %d of the key, want its %d floor admits", got, onA)
+	}
+	now += int64(500 * time.Millisecond)
+	a.e.heartbeat(ctx, now/int64(time.Millisecond))
+	a.live = false // killed: no flush, no leave
+	// Past a's record's end, well within the window of its admits.
+	now += int64(3 * time.Second)
+	f.tick(now, true)
+	if gone := b.z.fleet.gone.Load(); gone == nil || len(*gone) != 1 {
+		t.Fatalf("b holds %v as gone, want a: the test proves nothing", gone)
+	}
+	admitted := 0
+	for range 200 {
+		now += int64(5 * time.Millisecond)
+		if allow(b.e, b.z, f.l, "k", now).Allowed {
+			admitted++
+		}
+		f.tick(now, false)
+	}
+	headroom := int(promiseHeadroom(a.z, events))
+	t.Logf("b admitted %d beside a's %d pushed; a's promise's headroom is %d", admitted, onA, headroom)
+	if admitted > events-onA {
+		t.Fatalf("b admitted %d beside a's %d, limit %d", admitted, onA, events)
+	}
+	if admitted < events-onA-headroom-2 {
+		t.Fatalf("b admitted %d beside a's %d pushed: want the limit less those and the headroom (%d), not less them twice (%d)", admitted, onA, events-onA-headroom, events-2*onA-headroom)
+	}
+}
+
+// TestANamedKeyStaysOffItsFloor: a key a promise names as pushed admits
+// nothing unseen while the instance's last promise may name it: it goes
+// back on its floor share only a heartbeat lifetime after it is last named.
+func TestANamedKeyStaysOffItsFloor(t *testing.T) {
+	f, a, _, now := twoOnTheirFloors(t, 100)
+	now = f.admitBeating(a, "k", 20, 100*time.Millisecond, now)
+	now += int64(time.Millisecond)
+	f.pushFloor(a, "k", now)
+	pushed := now
+	h := keyhash.Of("k")
+	named, until := pushed+pushedFor(a.z), pushed+pushedFor(a.z)+int64(a.e.memberTTL())
+	onFloor := func() bool {
+		s := a.z.shardOf(h)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		en, _ := a.z.lookup(s, h)
+		return en != nil && en.flags&flagFloor != 0
+	}
+	back := int64(0)
+	for i := 1; now < until+int64(10*time.Second); i++ {
+		now += int64(100 * time.Millisecond)
+		if i%20 == 0 { // one request in 2 s: the key leaves, as far as it may
+			allow(a.e, a.z, f.l, "k", now)
+		}
+		f.tick(now, i%5 == 0)
+		p := a.e.promised.Load()
+		if i%5 == 0 && slices.Contains(p.pushed, a.z.pushedID(h)) != (now < named) {
+			t.Fatalf("%v after its push, a's promise names the key: %v, want %v (named for %v)", time.Duration(now-pushed), now < named == false, now < named, time.Duration(pushedFor(a.z)))
+		}
+		if onFloor() {
+			if now < until {
+				t.Fatalf("the key went back on a's floor share %v after its push, before %v: a promise naming it may be a's last", time.Duration(now-pushed), time.Duration(until-pushed))
+			}
+			if back == 0 {
+				back = now
+			}
+		}
+	}
+	if back == 0 {
+		t.Fatal("the key never went back on a's floor share: the test proves nothing")
+	}
+	t.Logf("the key went back on its floor share %v after its push", time.Duration(back-pushed))
 }

@@ -588,13 +588,14 @@ func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []pl
 }
 
 // mayGoOnFloor reports whether a key whose fleet count is used may go on this
-// instance's floor share at now: it has one, the key is not hot, and the
-// count leaves room for every floor share. The caller holds the key's shard
+// instance's floor share at now: it has one, the key is not hot nor named
+// as pushed by a promise (see offFloor), and the count leaves room for every
+// floor share. The caller holds the key's shard
 // lock, s.
 func (e *Engine) mayGoOnFloor(z *Zone, s *shard, h keyhash.Hash, used, now int64) bool {
 	events := z.events.Load()
 	floor := e.floorOf(z, events, now)
-	if _, hot := s.hotAt(h, now); hot || floor == 0 {
+	if _, hot := s.hotAt(h, now); hot || floor == 0 || s.offFloor(h, now) {
 		return false
 	}
 	// Every other claim at a floor share, this one at its own (a
@@ -760,6 +761,9 @@ func (e *Engine) merge(p *plan, r *Reply, now, interval int64) {
 		en.flags |= flagLeaving
 		en.leftAt = now
 	case p.join:
+		if p.floor.id != "" {
+			s.notePushed(z, p.hash, now, int64(e.memberTTL()))
+		}
 		z.toSynced(s, p.hash, en)
 		delete(s.floorPushes, p.hash)
 	}

@@ -137,6 +137,9 @@ type shard struct {
 	// floorPushes are the floor pushes of keys whose step failed, to be
 	// sent again (see floorPush). Nil while there are none.
 	floorPushes map[keyhash.Hash]floorPush
+	// pushed are the keys whose floor push landed lately (see
+	// promise_pushed.go). Nil while there are none.
+	pushed map[keyhash.Hash]pushedMark
 }
 
 // eachShard calls fn with each shard of z locked. The unlock is deferred, so
@@ -243,7 +246,7 @@ func (z *Zone) lock(h keyhash.Hash, now int64, onFloor bool) (*shard, *entry, []
 	}
 	if z.reserveKey() {
 		var flags uint8
-		if _, hot := s.hotAt(h, now); onFloor && !hot {
+		if _, hot := s.hotAt(h, now); onFloor && !hot && !s.offFloor(h, now) {
 			flags = flagFloor
 		}
 		e, ring := z.insert(s, h, now, flags)
