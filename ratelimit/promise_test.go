@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/redistest"
 )
 
 // TestABurstPastItsPromiseIsPushedNotRefused: a cold key admitted past its
@@ -209,4 +210,64 @@ func TestANamedKeyStaysOffItsFloor(t *testing.T) {
 		t.Fatal("the key never went back on a's floor share: the test proves nothing")
 	}
 	t.Logf("the key went back on its floor share %v after its push", time.Duration(back-pushed))
+}
+
+// TestAHotKeysRoomLeavesNothingForThoseThatHeardIt: the room a hot key's
+// announcer tells new instances leaves nothing aside for a gone instance
+// that heard the key hot (it pushed what it had admitted of it), as the
+// request path does (bench/churn, kill: a dozen gone restarts' headrooms
+// left a key at 90% of its limit no room, and each new instance's first
+// request of it was denied).
+func TestAHotKeysRoomLeavesNothingForThoseThatHeardIt(t *testing.T) {
+	srv := redistest.Start(t)
+	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, 1000, 10*time.Second, 0)}
+	now := time.Now().UnixNano()
+	a, _, c := f.start(now), f.start(now), f.start(now)
+	f.tick(now, true)
+	now = f.floorsTaken(a.e.warmUntil.Load())
+	h := keyhash.Of("k")
+	// a admits the key past three quarters of its floor share (of 266),
+	// then 30 a second: it syncs, and its heartbeats announce it hot; every
+	// instance hears it.
+	for range 220 {
+		now += int64(time.Millisecond)
+		allow(a.e, a.z, f.l, "k", now)
+	}
+	for i := 1; i <= 500; i++ {
+		now += int64(10 * time.Millisecond)
+		if i%3 == 0 {
+			allow(a.e, a.z, f.l, "k", now)
+		}
+		f.tick(now, i%50 == 0)
+		if i == 250 {
+			c.live = false // killed, having heard the key hot
+		}
+	}
+	gone := a.z.fleet.gone.Load()
+	if gone == nil || len(*gone) != 1 {
+		t.Fatalf("a holds %v as gone, want c", gone)
+	}
+	s := a.z.shardOf(h)
+	s.mu.Lock()
+	m, hot := s.hotAt(h, now)
+	s.mu.Unlock()
+	if !hot || (*gone)[0].seen <= m.at+a.e.interval.Load() {
+		t.Fatalf("the key is hot: %v (since %d); c heartbeated last at %d: the test needs c to have heard it", hot, m.at, (*gone)[0].seen)
+	}
+	room := func() int64 {
+		for _, k := range a.e.announce(now) {
+			if k.Key == a.z.storeKey(h) {
+				return k.Room
+			}
+		}
+		t.Fatal("a does not announce the key")
+		return 0
+	}
+	withC := room()
+	a.z.fleet.gone.Store(&[]goneRecord{})
+	withoutC := room()
+	a.z.fleet.gone.Store(gone)
+	if withC != withoutC {
+		t.Fatalf("a announces a room of %d with c gone, %d without: c heard the key hot and pushed its admits, so nothing is left aside for it", withC, withoutC)
+	}
 }

@@ -416,8 +416,13 @@ func (e *Engine) announce(now int64) []HotKey {
 				// live ones stop using theirs as they hear of it), as it will
 				// be when the others read it: up to two heartbeats on, with
 				// what leaves the window meanwhile, less what the fleet asks.
+				// Those gone that heard the key hot pushed theirs, as the
+				// request path counts them (bench/churn, kill: a dozen gone
+				// restarts' headrooms left no room, and a new instance's
+				// first request of a key at 90% of its limit was denied).
 				ahead := 2 * float64(e.heartbeatEvery()*int64(time.Millisecond)) / interval
-				room := events - used - e.goneAside(z, h, en, hotMark{}, false, sh, events, now) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
+				m, isHot := s.hotAt(h, now)
+				room := events - used - e.goneAside(z, h, en, m, isHot, sh, events, now) + int64(ahead*(float64(used)/perWindow-float64(en.fleetRate)))
 				hot = append(hot, HotKey{Key: z.storeKey(h), Until: until, Room: room})
 			}
 		})
