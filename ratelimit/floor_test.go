@@ -401,3 +401,43 @@ func TestAProbationShareIsLeftAsideAtItsLargest(t *testing.T) {
 		t.Fatalf("b leaves %d aside for those on probation, want %d", got, want)
 	}
 }
+
+// TestAFounderRegistersABusyKeyBeforeItTakesItsShare: the others count a
+// fleet's founders as holding floor shares from the founding, and leave a
+// share aside for each that does not sync a key; a founder that syncs a busy
+// key before the shares are taken registers it, so that an instance that
+// joins meanwhile leaves nothing aside for it (bench/fleet edges: an
+// instance restarted 1.5 s after the founding denied a key at 90% of its
+// limit, the others' shares left aside, 2 s after the founding).
+func TestAFounderRegistersABusyKeyBeforeItTakesItsShare(t *testing.T) {
+	srv := redistest.Start(t)
+	f := &floorFleet{t: t, store: NewRedisStore(srv.Client(t)), l: mustLimit(t, 100, 10*time.Second, 0)}
+	now := time.Now().UnixNano()
+	a, _ := f.start(now), f.start(now)
+	f.tick(now, true)
+	// a's key gets busy against the share a will take (40): a quarter of it.
+	for i := range 12 {
+		now += int64(50 * time.Millisecond)
+		allow(a.e, a.z, f.l, "k", now)
+		f.tick(now, i%10 == 9)
+	}
+	if a.z.fleet.eligible.Load() || !a.z.fleet.founding.Load() {
+		t.Fatal("a holds its floor share already: the test proves nothing")
+	}
+	now += int64(time.Millisecond)
+	c := f.start(now) // joins 0.6 s after the founding: no founder
+	allow(c.e, c.z, f.l, "k", now)
+	f.tick(now+int64(time.Millisecond), false)
+	h := keyhash.Of("k")
+	s := c.z.shardOf(h)
+	s.mu.Lock()
+	en, _ := c.z.lookup(s, h)
+	syncing, read := en.syncing, en.readAt > 0
+	s.mu.Unlock()
+	if !read {
+		t.Fatal("c has not read the key: the test proves nothing")
+	}
+	if syncing != 1 {
+		t.Fatalf("c reads %d instances syncing the key, want a, which syncs it before taking its share", syncing)
+	}
+}

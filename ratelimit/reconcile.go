@@ -278,6 +278,7 @@ func (e *Engine) see(f Fleet, now int64) {
 			z.fleet.eligible.Store(true)
 		}
 		z.fleet.probation.Store(v.probation)
+		z.fleet.founding.Store(v.founding && !z.fleet.eligible.Load())
 		z.fleet.probationClaims.Store(v.probationClaims)
 		z.fleet.probationFewest.Store(&v.probationFewest)
 		prev := z.fleet.claims.Load()
@@ -310,6 +311,7 @@ type fleetCount struct {
 	othersSeen                     int64 // Unix ns: the earliest last heartbeat of the others
 	gone                           []goneRecord
 	eligible                       bool  // this instance may take its floor share
+	founding                       bool  // it is a founder that will take its share with the others
 	probation                      bool  // it may take a probation share meanwhile
 	probationClaims                int64 // the probation claims now (see probationTerm)
 	probationFewest                []int64
@@ -335,6 +337,7 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 				c.known++
 			}
 			c.eligible = nowMs >= eligibleAt
+			c.founding = founder && !c.eligible
 			// A fleet's founders take their floor shares together, 2 s
 			// after the founding, and no probation share before; a new
 			// instance takes its probation share once its term started.
@@ -689,6 +692,13 @@ func (e *Engine) claimStopping(now int64) (plans []plan, steps []Step, all bool)
 func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32, now int64) (plan, Step) {
 	p := plan{zone: z, hash: h, demand: en.demand, readAt: en.readAt}
 	floor := e.floorOf(z, z.events.Load(), now)
+	// A founder is to take its floor share with the others: a key busy
+	// against that share already syncs (see below).
+	founding := z.fleet.founding.Load()
+	joinFloor := floor
+	if floor == 0 && founding {
+		joinFloor = share(z.events.Load(), z.fleet.widest())
+	}
 	st := Step{
 		Key:    z.storeKey(h),
 		Adds:   [2]SlotCount{{Slot: en.head, Count: int64(en.pendCur)}, {Slot: en.head - 1, Count: int64(en.pendPrev)}},
@@ -710,10 +720,15 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 			st.Adds = [2]SlotCount{}
 		}
 		st.Floor, st.FloorID, st.Now = p.floor.slots, p.floor.id, now/int64(time.Millisecond)
-	case en.flags&flagSynced == 0 && en.readAt > 0 && floor > 0 && busy(en, ring, z, now, floor):
+	case en.flags&flagSynced == 0 && en.readAt > 0 && joinFloor > 0 && busy(en, ring, z, now, joinFloor):
 		// Tracked before it could go on a floor share (the fleet's size
-		// not known yet), and found busy by a read: sync it. One found
-		// idle goes on its floor share when this step's reply is merged.
+		// not known yet, or a founder before the shares are taken), and
+		// found busy by a read: sync it. One found idle goes on its floor
+		// share when this step's reply is merged. A founder registers it
+		// already: the others count it as a holder from the founding,
+		// and leave its share aside in every key it does not sync
+		// (bench/fleet edges: a restarted instance denied a key at 90%
+		// of its limit 2 s after the founding).
 		p.join = true
 	case en.flags&flagLeaving != 0:
 		// Deregistered, and still pushing its admits until the others have
@@ -730,7 +745,7 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	default:
 		register = false
 	}
-	if register && z.fleet.eligible.Load() {
+	if register && (z.fleet.eligible.Load() || founding) {
 		// (An instance on probation registers no key: the others leave
 		// its probation share aside in every key, see probationAside.)
 		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()

@@ -69,6 +69,10 @@ type fleetView struct {
 	// probationClaims, the claims its term shows now (see probationTerm).
 	probation       atomic.Bool
 	probationClaims atomic.Int64
+	// founding: this instance is one of the fleet's founders, not eligible
+	// yet: it takes its floor share with the others, and the others count
+	// it as a holder already, so it registers the busy keys it syncs.
+	founding atomic.Bool
 	// Until graceUntil (Unix ns), this instance's own share is cut as if
 	// there were graceClaims claims: the larger share before a join, which
 	// it may go on spending until the one who joined takes a share.
