@@ -598,8 +598,7 @@ func (e *Engine) claimShard(z *Zone, s *shard, now, staleAfter int64, plans []pl
 // mayGoOnFloor reports whether a key whose fleet count is used may go on this
 // instance's floor share at now: it has one, the key is not hot nor named
 // as pushed by a promise (see offFloor), and the count leaves room for every
-// floor share. The caller holds the key's shard
-// lock, s.
+// floor share. The caller holds the key's shard lock, s.
 func (e *Engine) mayGoOnFloor(z *Zone, s *shard, h keyhash.Hash, used, now int64) bool {
 	events := z.events.Load()
 	floor := e.floorOf(z, events, now)
