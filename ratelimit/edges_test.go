@@ -358,14 +358,7 @@ func TestAGracefulStopLeavesNothingAside(t *testing.T) {
 				a.e.stopped.Store(true) // as Close does, on the test's clock
 				a.e.depart(ctx, now, a.e.flush(ctx, now))
 			}
-			admitted := 0
-			for i := range 300 { // 3 s, well within the window
-				now += int64(10 * time.Millisecond)
-				if allow(b.e, b.z, f.l, name, now).Allowed {
-					admitted++
-				}
-				f.tick(now, i%10 == 0)
-			}
+			admitted, _ := f.admitAll(b, name, 300, 10*time.Millisecond, 10, now) // 3 s, well within the window
 			t.Logf("%s: b admitted %d after a admitted %d, limit %d", name, admitted, onA, events)
 			if admitted+onA > events {
 				t.Fatalf("the fleet admitted %d, limit %d", admitted+onA, events)
@@ -390,13 +383,7 @@ func TestASyncedKeyHoldsAtMostAHundredthUnpushed(t *testing.T) {
 			f, a, _, now := twoOnTheirFloors(t, events)
 			ctx := context.Background()
 			h := keyhash.Of("k")
-			synced := func() bool {
-				s := a.z.shardOf(h)
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				en, _ := a.z.lookup(s, h)
-				return en != nil && en.flags&flagSynced != 0
-			}
+			synced := func() bool { fl, ok := a.flags("k"); return ok && fl&flagSynced != 0 }
 			admitted := int64(0)
 			for i := 0; !synced(); i++ {
 				if i == 1000 {

@@ -69,6 +69,34 @@ func (f *floorFleet) admitBeating(in *floorInstance, key string, n int, every ti
 	return now
 }
 
+// admitAll sends n requests of key to in, every apart from now, each
+// followed by a tick of the fleet (a full one every fullEvery-th from the
+// first, 0: none). It returns how many were admitted, and the clock after.
+func (f *floorFleet) admitAll(in *floorInstance, key string, n int, every time.Duration, fullEvery int, now int64) (int, int64) {
+	admitted := 0
+	for i := range n {
+		now += int64(every)
+		if allow(in.e, in.z, f.l, key, now).Allowed {
+			admitted++
+		}
+		f.tick(now, fullEvery > 0 && i%fullEvery == 0)
+	}
+	return admitted, now
+}
+
+// flags are the flags of key's entry on in (false: no entry).
+func (in *floorInstance) flags(key string) (uint8, bool) {
+	h := keyhash.Of(key)
+	s := in.z.shardOf(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	en, _ := in.z.lookup(s, h)
+	if en == nil {
+		return 0, false
+	}
+	return en.flags, true
+}
+
 // start is an instance's start as Caddy runs it: the first heartbeat before
 // the first request.
 func (f *floorFleet) start(at int64) *floorInstance {

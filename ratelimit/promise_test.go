@@ -31,15 +31,8 @@ func TestABurstPastItsPromiseIsPushedNotRefused(t *testing.T) {
 	if got := f.stored(a.z, keyhash.Of("k")); got != burst {
 		t.Fatalf("an early pass after the burst, the store counts %d of the key: want the %d admitted past the promise", got, burst)
 	}
-	a.live = false // killed: no flush, no leave
-	admitted := 0
-	for i := range 300 { // 3 s, well within the window
-		now += int64(10 * time.Millisecond)
-		if allow(b.e, b.z, f.l, "k", now).Allowed {
-			admitted++
-		}
-		f.tick(now, i%10 == 0)
-	}
+	a.live = false                                                       // killed: no flush, no leave
+	admitted, _ := f.admitAll(b, "k", 300, 10*time.Millisecond, 10, now) // 3 s, well within the window
 	t.Logf("b admitted %d after a admitted %d and was killed, limit %d", admitted, burst, events)
 	if admitted+burst > events {
 		t.Fatalf("the fleet admitted %d, limit %d", admitted+burst, events)
@@ -86,14 +79,7 @@ func TestAKilledInstancesPromiseEndsWithItsAdmits(t *testing.T) {
 	// Past the slot of a's last heartbeat (and an interval) leaving the window.
 	now = a.z.slots.LeavesAt(a.z.slots.Of(seen+b.e.interval.Load())) + int64(time.Millisecond)
 	f.tick(now, true)
-	admitted := 0
-	for range 100 {
-		now += int64(5 * time.Millisecond)
-		if allow(b.e, b.z, f.l, "k", now).Allowed {
-			admitted++
-		}
-		f.tick(now, false)
-	}
+	admitted, now := f.admitAll(b, "k", 100, 5*time.Millisecond, 0, now)
 	f.tick(now, true)
 	if gone := b.z.fleet.gone.Load(); gone == nil || len(*gone) != 1 {
 		t.Fatalf("a's record is gone by the end (%v): the test proves nothing", gone)
@@ -150,14 +136,7 @@ func TestAKeyThatSyncedLeavesItsPromise(t *testing.T) {
 	if gone := b.z.fleet.gone.Load(); gone == nil || len(*gone) != 1 {
 		t.Fatalf("b holds %v as gone, want a: the test proves nothing", gone)
 	}
-	admitted := 0
-	for range 200 {
-		now += int64(5 * time.Millisecond)
-		if allow(b.e, b.z, f.l, "k", now).Allowed {
-			admitted++
-		}
-		f.tick(now, false)
-	}
+	admitted, _ := f.admitAll(b, "k", 200, 5*time.Millisecond, 0, now)
 	headroom := int(promiseHeadroom(a.z, events))
 	t.Logf("b admitted %d beside a's %d pushed; a's promise's headroom is %d", admitted, onA, headroom)
 	if admitted > events-onA {
@@ -179,13 +158,7 @@ func TestANamedKeyStaysOffItsFloor(t *testing.T) {
 	pushed := now
 	h := keyhash.Of("k")
 	named, until := pushed+pushedFor(a.z), pushed+pushedFor(a.z)+int64(a.e.memberTTL())
-	onFloor := func() bool {
-		s := a.z.shardOf(h)
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		en, _ := a.z.lookup(s, h)
-		return en != nil && en.flags&flagFloor != 0
-	}
+	onFloor := func() bool { fl, ok := a.flags("k"); return ok && fl&flagFloor != 0 }
 	back := int64(0)
 	for i := 1; now < until+int64(10*time.Second); i++ {
 		now += int64(100 * time.Millisecond)
