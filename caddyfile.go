@@ -301,6 +301,9 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		tokenizer          <vocabulary> <pattern>... | off
 //		proxy_tokenizer    <vocabulary> <pattern>... | off
 //		hidden_input       hold|refuse
+//		unknown_fields     hold|refuse
+//		neutral_fields     <field>...
+//		pass_upgrades      <path pattern>...
 //		context_window     <n>
 //		settle_wait        <duration>
 //		ratelimit_scopes   key|team|model|global... | none
@@ -321,7 +324,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		field := d.Val()
 		parse, ok := llmBudgetOptions[field]
 		if !ok {
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, unknown_fields, neutral_fields, pass_upgrades, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 		if field != "budget" && field != "price" && field != "tokenizer" && field != "proxy_tokenizer" && field != "deployment" {
 			if seen[field] {
@@ -437,6 +440,24 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 	"hidden_input": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		if !d.AllArgs(&h.HiddenInput) || h.HiddenInput != hiddenInputHold && h.HiddenInput != hiddenInputRefuse {
 			return d.Errf("llmbudget: hidden_input takes hold or refuse")
+		}
+		return nil
+	},
+	"unknown_fields": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.UnknownFields) || h.UnknownFields != unknownFieldsHold && h.UnknownFields != unknownFieldsRefuse {
+			return d.Errf("llmbudget: unknown_fields takes hold or refuse")
+		}
+		return nil
+	},
+	"neutral_fields": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if h.NeutralFields = d.RemainingArgs(); len(h.NeutralFields) == 0 {
+			return d.Errf("llmbudget: neutral_fields takes one or more field names")
+		}
+		return nil
+	},
+	"pass_upgrades": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if h.PassUpgrades = d.RemainingArgs(); len(h.PassUpgrades) == 0 {
+			return d.Errf("llmbudget: pass_upgrades takes one or more path patterns")
 		}
 		return nil
 	},

@@ -98,6 +98,30 @@ type LLMBudget struct {
 	// any case ("post" is budgeted too); any other method to a path llmbudget
 	// budgets is refused with 405.
 	UnknownPaths string `json:"unknown_paths,omitempty"`
+	// PassUpgrades are path patterns (* matches any run of characters;
+	// matched on the normalized path) whose protocol upgrades llmbudget
+	// forwards unbudgeted. Any other upgrade (a WebSocket handshake, a
+	// CONNECT) on this handler is refused with 403 (code
+	// unbudgeted_upgrade): a WebSocket session (OpenAI Realtime, the
+	// Responses API's WebSocket mode, Gemini Live) generates whatever its
+	// events ask for, which llmbudget does not meter. Default none.
+	PassUpgrades []string `json:"pass_upgrades,omitempty"`
+	// UnknownFields is what happens to a request whose body has a
+	// top-level field llmbudget does not know for its API (a field newer
+	// than this release, a server's own extension), which may make the
+	// upstream bill more than the estimate: "hold" holds its worst case,
+	// ContextWindow tokens of input and its whole output cap (no lease), so
+	// a budget smaller than that refuses it as never fitting and the field
+	// cannot bill past what is held; "refuse" answers 400 (code
+	// unknown_field) naming the field. Default "hold", as HiddenInput: a
+	// client whose SDK sends a new field keeps working wherever a budget
+	// has room for the worst case. docs/llmbudget.md lists the fields known
+	// per API.
+	UnknownFields string `json:"unknown_fields,omitempty"`
+	// NeutralFields are top-level body fields the operator knows change
+	// nothing billed (a server's own sampling option, say): they are not
+	// unknown. Default none.
+	NeutralFields []string `json:"neutral_fields,omitempty"`
 	// StoreTimeout bounds how long a request waits for its reservation, and
 	// each try of a lease's extension. A reserve that times out is answered
 	// 503 (or admitted with fail_open) and released by id in the background,
@@ -245,6 +269,7 @@ type LLMBudget struct {
 	tokenizers       []tokenizerPatterns
 	proxyTokenizers  []tokenizerPatterns
 	contextWindow    int64
+	neutralFields    map[string]bool
 	settleWait       time.Duration
 	engines          *engines
 	logger           *zap.Logger
@@ -438,6 +463,9 @@ func (h *LLMBudget) compile() error {
 		return errors.New("llmbudget: max_request_body: must be > 0")
 	}
 	if err := h.compileLeases(); err != nil {
+		return err
+	}
+	if err := h.compileUnknown(); err != nil {
 		return err
 	}
 	if err := h.compileInput(); err != nil {

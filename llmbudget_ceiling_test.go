@@ -375,8 +375,10 @@ func TestAReloadLowersTheLimitOfStreamsInFlight(t *testing.T) {
 
 // A leased stream answered with a body the meter cannot read (no
 // Content-Type, text/plain, octet-stream, an encoding) keeps no usage to
-// settle: it passes only if its whole cap fits, and is charged it; else the
-// client gets the budget's refusal and the upstream request is cancelled.
+// settle: it holds its whole cap where that fits, and is charged it. Where
+// it does not, an unencoded body passes held a token a byte and is cut where
+// the budget ends; an encoded one (whose bytes bound nothing) gets the
+// budget's refusal. Either way the upstream request is cancelled.
 func TestAnAnswerTheMeterCannotReadIsNeverFree(t *testing.T) {
 	for _, tt := range []struct{ name, contentType, encoding string }{
 		{"no content type", "", ""},
@@ -419,6 +421,20 @@ func TestAnAnswerTheMeterCannotReadIsNeverFree(t *testing.T) {
 				used := mustInt(t, budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/g").Used.String())
 				prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", body)
 				switch {
+				case limit < 4096 && tt.encoding == "":
+					// Its bytes pass as they are held, a token a byte, and
+					// it ends where the budget does.
+					if resp.StatusCode != http.StatusOK || len(got) == 0 || len(got) >= 4000 {
+						t.Fatalf("limit %d: %d, %d bytes, want the start of the body, cut where the budget ends", limit, resp.StatusCode, len(got))
+					}
+					select {
+					case <-cancelled:
+					case <-time.After(5 * time.Second):
+						t.Fatal("the upstream request was not cancelled")
+					}
+					if used > limit || used < prompt+int64(len(got)) {
+						t.Fatalf("limit %d: charged %d for %d bytes passed, want at least the prompt and a token a byte (%d), at most the limit", limit, used, len(got), prompt+int64(len(got)))
+					}
 				case limit < 4096:
 					if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(got, "cannot meter") || strings.Contains(got, "xxxx") {
 						t.Fatalf("limit %d: %d %q, want the budget's refusal instead of the body", limit, resp.StatusCode, got)

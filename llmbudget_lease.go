@@ -386,8 +386,15 @@ func (l *lease) ask(ch chan<- extension, more int64, spend budget.Spend) {
 // answer whose output cannot be counted as it passes. It reports whether the
 // whole cap is held (meteringWriter.holdAllOrRefuse decides what passes).
 func (l *lease) holdAll() bool {
+	was := l.count
 	l.count = max(l.count, l.limit)
-	return l.admit() && l.held >= l.full()
+	if l.admit() && l.held >= l.full() {
+		return true
+	}
+	// The rest of the room may still hold what the stream needs, event by
+	// event: the lease goes on tight, from the count it had.
+	l.count, l.refused, l.tight = was, false, true
+	return false
 }
 
 // wait ends the extension in flight, if any, before the settle reads the

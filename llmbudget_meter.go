@@ -7,7 +7,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -51,6 +50,11 @@ type meteringWriter struct {
 	// tokens, when not nil, is the model's tokenizer (or its proxy): the
 	// meter counts the output by it too.
 	tokens usage.TokenCounter
+	// rawBytes, for a leased request answered with a body the meter does
+	// not read as it passes (JSON, text, no Content-Type), counts that body:
+	// each of its bytes is held as a token of output before it passes.
+	rawBytes int64
+	raw      bool
 }
 
 var (
@@ -107,20 +111,23 @@ func (w *meteringWriter) WriteHeader(status int) {
 }
 
 // holdAllOrRefuse holds the whole output cap for a leased request answered
-// with a body the meter does not read as it passes. A JSON answer passes
-// whether or not the cap fits: it is whole already, the upstream bills it,
-// and it is charged what it reports. Anything else (no Content-Type,
-// text/plain, an encoding) keeps no usage the settle could read, so it
-// passes only if the cap fits; else the client gets the budget's refusal
-// instead, the upstream request is cancelled, and the reservation is kept.
+// with a body the meter does not read as it passes (JSON, text, no
+// Content-Type, an event stream under another label, an encoding). Where
+// the whole cap does not fit, an unencoded body passes with each of its
+// bytes held as a token of output before it passes (passRaw): no billed
+// token is shorter than a byte, so whatever the body is, what passed is
+// held, and it ends where the budget does. An encoded body's bytes bound
+// nothing: the client gets the budget's refusal instead, the upstream
+// request is cancelled, and the reservation is kept.
 func (w *meteringWriter) holdAllOrRefuse() bool {
 	if w.lease.holdAll() {
 		return true
 	}
-	ct, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type"))
-	if !w.opaque && (ct == "application/json" || strings.HasSuffix(ct, "+json")) {
+	if !w.opaque {
+		w.raw = true
 		return true
 	}
+	ct, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type"))
 	w.truncated = true
 	w.cancelUpstream()
 	metrics.llmTruncations.Inc()
@@ -149,6 +156,9 @@ func (w *meteringWriter) Write(p []byte) (int, error) {
 	}
 	if w.lease != nil && w.meter != nil {
 		return len(p), w.passLeased(p)
+	}
+	if w.raw {
+		return len(p), w.passRaw(p)
 	}
 	if w.stripUsage && w.meter != nil {
 		w.observe(p)
@@ -215,6 +225,23 @@ func (w *meteringWriter) passLeased(p []byte) error {
 		w.consume(end)
 	}
 	return nil
+}
+
+// passRaw writes p once the lease holds every byte of the body so far as a
+// token of output; when its extension is refused the body ends there and
+// the upstream request is cancelled. The settle charges the usage the whole
+// body reports, or keeps what the lease holds.
+func (w *meteringWriter) passRaw(p []byte) error {
+	w.rawBytes += int64(len(p))
+	if w.lease.observe(usage.Reading{OutputTextBytes: w.rawBytes, Bytes: w.rawBytes}) && !w.lease.admit() {
+		w.truncated = true
+		w.cancelUpstream()
+		metrics.llmTruncations.Inc()
+		return nil
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.observe(p[:n])
+	return err
 }
 
 // eventEnd is the length of the first complete event in pending (an SSE

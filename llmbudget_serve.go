@@ -78,6 +78,10 @@ type call struct {
 	rates budget.Rates
 	// holdNote explains a hold larger than the body shows, for a denial.
 	holdNote string
+	// wholeCap, when not empty, says why the request holds its whole
+	// output cap, never a lease: it asks for output the meter does not
+	// count, or has a field of no known class (llmbudget_unknown.go).
+	wholeCap string
 	// The one-byte fields, together (the call is allocated per request).
 	format usage.Format
 	// sse: a Gemini request asked for SSE (alt=sse), which the meter reads
@@ -121,12 +125,18 @@ func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 // frameworks upper-case the method and serve a "post" like a POST.
 func (h *LLMBudget) screen(r *http.Request, c *call) (budgeted bool, ref *refusal) {
 	c.path, c.format = r.URL.Path, h.format
+	if isUpgrade(r) {
+		return false, h.screenUpgrade(r)
+	}
 	if c.format == usage.Unknown {
 		c.format = usage.FormatFromPath(r.URL.Path)
 	}
 	if !strings.EqualFold(r.Method, http.MethodPost) {
-		if c.format == usage.Unknown || isRead(r.Method) {
+		if isRead(r.Method) {
 			return false, nil // not an LLM call: reads are free
+		}
+		if c.format == usage.Unknown {
+			return h.screenUnknownPath(r)
 		}
 		return false, &refusal{kind: refusedRequest, status: http.StatusMethodNotAllowed, code: "method_not_allowed",
 			allow: "GET, HEAD, OPTIONS, POST",
@@ -134,14 +144,21 @@ func (h *LLMBudget) screen(r *http.Request, c *call) (budgeted bool, ref *refusa
 				usage.NormalizePath(r.URL.Path), r.Method)}
 	}
 	if c.format == usage.Unknown {
-		if h.UnknownPaths == "pass" {
-			return false, nil
-		}
-		return false, &refusal{kind: refusedRequest, status: http.StatusNotFound, code: "unbudgeted_path",
-			message: fmt.Sprintf("llmbudget does not know how to budget POST %s, so it does not forward it (set unknown_paths pass to forward such requests unbudgeted)",
-				usage.NormalizePath(r.URL.Path))}
+		return h.screenUnknownPath(r)
 	}
 	return true, nil
+}
+
+// screenUnknownPath passes or refuses, by UnknownPaths, a request that is not
+// a read to a path llmbudget does not budget: a PUT or PATCH may make an
+// upstream generate as well as a POST.
+func (h *LLMBudget) screenUnknownPath(r *http.Request) (budgeted bool, ref *refusal) {
+	if h.UnknownPaths == "pass" {
+		return false, nil
+	}
+	return false, &refusal{kind: refusedRequest, status: http.StatusNotFound, code: "unbudgeted_path",
+		message: fmt.Sprintf("llmbudget does not know how to budget %s %s, so it does not forward it (set unknown_paths pass to forward such requests unbudgeted)",
+			strings.ToUpper(r.Method), usage.NormalizePath(r.URL.Path))}
 }
 
 // isRead reports whether method is one that reads (GET, HEAD, OPTIONS, in any
@@ -242,6 +259,9 @@ func (h *LLMBudget) estimate(c *call) *refusal {
 	}
 	c.dims.Model = c.req.Model
 	if ref := h.boundOutput(c); ref != nil {
+		return ref
+	}
+	if ref := h.boundUnknown(c); ref != nil {
 		return ref
 	}
 	return h.boundInput(c)
@@ -358,7 +378,7 @@ func (h *LLMBudget) chooseLease(c *call) {
 // leasable reports whether the output of c can be leased: a single streamed
 // answer whose every token the meter sees.
 func (h *LLMBudget) leasable(c *call) bool {
-	if !h.outputLeases || !c.req.Stream || c.req.N != 1 || c.req.NoOutput || c.req.Reasoning || c.outputCap <= h.outputLeaseMin {
+	if !h.outputLeases || !c.req.Stream || c.req.N != 1 || c.req.NoOutput || c.req.Reasoning || c.wholeCap != "" || c.outputCap <= h.outputLeaseMin {
 		return false
 	}
 	switch c.format {

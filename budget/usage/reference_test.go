@@ -10,6 +10,7 @@ package usage
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 
 	"github.com/fleetguard/fleetguard/budget"
 )
@@ -457,6 +458,8 @@ func (m *refMeter) endLine() {
 		m.ambiguous = m.ambiguous || m.checkAmbiguity && ambiguousJSON(line)
 		if ev, ok := refParseEvent(line); ok {
 			m.tally.add(m.format, ev)
+		} else if s := string(bytes.TrimSpace(line)); s != "[DONE]" {
+			m.tally.outputTextBytes += int64(len(line))
 		}
 		return
 	}
@@ -471,7 +474,13 @@ func (m *refMeter) sseLine(line []byte) {
 	}
 	value, isData := bytes.CutPrefix(line, []byte("data:"))
 	if !isData {
-		return // event:, id:, retry: and comments carry no usage
+		// Comments and the fields that carry no output are free; any other
+		// line counts as output text.
+		name, _, _ := bytes.Cut(line, []byte(":"))
+		if line[0] != ':' && !slices.Contains([]string{"event", "id", "retry", "data"}, string(name)) {
+			m.tally.outputTextBytes += int64(len(line))
+		}
+		return
 	}
 	value, _ = bytes.CutPrefix(value, []byte(" "))
 	if m.dataOverflow {
@@ -499,6 +508,8 @@ func (m *refMeter) dispatch() {
 		m.ambiguous = m.ambiguous || m.checkAmbiguity && ambiguousJSON(m.data)
 		if ev, ok := refParseEvent(m.data); ok {
 			m.tally.add(m.format, ev)
+		} else if s := string(bytes.TrimSpace(m.data)); s != "[DONE]" {
+			m.tally.outputTextBytes += int64(len(m.data))
 		}
 	}
 	m.data, m.hasData, m.dataOverflow = m.data[:0], false, false

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -75,6 +76,25 @@ type Request struct {
 	// generationConfig.thinkingConfig, Ollama think), whose tokens may be
 	// billed without being streamed.
 	Reasoning bool
+	// UncountedOutput names an output the meter does not count as it
+	// streams ("audio", "image"): OpenAI chat's modalities or audio,
+	// Gemini's responseModalities or speechConfig. Such a request holds
+	// its whole cap.
+	UncountedOutput string
+	// Background is a Responses request with background: true, which the
+	// upstream goes on generating after the client has left.
+	Background bool
+	// ForeignCap is the largest output cap of an OpenAI-compatible
+	// server's own the body gives (llama.cpp's n_predict, TGI's
+	// max_new_tokens, vLLM's min_tokens), named by ForeignCapField; the
+	// forward rewrites only the API's own field, so the caller refuses a
+	// ForeignCap above the cap it forwards.
+	ForeignCap      int64
+	ForeignCapField string
+	// UnknownFields are the fields of the body no table of its format
+	// knows (fields.go), as the body spells them ("generationConfig.x" for
+	// one in Gemini's generationConfig); nil when there are none.
+	UnknownFields []string
 }
 
 // ErrBadRequest wraps every reason a body is refused; the message is safe to
@@ -112,6 +132,10 @@ type rawRequest struct {
 	System       json.RawMessage   `json:"system"`
 	Tools        json.RawMessage   `json:"tools"`
 	Prompt       json.RawMessage   `json:"prompt"`
+	// Output past the response, and outputs the meter does not count.
+	Background json.RawMessage `json:"background"`
+	Modalities []string        `json:"modalities"`
+	Audio      json.RawMessage `json:"audio"`
 	// Server-side state a Responses request continues from.
 	PreviousResponseID json.RawMessage `json:"previous_response_id"`
 	Conversation       json.RawMessage `json:"conversation"`
@@ -131,12 +155,16 @@ type rawRequest struct {
 }
 
 type generationConfig struct {
-	MaxOutputTokens      *int64          `json:"maxOutputTokens"`
-	MaxOutputTokensProto *int64          `json:"max_output_tokens"`
-	CandidateCount       *int64          `json:"candidateCount"`
-	CandidateCountProto  *int64          `json:"candidate_count"`
-	ThinkingConfig       json.RawMessage `json:"thinkingConfig"`
-	ThinkingConfigProto  json.RawMessage `json:"thinking_config"`
+	ResponseModalities      []string        `json:"responseModalities"`
+	ResponseModalitiesProto []string        `json:"response_modalities"`
+	SpeechConfig            json.RawMessage `json:"speechConfig"`
+	SpeechConfigProto       json.RawMessage `json:"speech_config"`
+	MaxOutputTokens         *int64          `json:"maxOutputTokens"`
+	MaxOutputTokensProto    *int64          `json:"max_output_tokens"`
+	CandidateCount          *int64          `json:"candidateCount"`
+	CandidateCountProto     *int64          `json:"candidate_count"`
+	ThinkingConfig          json.RawMessage `json:"thinkingConfig"`
+	ThinkingConfigProto     json.RawMessage `json:"thinking_config"`
 }
 
 // reasoning reports whether the body asks format f's upstream to reason.
@@ -245,12 +273,37 @@ func ParseRequest(f Format, path string, body []byte) (Request, error) {
 	if err := raw.limits(f, &req); err != nil {
 		return Request{}, err
 	}
-	var err error
-	req.PromptTokens, req.HiddenInput, err = raw.prompt(f)
-	if err != nil {
+	if err := raw.prompt(f, body, &req); err != nil {
 		return Request{}, err
 	}
+	req.UncountedOutput = raw.uncountedOutput(f)
+	req.Background = f == OpenAIResponses && string(raw.Background) == "true"
 	return req, nil
+}
+
+// uncountedOutput names an output modality the body asks for that the meter
+// does not count as it streams, or "".
+func (raw *rawRequest) uncountedOutput(f Format) string {
+	switch f {
+	case OpenAIChat:
+		if present(raw.Audio) || slices.Contains(raw.Modalities, "audio") {
+			return "audio"
+		}
+	case Gemini:
+		g, _ := raw.geminiGenerationConfig()
+		if g == nil {
+			return ""
+		}
+		if present(g.SpeechConfig) || present(g.SpeechConfigProto) {
+			return "audio"
+		}
+		for _, m := range append(g.ResponseModalities, g.ResponseModalitiesProto...) {
+			if !strings.EqualFold(m, "TEXT") {
+				return strings.ToLower(m)
+			}
+		}
+	}
+	return ""
 }
 
 // model reads the model and whether the answer streams into req: from the
@@ -317,10 +370,19 @@ func (raw *rawRequest) limits(f Format, req *Request) error {
 	return nil
 }
 
-// prompt is the prompt estimate of the body and the input it names but does
-// not show ("" if none).
-func (raw *rawRequest) prompt(f Format) (tokens int64, hidden string, err error) {
+// prompt reads into req the prompt estimate of the body, the input it names
+// but does not show, the fields no table knows (fields.go), and the output
+// the prompts of a legacy completion multiply.
+func (raw *rawRequest) prompt(f Format, body []byte, req *Request) error {
 	est := estimator{gemini: f == Gemini}
+	unknown, foreign := classify(f, body, &est)
+	if err := req.boundForeignCap(foreign); err != nil {
+		return err
+	}
+	req.UnknownFields = unknown
+	if f == OpenAICompletions {
+		req.N *= promptCount(raw.Prompt)
+	}
 	for _, m := range raw.Messages {
 		est.messages++
 		est.add(m)
@@ -346,9 +408,44 @@ func (raw *rawRequest) prompt(f Format) (tokens int64, hidden string, err error)
 		}
 	}
 	if est.ambiguousKey != "" {
-		return 0, "", ambiguous(est.ambiguousKey, "a Gemini part")
+		return ambiguous(est.ambiguousKey, "a Gemini part")
 	}
-	return est.tokens(), est.hidden, nil
+	req.PromptTokens, req.HiddenInput = est.tokens(), est.hidden
+	return nil
+}
+
+// boundForeignCap holds an OpenAI-compatible server's own output cap like
+// the API's: the largest cap counts. A negative one asks for no bound
+// (llama.cpp's n_predict -1), which no budget can hold.
+func (req *Request) boundForeignCap(c intField) error {
+	if c.v == nil {
+		return nil
+	}
+	if *c.v < 0 || *c.v > MaxOutputCap {
+		return badRequest("field %q must be between 0 and %d", c.name, MaxOutputCap)
+	}
+	if *c.v > req.MaxOutputTokens {
+		req.MaxOutputTokens, req.MaxOutputTokensField = *c.v, c.name
+	}
+	req.ForeignCap, req.ForeignCapField = *c.v, c.name
+	return nil
+}
+
+// promptCount is how many prompts a legacy completion's prompt holds, each
+// answered with its own outputs: an array of strings or of token-id arrays
+// is one a member; a string, or one array of token ids, is one.
+func promptCount(prompt json.RawMessage) int64 {
+	if len(prompt) == 0 || prompt[0] != '[' {
+		return 1
+	}
+	var prompts []json.RawMessage
+	if json.Unmarshal(prompt, &prompts) != nil || len(prompts) == 0 {
+		return 1
+	}
+	if c := prompts[0]; len(c) > 0 && (c[0] == '-' || c[0] >= '0' && c[0] <= '9') {
+		return 1
+	}
+	return int64(len(prompts))
 }
 
 // hiddenInput names the input the request makes the upstream read that its
@@ -511,6 +608,13 @@ func (e *estimator) walk(v any) {
 
 func (e *estimator) walkObject(v map[string]any) {
 	t, _ := v["type"].(string)
+	if t == "item_reference" {
+		// A Responses input item by id: the upstream reads the item.
+		if e.hidden == "" {
+			e.hidden = "an item_reference"
+		}
+		return
+	}
 	if imageTypes[t] {
 		e.media++
 		return

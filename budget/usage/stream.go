@@ -149,12 +149,14 @@ func (m *Meter) lineAt(p []byte, i int) {
 	case len(line) == 0:
 		m.dispatch()
 	case line[0] != 'd' && len(line) <= MaxEventBytes:
-		// event:, id:, retry: and comments carry no usage
+		m.otherLine(line)
 	case !m.hasData && !m.dataOverflow && len(line) <= MaxEventBytes && blankLineAt(p, i):
 		// The one data line of an event that ends in this Write, the most
 		// common: read where it is.
 		if value, isData := dataValue(line); isData {
 			m.read(value)
+		} else {
+			m.otherLine(line)
 		}
 	default:
 		m.endLine(line, 0, true)
@@ -188,12 +190,14 @@ func (m *Meter) wholeLines(p []byte, cr int) (rest []byte, _, end int) {
 		case len(line) == 0:
 			m.dispatch()
 		case line[0] != 'd':
-			// event:, id:, retry: and comments carry no usage
+			m.otherLine(line)
 		case !m.hasData && !m.dataOverflow && i+1 < len(p) && p[i+1] == '\n':
 			// The one data line of an event, the most common: the blank
 			// line after it is taken too (dispatch has no data to read).
 			if value, isData := dataValue(line); isData {
 				m.read(value)
+			} else {
+				m.otherLine(line)
 			}
 			i++
 		default:
@@ -376,10 +380,52 @@ func (m *Meter) read(payload []byte) {
 	}
 	if readCounted(payload, &ev, m.format, &m.memo, t, m.tokens) {
 		m.tally.add(m.format, &ev)
-	} else if m.tokens != nil {
-		// A payload that does not parse counts no text.
+		return
+	}
+	if m.tokens != nil {
+		// The tokenizer counts none of a payload that does not parse...
 		m.tokens.tokens, m.tokens.bytes = before.tokens, before.bytes
 	}
+	// ...and the meter counts it whole as output: a body that is not what
+	// its Content-Type says (SSE labelled NDJSON, garbage) is charged a
+	// token a byte, never passed free.
+	m.tally.outputTextBytes += unparsed(payload)
+}
+
+// unparsed is what a payload the meter could not read counts as output
+// text: its bytes, but for the stream's end marker of OpenAI's SSE.
+func unparsed(payload []byte) int64 {
+	if string(bytes.TrimSpace(payload)) == "[DONE]" {
+		return 0
+	}
+	return int64(len(payload))
+}
+
+// otherLine counts an SSE line that is not data as output text unless it
+// is one of the fields that carry none (event:, id:, retry:) or a comment:
+// a line an SSE client would ignore may still be read by a client that
+// reads lines, so it is never free.
+func (m *Meter) otherLine(line []byte) {
+	if !sseFieldLine(line) {
+		m.tally.outputTextBytes += int64(len(line))
+	}
+}
+
+// sseFieldLine reports whether line is a comment or an SSE field that is not
+// output: event, id, retry, or data (a line "data" without a colon).
+func sseFieldLine(line []byte) bool {
+	if len(line) == 0 || line[0] == ':' {
+		return true
+	}
+	name := line
+	if i := bytes.IndexByte(line, ':'); i >= 0 {
+		name = line[:i]
+	}
+	switch string(name) {
+	case "event", "id", "retry", "data":
+		return true
+	}
+	return false
 }
 
 // sseLine handles one line of text/event-stream.
@@ -389,8 +435,12 @@ func (m *Meter) sseLine(line []byte, inPlace bool) {
 		return
 	}
 	value, isData := dataValue(line)
-	if !isData || m.dataOverflow {
-		return // event:, id:, retry: and comments carry no usage
+	if !isData {
+		m.otherLine(line)
+		return
+	}
+	if m.dataOverflow {
+		return
 	}
 	if !m.hasData && !inPlace {
 		// line is m.line: data takes it over, and line takes data's room.

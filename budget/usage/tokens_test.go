@@ -18,22 +18,25 @@ func TestTheMeterCountsEachOutputValueByTheTokenizer(t *testing.T) {
 	deltas := []string{"Hello", ",", " world", "!\n", " 日本語の", "テキスト", " \"quoted\"", " tab\there", " café", " 🙂"}
 	m := NewMeter(OpenAIChat, SSE)
 	m.CountTokens(c)
-	var want, wantText int64
+	var want, wantText, unparsed int64
 	for i := range 60 {
 		d := deltas[i%len(deltas)]
 		content, _ := json.Marshal(d)
 		ev := fmt.Sprintf(`data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":%s}}]}`+"\n\n", content)
 		if i == 30 {
-			// Cut: not JSON, counts nothing.
-			_, _ = m.Write([]byte(`data: {"choices":[{"delta":{"content":"lost"}}]` + "\n\n"))
+			// Cut: not JSON, so the tokenizer counts none of it and the
+			// meter counts it whole as text.
+			cut := `{"choices":[{"delta":{"content":"lost"}}]`
+			_, _ = m.Write([]byte("data: " + cut + "\n\n"))
+			unparsed += int64(len(cut))
 		}
 		_, _ = m.Write([]byte(ev))
 		want += c.Count([]byte(d))
 		wantText += int64(len(d))
 	}
 	r := m.Reading()
-	if r.OutputTokens != want || r.OutputTokensText != wantText || r.OutputTextBytes != wantText {
-		t.Errorf("tokens %d of %d text bytes (meter: %d); want %d of %d", r.OutputTokens, r.OutputTokensText, r.OutputTextBytes, want, wantText)
+	if r.OutputTokens != want || r.OutputTokensText != wantText || r.OutputTextBytes != wantText+unparsed {
+		t.Errorf("tokens %d of %d text bytes (meter: %d); want %d of %d (meter: %d)", r.OutputTokens, r.OutputTokensText, r.OutputTextBytes, want, wantText, wantText+unparsed)
 	}
 	if m.template == nil || m.template.hits == 0 {
 		t.Error("the stream was not read by its template")

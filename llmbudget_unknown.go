@@ -1,0 +1,115 @@
+package fleetguard
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/fleetguard/fleetguard/budget/usage"
+)
+
+// A budget is a ceiling only if nothing passes that it does not understand:
+// what it cannot read is held at its worst case or refused, never passed as
+// if it cost nothing (docs/architecture.md, "A closed world"). This file
+// holds those decisions: protocol upgrades, body fields of no known class,
+// output past the response, and outputs the meter does not count.
+
+const (
+	unknownFieldsHold   = "hold"
+	unknownFieldsRefuse = "refuse"
+)
+
+// compileUnknown checks the options of what the budget does not understand.
+func (h *LLMBudget) compileUnknown() error {
+	switch h.UnknownFields {
+	case "", unknownFieldsHold, unknownFieldsRefuse:
+	default:
+		return fmt.Errorf("llmbudget: unknown_fields %q: want hold or refuse", h.UnknownFields)
+	}
+	h.neutralFields = make(map[string]bool, len(h.NeutralFields))
+	for _, f := range h.NeutralFields {
+		if f == "" || strings.ContainsAny(f, " \t\"") {
+			return fmt.Errorf("llmbudget: neutral_fields: %q is not a field name", f)
+		}
+		h.neutralFields[f] = true
+	}
+	for _, p := range h.PassUpgrades {
+		if !strings.HasPrefix(p, "/") {
+			return fmt.Errorf("llmbudget: pass_upgrades: %q: want a path pattern starting with /", p)
+		}
+	}
+	return nil
+}
+
+// isUpgrade reports whether r asks to switch protocols (a WebSocket
+// handshake, Connection: upgrade with an Upgrade header) or to tunnel (a
+// CONNECT, which is how HTTP/2 and HTTP/3 carry a WebSocket): after it,
+// what flows is not a request the budget reads.
+func isUpgrade(r *http.Request) bool {
+	if strings.EqualFold(r.Method, http.MethodConnect) {
+		return true
+	}
+	return r.Header.Get("Upgrade") != "" && httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade")
+}
+
+// screenUpgrade refuses a protocol upgrade, on any path, unless its path is
+// one of PassUpgrades: a WebSocket session (OpenAI's Realtime API and the
+// Responses API's WebSocket mode, Gemini Live) generates as much as its
+// client asks, event after event, through a handshake that looks like a
+// read. It returns nil for an upgrade forwarded unbudgeted.
+func (h *LLMBudget) screenUpgrade(r *http.Request) *refusal {
+	p := usage.NormalizePath(r.URL.Path)
+	for _, pattern := range h.PassUpgrades {
+		if globMatch(strings.ToLower(pattern), p) {
+			return nil
+		}
+	}
+	return &refusal{kind: refusedRequest, status: http.StatusForbidden, code: "unbudgeted_upgrade", noRetry: true,
+		message: fmt.Sprintf("llmbudget does not meter protocol upgrades (Upgrade: %q, %s %s), so it does not forward them: a WebSocket session bills what it generates, unbudgeted; use the HTTP API, or list the path in pass_upgrades to forward it unbudgeted",
+			r.Header.Get("Upgrade"), r.Method, p)}
+}
+
+// boundUnknown decides what a request holds for what its body asks that the
+// budget cannot meter: it refuses output past the response (background)
+// and a server's own cap above the cap forwarded, and holds the worst case
+// of a field of no known class (or refuses it, by UnknownFields). A request
+// asking for output the meter does not count (audio, images) holds its
+// whole cap.
+func (h *LLMBudget) boundUnknown(c *call) *refusal {
+	req := &c.req
+	if req.Background {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "background_not_budgeted", body: c.body, noRetry: true,
+			message: "background: true makes the upstream go on generating after the response ends or is cut, which a budget cannot meter; send the request without background"}
+	}
+	if req.ForeignCap > c.outputCap {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "output_cap_too_large", body: c.body, noRetry: true,
+			message: fmt.Sprintf("%s is %d, more than the output cap this request is held and forwarded with (%d): lower it", req.ForeignCapField, req.ForeignCap, c.outputCap)}
+	}
+	if req.UncountedOutput != "" {
+		c.wholeCap = req.UncountedOutput + " output"
+	}
+	field := h.unknownField(req.UnknownFields)
+	if field == "" {
+		return nil
+	}
+	if h.UnknownFields == unknownFieldsRefuse {
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "unknown_field", body: c.body, noRetry: true,
+			message: fmt.Sprintf("field %q is not one llmbudget knows for %s requests, so it cannot bound what the upstream bills for it; remove it (or list it in neutral_fields if it changes nothing billed)", field, c.format)}
+	}
+	c.wholeCap = "field " + field
+	req.PromptTokens = max(req.PromptTokens, h.contextWindow)
+	c.holdNote = fmt.Sprintf("(the request has field %q, which llmbudget does not know, so it is held at its worst case: context_window, %d tokens, and its whole output cap)", field, h.contextWindow)
+	return nil
+}
+
+// unknownField is the first of fields the operator did not name neutral.
+func (h *LLMBudget) unknownField(fields []string) string {
+	for _, f := range fields {
+		if !h.neutralFields[f] {
+			return f
+		}
+	}
+	return ""
+}
