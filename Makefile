@@ -49,6 +49,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCountsAsTiktoken$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/bpe
 	$(GO) test -run '^$$' -fuzz '^FuzzLLMBudgetBodies$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
 	$(GO) test -run '^$$' -fuzz '^FuzzLeasedStream$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
+	$(GO) test -run '^$$' -fuzz '^FuzzClosedWorld$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

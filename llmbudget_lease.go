@@ -635,8 +635,13 @@ func (o *outputHistory) learnProxy(a answerSeen) {
 	if a.text <= 0 || a.reported > a.bound {
 		return // no text to learn from, or output the text does not show
 	}
+	// The scale is learned from the whole bill per proxy token: an
+	// overhead taken out of a short answer's bill would teach a scale that
+	// long answers, which bill the same rate on many more tokens, pass.
+	// billed, without the overhead a stream's count adds anyway, is what
+	// a bet on the scale is judged by.
 	billed := max(a.reported-usage.OutputOverheadTokens, 0)
-	ratio := (billed*1024 + a.tokens - 1) / a.tokens
+	ratio := (a.reported*1024 + a.tokens - 1) / a.tokens
 	density := (a.tokens*1024 + a.text - 1) / a.text
 	// An answer shows what the proxy's count is worth at its density only
 	// where that count is near the bill: text the meter counted a token a
@@ -655,7 +660,7 @@ func (o *outputHistory) learnProxy(a answerSeen) {
 		}
 		return
 	}
-	if ratio > maxProxyRatio {
+	if (billed*1024+a.tokens-1)/a.tokens > maxProxyRatio {
 		// Billed more than twice what the proxy counts: output the text
 		// does not show, likely, which a scale would spread over the
 		// text as it streams, while the upstream bills it first.

@@ -539,9 +539,9 @@ func TestAProxyTokenizerIsTrustedWithinWhatItsAnswersShowed(t *testing.T) {
 	if !o.countsTokens() {
 		t.Fatal("not trusted after 4 answers within their text's bound")
 	}
-	wantScale := int64(260*1024+229) / 230 * 11 / 10
+	wantScale := int64((260+usage.OutputOverheadTokens)*1024+229) / 230 * 11 / 10
 	if got := o.scale.Load(); got != wantScale {
-		t.Fatalf("scale %d/1024, want 1.1 times 260/230 = %d", got, wantScale)
+		t.Fatalf("scale %d/1024, want 1.1 times the whole bill per proxy token, (260+%d)/230 = %d", got, usage.OutputOverheadTokens, wantScale)
 	}
 	if !o.trusts(230, 1000) || o.trusts(600, 1000) {
 		t.Fatal("the proxy is trusted for text as dense as its answers', and not for a CSV's 0.6 tokens a byte")
@@ -581,6 +581,25 @@ func TestAProxyTokenizerIsTrustedWithinWhatItsAnswersShowed(t *testing.T) {
 	}
 	if hidden.countsTokens() || !hidden.tokensRevoked.Load() {
 		t.Fatal("a model billing four times its proxy's count is counted by it")
+	}
+}
+
+// A scale taught by short answers holds for long ones: no overhead is taken
+// out of the evidence, so a model that bills 1.3 tokens a proxy token on
+// every token, taught by five answers of 40 words, counts a stream of 5,000
+// words at no less than its bill.
+func TestAProxyScaleFromShortAnswersHoldsForLongOnes(t *testing.T) {
+	var o outputHistory
+	for range 5 {
+		o.learn(answerSeen{count: 216, bound: 216, text: 200, tokens: 45, proxy: true, reported: 45 * 13 / 10})
+	}
+	if !o.countsTokens() {
+		t.Fatal("not trusted after 5 answers within their text's bound")
+	}
+	const longTokens = 5600 // a proxy's count of 5,000 English words
+	billed := int64(longTokens * 13 / 10)
+	if counted := o.tokensCountOf(longTokens, true); counted < billed {
+		t.Fatalf("a long answer counted %d of the %d it bills (%.2fx)", counted, billed, float64(billed)/float64(counted))
 	}
 }
 
@@ -681,10 +700,16 @@ func FuzzLeasedStream(f *testing.F) {
 		name := names[int(which)%len(names)]
 		path := paths[name]
 		format := usage.FormatFromPath(strings.Split(path, "?")[0])
-		body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[],"prompt":"hi","input":"hi","contents":[]}`
-		if format == usage.Gemini {
-			body = `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`
-		}
+		// Each body has only fields its API knows: one it does not would
+		// hold the request's worst case, refused at these limits.
+		body := map[usage.Format]string{
+			usage.OpenAIChat:        `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"messages":[]}`,
+			usage.OpenAICompletions: `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":4096,"prompt":"hi"}`,
+			usage.OpenAIResponses:   `{"model":"m","stream":true,"max_output_tokens":4096,"input":"hi"}`,
+			usage.Anthropic:         `{"model":"m","stream":true,"max_tokens":4096,"messages":[]}`,
+			usage.Gemini:            `{"contents":[],"generationConfig":{"maxOutputTokens":4096}}`,
+			usage.Ollama:            `{"model":"m","stream":true,"messages":[],"options":{"num_predict":4096}}`,
+		}[format]
 		h := directHandler(t, func(h *LLMBudget) {
 			h.Budgets[0].Limit = float64(24 + int64(room%512))
 			h.OutputLeaseMin = 16

@@ -19,6 +19,12 @@
 // message_start, Gemini's usage on every chunk): the excess comes out of
 // the lease. (Elsewhere input is reported at the end, with the output, and
 // input beyond the estimate is charged as reported: README, "The ceiling".)
+// And the closed world's cases: "neutral", fields of the API that change
+// nothing billed (they must cost nothing); "unknown", a field llmbudget does
+// not know, for which the upstream bills 2,000 input tokens the body does
+// not show (held at context_window: refused under a smaller budget); "json"
+// and "ndjson", the stream labelled application/json or
+// application/x-ndjson.
 //
 // History "none" is a model no answer has proven, whose streams hold their
 // whole cap; "english" is one -proofs English answers proved first (they
@@ -62,7 +68,7 @@ var (
 	formats    = flag.String("formats", "chat,responses,completions,anthropic,gemini,ollama,compatible", "the APIs, comma-separated")
 	texts      = flag.String("texts", "english,csv,code,cjk,base64,json", "the kinds of answer, comma-separated")
 	histories  = flag.String("histories", "none,english", "the models' histories, comma-separated: none, english")
-	extras     = flag.String("extras", "hidden,input", "cases of English answers, after the histories, comma-separated: hidden (a model on no reasoning list that bills 1,000 output tokens more than it streams), input (the upstream reports 300 input tokens where the body shows a few, before the output: Anthropic and Gemini); empty for none")
+	extras     = flag.String("extras", "hidden,input,neutral,unknown,json,ndjson", "cases of English answers, after the histories, comma-separated: hidden (a model on no reasoning list that bills 1,000 output tokens more than it streams), input (the upstream reports 300 input tokens where the body shows a few, before the output: Anthropic and Gemini), neutral (fields that change nothing billed), unknown (a field llmbudget does not know, for which the upstream bills 2,000 input tokens the body does not show), json and ndjson (the stream labelled application/json, application/x-ndjson); empty for none")
 	proofs     = flag.Int("proofs", 5, "the English answers of history english: the first answer of a run loads the proxy tokenizer, four counted ones teach it")
 	settleWait = flag.Duration("settle-wait", -1, "llmbudget's settle_wait (default: llmbudget's own)")
 	caddyBin   = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
@@ -101,6 +107,20 @@ var apis = map[string]struct {
 }
 
 func fixed(path string) func(string, int) string { return func(string, int) string { return path } }
+
+// neutralFields are fields of each API that change nothing billed, for the
+// case "neutral": they must cost nothing.
+var neutralFields = map[string]string{
+	"chat":       `"user":"u1","metadata":{"k":"v"},"store":false,"temperature":0.2,"top_p":1,"seed":7,`,
+	"compatible": `"user":"u1","temperature":0.2,"top_k":40,"min_p":0.05,"repetition_penalty":1.1,`,
+	"responses":  `"user":"u1","metadata":{"k":"v"},"store":false,"temperature":0.2,"truncation":"auto",`,
+	"completions": `"user":"u1","temperature":0.2,"stop":["
+
+"],"seed":7,`,
+	"anthropic": `"metadata":{"user_id":"u1"},"temperature":0.2,"top_k":40,"stop_sequences":["END"],`,
+	"gemini":    `"safetySettings":[],"labels":{"team":"a"},`,
+	"ollama":    `"keep_alive":"5m",`,
+}
 
 func main() {
 	flag.Parse()
@@ -202,6 +222,12 @@ func spendCases(up *fakellm.Billed) ([]spendCase, error) {
 					continue // its input is reported with the output's, at the end
 				}
 				cs.history, cs.headers = "input", map[string]string{"X-Fake-Input": "300"}
+			case "neutral":
+				cs.history, cs.field = "neutral", neutralFields[format]
+			case "unknown":
+				cs.history, cs.field, cs.headers = "unknown", `"frobnicate":true,`, map[string]string{"X-Fake-Input": "2000"}
+			case "json", "ndjson":
+				cs.history, cs.headers = extra, map[string]string{"X-Fake-Content-Type": map[string]string{"json": "application/json", "ndjson": "application/x-ndjson"}[extra]}
 			default:
 				return nil, fmt.Errorf("-extras: unknown case %q", extra)
 			}
@@ -238,6 +264,7 @@ type spendCase struct {
 	up                           *fakellm.Billed
 	format, text, history, model string
 	headers                      map[string]string // on every request of the clients
+	field                        string            // at the start of every body of the clients: `"name":value,`
 }
 
 // outcome is one request as its client saw it.
@@ -260,7 +287,8 @@ func (s spendCase) run(ctx context.Context) (row string, held bool, err error) {
 			s.settled(ctx)
 		}
 	}
-	outcomes := s.clients(ctx, url, api.body(s.model, *capTok))
+	body := api.body(s.model, *capTok)
+	outcomes := s.clients(ctx, url, "{"+s.field+body[1:])
 	if ctx.Err() != nil {
 		return "", false, ctx.Err()
 	}

@@ -1,6 +1,7 @@
 package usage
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -87,4 +88,32 @@ func TestBackgroundAndForeignCaps(t *testing.T) {
 	if _, err := ParseRequest(OpenAIChat, chatPath, []byte(`{"model":"m","messages":[],"n_predict":-1}`)); err == nil || !strings.Contains(err.Error(), "n_predict") {
 		t.Fatalf("n_predict -1: %v, want an error naming it", err)
 	}
+}
+
+// docs/llmbudget.md lists every field of every table under its format.
+func TestTheFieldTablesAreDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/llmbudget.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section := func(heading string) string {
+		_, rest, ok := strings.Cut(string(doc), "\n### "+heading+"\n")
+		if !ok {
+			t.Fatalf("docs/llmbudget.md has no section %q", heading)
+		}
+		rest, _, _ = strings.Cut(rest, "\n### ")
+		return rest
+	}
+	check := func(heading string, table map[string]fieldClass) {
+		s := section(heading)
+		for name := range table {
+			if !strings.Contains(s, "`"+name+"`") {
+				t.Errorf("docs/llmbudget.md, %s: field %q is not listed", heading, name)
+			}
+		}
+	}
+	for f, table := range fieldTables {
+		check(f.String(), table)
+	}
+	check("gemini `generationConfig` (or `generation_config`)", geminiConfigFields)
 }

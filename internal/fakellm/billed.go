@@ -21,7 +21,8 @@ import (
 // in the API of the request's path (OpenAI chat, completions and Responses,
 // Anthropic Messages, Gemini with alt=sse, Ollama's /api/chat), ChunkBytes
 // of it an event (several tokens a chunk, as servers batch them), Interval
-// apart, and stops at the request's output cap.
+// apart, and stops at the request's output cap. X-Fake-Content-Type labels
+// the stream with another Content-Type.
 type Billed struct {
 	Text string
 	// Texts, when the request names one in X-Fake-Text, is streamed instead.
@@ -239,6 +240,9 @@ func (a *billedAnswer) stream(api string) {
 	ct := "text/event-stream"
 	if api == "ollama" {
 		ct = "application/x-ndjson"
+	}
+	if label := a.r.Header.Get("X-Fake-Content-Type"); label != "" {
+		ct = label // a server or proxy that labels its stream wrong
 	}
 	a.w.Header().Set("Content-Type", ct)
 	a.w.WriteHeader(http.StatusOK)
