@@ -100,11 +100,12 @@ type LLMBudget struct {
 	UnknownPaths string `json:"unknown_paths,omitempty"`
 	// PassUpgrades are path patterns (* matches any run of characters;
 	// matched on the normalized path) whose protocol upgrades llmbudget
-	// forwards unbudgeted. Any other upgrade (a WebSocket handshake, a
-	// CONNECT) on this handler is refused with 403 (code
-	// unbudgeted_upgrade): a WebSocket session (OpenAI Realtime, the
-	// Responses API's WebSocket mode, Gemini Live) generates whatever its
-	// events ask for, which llmbudget does not meter. Default none.
+	// forwards unbudgeted. A WebSocket session of the Responses API's
+	// WebSocket mode (GET /v1/responses, HTTP/1.1) is budgeted one
+	// response at a time; any other upgrade (OpenAI Realtime, Gemini Live,
+	// a CONNECT) on this handler is refused with 403 (code
+	// unbudgeted_upgrade): a session generates whatever its events ask
+	// for, which llmbudget does not meter for those. Default none.
 	PassUpgrades []string `json:"pass_upgrades,omitempty"`
 	// UnknownFields is what happens to a request whose body has a
 	// top-level field llmbudget does not know for its API (a field newer

@@ -32,12 +32,14 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	budgeted, ref := h.screen(r, &c)
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	var res *budget.Reservation
-	if budgeted {
+	if budgeted && !c.socket {
 		res, ref = h.gate(w, r, repl, &c)
 	}
 	switch {
 	case ref != nil:
 		return h.refuse(w, r, repl, next, &c, ref)
+	case c.socket:
+		return h.serveSocket(w, r, repl, next, &c)
 	case res == nil:
 		return next.ServeHTTP(w, r) // not an LLM call: a read, or an unknown path passed
 	}
@@ -95,6 +97,9 @@ type call struct {
 	// proxy: tokens is another model's tokenizer, which counts at a scale
 	// the model's answers taught.
 	proxy bool
+	// socket: the request opens a WebSocket session whose messages are
+	// budgeted one response at a time (llmbudget_socket.go).
+	socket bool
 }
 
 // gate runs the phases of a budgeted request before its forward: readBody,
@@ -126,7 +131,7 @@ func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 func (h *LLMBudget) screen(r *http.Request, c *call) (budgeted bool, ref *refusal) {
 	c.path, c.format = r.URL.Path, h.format
 	if isUpgrade(r) {
-		return false, h.screenUpgrade(r)
+		return h.screenUpgrade(r, c)
 	}
 	if c.format == usage.Unknown {
 		c.format = usage.FormatFromPath(r.URL.Path)
@@ -246,6 +251,14 @@ func apiCredential(r *http.Request, f usage.Format) string {
 // bill: its output cap and forwarded body (boundOutput), and its hidden
 // input (boundInput).
 func (h *LLMBudget) estimate(c *call) *refusal {
+	if ref := h.parse(c); ref != nil {
+		return ref
+	}
+	return h.bound(c)
+}
+
+// parse reads the body as the upstream will.
+func (h *LLMBudget) parse(c *call) *refusal {
 	var err error
 	if c.req, err = usage.ParseRequest(c.format, c.path, c.body); err != nil {
 		code := "invalid_request"
@@ -258,6 +271,13 @@ func (h *LLMBudget) estimate(c *call) *refusal {
 		c.req.Model = model
 	}
 	c.dims.Model = c.req.Model
+	return nil
+}
+
+// bound bounds what the parsed request can bill: its output cap and
+// forwarded body, what it asks that the budget cannot meter, and its hidden
+// input.
+func (h *LLMBudget) bound(c *call) *refusal {
 	if ref := h.boundOutput(c); ref != nil {
 		return ref
 	}

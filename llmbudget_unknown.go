@@ -54,20 +54,29 @@ func isUpgrade(r *http.Request) bool {
 	return r.Header.Get("Upgrade") != "" && httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade")
 }
 
-// screenUpgrade refuses a protocol upgrade, on any path, unless its path is
-// one of PassUpgrades: a WebSocket session (OpenAI's Realtime API and the
-// Responses API's WebSocket mode, Gemini Live) generates as much as its
-// client asks, event after event, through a handshake that looks like a
-// read. It returns nil for an upgrade forwarded unbudgeted.
-func (h *LLMBudget) screenUpgrade(r *http.Request) *refusal {
+// screenUpgrade decides a protocol upgrade, on any path: a WebSocket session
+// generates as much as its client asks, event after event, through a
+// handshake that looks like a read. A path in PassUpgrades is forwarded
+// unbudgeted; a session llmbudget meters (the Responses API's WebSocket
+// mode over HTTP/1.1) is budgeted a response at a time (c.socket); any other
+// (OpenAI's Realtime API, Gemini Live, a CONNECT) is refused.
+func (h *LLMBudget) screenUpgrade(r *http.Request, c *call) (budgeted bool, ref *refusal) {
 	p := usage.NormalizePath(r.URL.Path)
 	for _, pattern := range h.PassUpgrades {
 		if globMatch(strings.ToLower(pattern), p) {
-			return nil
+			return false, nil
 		}
 	}
-	return &refusal{kind: refusedRequest, status: http.StatusForbidden, code: "unbudgeted_upgrade", noRetry: true,
-		message: fmt.Sprintf("llmbudget does not meter protocol upgrades (Upgrade: %q, %s %s), so it does not forward them: a WebSocket session bills what it generates, unbudgeted; use the HTTP API, or list the path in pass_upgrades to forward it unbudgeted",
+	if c.format == usage.Unknown {
+		c.format = usage.FormatFromPath(r.URL.Path)
+	}
+	if c.format == usage.OpenAIResponses && r.ProtoMajor == 1 && strings.EqualFold(r.Method, http.MethodGet) &&
+		strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		c.socket = true
+		return true, nil
+	}
+	return false, &refusal{kind: refusedRequest, status: http.StatusForbidden, code: "unbudgeted_upgrade", noRetry: true,
+		message: fmt.Sprintf("llmbudget does not meter this protocol upgrade (Upgrade: %q, %s %s), so it does not forward it: a session bills what it generates, unbudgeted; use the HTTP API or the Responses API's WebSocket mode, or list the path in pass_upgrades to forward it unbudgeted",
 			r.Header.Get("Upgrade"), r.Method, p)}
 }
 

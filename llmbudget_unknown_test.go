@@ -45,14 +45,14 @@ func (s *closedWorldSite) held(t *testing.T, resp *http.Response, before int64) 
 }
 
 // A protocol upgrade on a budgeted handler is never a read: a WebSocket
-// session generates what its events ask for. Each is refused, on a path
-// llmbudget budgets or not, and nothing reaches the upstream, unless its
-// path is listed in pass_upgrades.
+// session generates what its events ask for. One llmbudget does not meter
+// (the Responses API's WebSocket mode is: llmbudget_socket_test.go) is
+// refused, on a path llmbudget budgets or not, and nothing reaches the
+// upstream, unless its path is listed in pass_upgrades.
 func TestUpgradesAreRefusedUnlessPassed(t *testing.T) {
 	s := newClosedWorldSite(t, 100_000, "pass_upgrades /ws/passed/*")
 	ws := []string{"Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="}
 	for _, path := range []string{
-		"/v1/responses",             // the Responses API's WebSocket mode
 		"/v1/realtime?model=gpt-4o", // the Realtime API
 		"/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent", // Gemini Live
 		"/v1/chat/completions",

@@ -228,3 +228,30 @@ func valueEnd(b []byte, i int) int {
 	}
 	return i
 }
+
+// EachMember calls fn with each member of the JSON object obj (valid JSON),
+// its key decoded and the member as written: `"key": value`.
+func EachMember(obj []byte, fn func(key string, member []byte)) {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return
+	}
+	i++
+	for {
+		i = skipSpace(obj, i)
+		if i >= len(obj) || obj[i] == '}' {
+			return
+		}
+		if obj[i] == ',' {
+			i++
+			continue
+		}
+		start, end := i, stringEnd(obj, i)
+		key := decodeKey(obj[i:end])
+		i = skipSpace(obj, end)
+		i = skipSpace(obj, i+1) // the colon
+		vEnd := valueEnd(obj, i)
+		fn(key, obj[start:vEnd])
+		i = vEnd
+	}
+}

@@ -1,0 +1,265 @@
+package fleetguard
+
+import (
+	"bufio"
+	"crypto/sha1"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/fakellm"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wsframe"
+)
+
+// socketUpstream is an honest stand-in for the Responses API's WebSocket
+// mode: each response.create is answered with text of answerTokens o200k
+// tokens (at most its max_output_tokens), and billed its input (the
+// continued response's input and output too) and output; any other event
+// gets an error event. billed sums every bill; events counts the client
+// events it received.
+type socketUpstream struct {
+	url            string
+	billed, events atomic.Int64
+}
+
+func newSocketUpstream(t *testing.T, answerTokens int) *socketUpstream {
+	t.Helper()
+	up := &socketUpstream{}
+	word := "ledger "
+	answer := strings.Repeat(word, answerTokens) // a token a word
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+			http.Error(w, "websocket only", http.StatusBadRequest)
+			return
+		}
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
+		brw.Flush()
+		send := func(ev string) { _, _ = conn.Write(wsframe.Append(nil, wsframe.OpText, []byte(ev), false)) }
+		conversation := map[string]int64{} // response id → its input and output
+		var p wsframe.Parser
+		buf := make([]byte, 64<<10)
+		for n := 0; ; n++ {
+			k, err := brw.Read(buf)
+			if err != nil {
+				return
+			}
+			p.Feed(buf[:k])
+			for {
+				f, ok, err := p.Next()
+				if err != nil || !ok {
+					break
+				}
+				if f.IsControl() {
+					continue
+				}
+				up.events.Add(1)
+				var ev struct {
+					Type               string `json:"type"`
+					Input              string `json:"input"`
+					MaxOutputTokens    int64  `json:"max_output_tokens"`
+					PreviousResponseID string `json:"previous_response_id"`
+				}
+				if json.Unmarshal(f.Payload, &ev) != nil || ev.Type != "response.create" {
+					send(`{"type":"error","error":{"type":"invalid_request_error","code":"unknown_event","message":"no"}}`)
+					continue
+				}
+				id := fmt.Sprintf("resp_%d", n)
+				in := fakellm.Tokens(ev.Input) + conversation[ev.PreviousResponseID]
+				send(fmt.Sprintf(`{"type":"response.created","response":{"id":%q,"object":"response","status":"in_progress","output":[]}}`, id))
+				var out int64
+				for _, chunk := range strings.SplitAfter(answer, word) {
+					if chunk == "" || ev.MaxOutputTokens > 0 && out >= ev.MaxOutputTokens {
+						break
+					}
+					out++
+					send(fmt.Sprintf(`{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":%q}`, chunk))
+				}
+				up.billed.Add(in + out)
+				conversation[id] = in + out
+				send(fmt.Sprintf(`{"type":"response.completed","response":{"id":%q,"object":"response","status":"completed","output":[],"usage":{"input_tokens":%d,"output_tokens":%d,"total_tokens":%d}}}`, id, in, out, in+out))
+			}
+			p.Keep()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	up.url = srv.URL
+	return up
+}
+
+// socketClient is a WebSocket client of the Responses API's WebSocket mode
+// through Caddy.
+type socketClient struct {
+	t    *testing.T
+	conn net.Conn
+	br   *bufio.Reader
+	p    wsframe.Parser
+}
+
+func dialSocket(t *testing.T, url, path string) *socketClient {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Extensions: permessage-deflate\r\nAuthorization: Bearer k1\r\n\r\n", path)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("handshake: %s", resp.Status)
+	}
+	if ext := resp.Header.Get("Sec-WebSocket-Extensions"); ext != "" {
+		t.Fatalf("the upstream negotiated %q: llmbudget must keep messages readable", ext)
+	}
+	return &socketClient{t: t, conn: conn, br: br}
+}
+
+func (c *socketClient) send(event string) {
+	c.t.Helper()
+	if _, err := c.conn.Write(wsframe.Append(nil, wsframe.OpText, []byte(event), true)); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// next is the next server event's type and payload.
+func (c *socketClient) next() (string, []byte) {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 32<<10)
+	for {
+		f, ok, err := c.p.Next()
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if ok {
+			payload := append([]byte(nil), f.Payload...)
+			var ev struct{ Type string }
+			_ = json.Unmarshal(payload, &ev)
+			return ev.Type, payload
+		}
+		c.p.Keep()
+		n, err := c.br.Read(buf)
+		if err != nil {
+			c.t.Fatalf("reading the socket: %v", err)
+		}
+		c.p.Feed(append([]byte(nil), buf[:n]...))
+	}
+}
+
+// until reads events up to one of the types given, and returns it.
+func (c *socketClient) until(types ...string) (string, []byte) {
+	c.t.Helper()
+	for {
+		typ, payload := c.next()
+		for _, want := range types {
+			if typ == want {
+				return typ, payload
+			}
+		}
+	}
+}
+
+// A Responses WebSocket session through llmbudget: ten response.create of
+// answers of 5,000 tokens under a budget of 10,000 are served until the
+// budget runs out, each forwarded with its cap and settled to its usage;
+// the rest get an error event and the socket stays open; the counter stays
+// within the limit and the upstream's bill within the counter.
+func TestAResponsesSocketIsBudgetedAResponseAtATime(t *testing.T) {
+	up := newSocketUpstream(t, 5000)
+	srv := redistest.Start(t)
+	port := freePort(t)
+	prefix := fmt.Sprintf("socket%d", port)
+	startCaddy(t, llmCaddyfile(port, up.url, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 10000\n window 1h\n }\n default_max_tokens 3000"))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rc.Close() })
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+
+	c := dialSocket(t, url, "/v1/responses")
+	var completed, refused int
+	for range 10 {
+		c.send(`{"type":"response.create","model":"gpt-4o","input":"write 5,000 words"}`)
+		switch typ, payload := c.until("response.completed", "error"); typ {
+		case "response.completed":
+			completed++
+		default:
+			var ev struct {
+				Status int
+				Error  struct{ Code, Message string }
+			}
+			if json.Unmarshal(payload, &ev) != nil || ev.Status != http.StatusTooManyRequests || ev.Error.Code != "token_budget_exceeded" {
+				t.Fatalf("a refusal reads %s, want an error event with status 429 and code token_budget_exceeded", payload)
+			}
+			refused++
+		}
+	}
+	counter := budgetCounter(t, rc, prefix, "g")
+	if completed == 0 || refused == 0 || counter > 10000 || up.billed.Load() > counter {
+		t.Fatalf("%d completed, %d refused; counter %d of 10000, billed %d: want both, the counter within the limit and the bill within the counter",
+			completed, refused, counter, up.billed.Load())
+	}
+	t.Logf("%d completed, %d refused; counter %d, billed %d", completed, refused, counter, up.billed.Load())
+	if up.events.Load() != int64(completed) {
+		t.Fatalf("the upstream received %d events for %d admitted: a refused response.create was forwarded", up.events.Load(), completed)
+	}
+}
+
+// A continuation of the socket's last response holds what that response
+// reported, not the context window; a client event llmbudget does not
+// budget is refused with an error event, and not forwarded.
+func TestASocketContinuationHoldsWhatItContinues(t *testing.T) {
+	up := newSocketUpstream(t, 200)
+	url, _, counter := budgetOnRedisUpstream(t, redistest.Start(t), "continue", up.url)
+	c := dialSocket(t, url, "/v1/responses")
+	c.send(`{"type":"response.create","model":"gpt-4o","input":"hello","max_output_tokens":300}`)
+	_, done := c.until("response.completed", "error")
+	var ev struct {
+		Type     string
+		Response struct{ ID string }
+	}
+	if json.Unmarshal(done, &ev) != nil || ev.Type != "response.completed" {
+		t.Fatalf("the first response: %s", done)
+	}
+	c.send(fmt.Sprintf(`{"type":"response.create","model":"gpt-4o","input":"more","previous_response_id":%q,"max_output_tokens":300}`, ev.Response.ID))
+	if typ, payload := c.until("response.completed", "error"); typ != "response.completed" {
+		t.Fatalf("a continuation of the socket's response: %s, want it served (held at what it continues, not the context window)", payload)
+	}
+	before := up.events.Load()
+	c.send(`{"type":"response.steer","input":"faster"}`)
+	if typ, payload := c.until("response.completed", "error"); typ != "error" || !strings.Contains(string(payload), "unbudgeted_event") || up.events.Load() != before {
+		t.Fatalf("response.steer: %s (upstream events %d → %d), want an unbudgeted_event error, not forwarded", payload, before, up.events.Load())
+	}
+	if got, billed := counter(), up.billed.Load(); got != billed {
+		t.Fatalf("counter %d, billed %d: each response settles to its usage", got, billed)
+	}
+}
+
+// budgetOnRedisUpstream is a budget of 500,000 tokens (less than the
+// context window) on srv in front of the upstream given.
+func budgetOnRedisUpstream(t *testing.T, srv *redistest.Server, prefix, upstream string) (url string, _ struct{}, counter func() int64) {
+	t.Helper()
+	port := freePort(t)
+	url = fmt.Sprintf("http://127.0.0.1:%d", port)
+	startCaddy(t, llmCaddyfile(port, upstream, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 500000\n window 1h\n }"))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rc.Close() })
+	return url, struct{}{}, func() int64 { return budgetCounter(t, rc, prefix, "g") }
+}
