@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha1"
 	"encoding/base64"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wait"
 	"github.com/fleetguard/fleetguard/internal/wsframe"
 )
 
@@ -262,4 +264,53 @@ func budgetOnRedisUpstream(t *testing.T, srv *redistest.Server, prefix, upstream
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	return url, struct{}{}, func() int64 { return budgetCounter(t, rc, prefix, "g") }
+}
+
+// A Redis stall longer than store_timeout during a session: the
+// response.create caught in it gets an error event (status 503) and is not
+// forwarded, the socket stays open, and once Redis answers the next one is
+// served; the counter ends equal to what the upstream billed for the
+// responses served, nothing for the one refused.
+func TestASocketOutlivesAStoreStall(t *testing.T) {
+	up := newSocketUpstream(t, 50)
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	url, _, counter := budgetOnRedisUpstream(t, srv, "socketstall", up.url)
+	c := dialSocket(t, url, "/v1/responses")
+	create := `{"type":"response.create","model":"gpt-4o","input":"hi","max_output_tokens":100}`
+	c.send(create)
+	if typ, payload := c.until("response.completed", "error"); typ != "response.completed" {
+		t.Fatalf("before the stall: %s", payload)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
+	defer rc.Close()
+	stalled := make(chan struct{})
+	go func() {
+		close(stalled)
+		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "1").Err()
+	}()
+	<-stalled
+	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	defer probe.Close()
+	if !wait.Poll(5*time.Second, func() bool { return probe.Ping(context.Background()).Err() != nil }) {
+		t.Fatal("Redis did not stall")
+	}
+	before := up.events.Load()
+	c.send(create)
+	typ, payload := c.until("response.completed", "error")
+	if typ != "error" || !strings.Contains(string(payload), `"status":503`) || up.events.Load() != before {
+		t.Fatalf("during the stall: %s (upstream events %d → %d), want a 503 error event, not forwarded", payload, before, up.events.Load())
+	}
+	wait.Poll(5*time.Second, func() bool { return rc.Ping(context.Background()).Err() == nil })
+	// The breaker lets a request through once Redis answers its probe.
+	served := wait.Poll(10*time.Second, func() bool {
+		c.send(create)
+		typ, _ := c.until("response.completed", "error")
+		return typ == "response.completed"
+	})
+	if !served {
+		t.Fatal("the socket served nothing after the stall")
+	}
+	if got, billed := counter(), up.billed.Load(); got != billed {
+		t.Fatalf("counter %d, billed %d: a refused response.create must not be charged", got, billed)
+	}
 }

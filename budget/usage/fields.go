@@ -90,7 +90,9 @@ var fieldTables = map[Format]map[string]fieldClass{
 		fieldRead:        {"model", "messages", "max_tokens", "system", "stream", "tools", "thinking", "service_tier", "mcp_servers"},
 		fieldPrompt:      {"output_format", "output_config"},
 		fieldHiddenInput: {"container"},
-		fieldNeutral:     {"metadata", "stop_sequences", "temperature", "top_k", "top_p", "tool_choice"},
+		// context_management clears old tool results and thinking from the
+		// prompt: it only ever lowers the input billed.
+		fieldNeutral: {"metadata", "stop_sequences", "temperature", "top_k", "top_p", "tool_choice", "context_management"},
 	}),
 	Gemini: classes(map[fieldClass][]string{
 		fieldRead:        {"contents", "systemInstruction", "system_instruction", "generationConfig", "generation_config", "tools"},
