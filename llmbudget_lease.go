@@ -489,6 +489,13 @@ type outputHistory struct {
 	// for a model's own tokenizer), and density the most tokens a byte, per
 	// 1024, of a text it is trusted for (a proxy's; 0: any).
 	scale, density atomic.Int64
+	// The fleet's learning (llmbudget_learned.go): fleetLease and
+	// fleetTokensLease are the first leases the fleet learned, below which
+	// this instance's own do not fall; load reads the store's when the
+	// instance first meets the model; dirty: learned since the last merge.
+	fleetLease, fleetTokensLease int64
+	load                         sync.Once
+	dirty                        atomic.Bool
 }
 
 // leases reports whether a stream of the model may hold a lease.
@@ -565,6 +572,7 @@ func (o *outputHistory) learn(a answerSeen) (news string) {
 	if a.bound <= 0 || a.reported <= 0 {
 		return ""
 	}
+	defer o.dirty.Store(true)
 	wasCounted, wasHidden := o.countsTokens(), o.hidden.Load()
 	defer func() {
 		switch {
@@ -594,8 +602,8 @@ func (o *outputHistory) learn(a answerSeen) (news string) {
 	o.counts[o.n%historySize] = a.count
 	o.tokenCounts[o.n%historySize] = a.tokensCount
 	o.n++
-	o.leaseSize.Store(p90(o.counts[:min(o.n, historySize)]))
-	o.tokensLeaseSize.Store(p90(o.tokenCounts[:min(o.n, historySize)]))
+	o.leaseSize.Store(max(p90(o.counts[:min(o.n, historySize)]), o.fleetLease))
+	o.tokensLeaseSize.Store(max(p90(o.tokenCounts[:min(o.n, historySize)]), o.fleetTokensLease))
 	return ""
 }
 

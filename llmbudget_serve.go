@@ -380,6 +380,7 @@ func (h *LLMBudget) chooseLease(c *call) {
 		return
 	}
 	c.history = h.engines.histories.of(c.req.Model)
+	h.engines.loadLearned(c.history, c.req.Model, h.storeTimeout)
 	if v, proxy := h.tokenizerOf(c.req.Model); v != 0 && !c.history.tokensRevoked.Load() {
 		c.tokens, c.proxy = bpe.Loaded(v), proxy
 	}

@@ -169,8 +169,11 @@ type engines struct {
 	inFlight inFlight
 
 	// histories are what recent streamed answers of each model say about
-	// their output leases (llmbudget_lease.go).
-	histories histories
+	// their output leases (llmbudget_lease.go), merged with the fleet's
+	// on a Redis store (llmbudget_learned.go) until stopLearned closes.
+	histories   histories
+	stopLearned chan struct{}
+	learnedDone sync.WaitGroup
 
 	// logger is the logger of the config that built the store, for what
 	// happens in the background, outside any config.
@@ -227,6 +230,10 @@ func newEngines(id storeIdentity, connect func() redis.UniversalClient, interval
 	}
 	e.limiter = lim
 	lim.Start()
+	if e.client != nil {
+		e.stopLearned = make(chan struct{})
+		e.learnedDone.Go(func() { e.syncLearned(e.stopLearned, shutdownFlushTimeout) })
+	}
 	return e, nil
 }
 
@@ -234,6 +241,10 @@ func newEngines(id storeIdentity, connect func() redis.UniversalClient, interval
 func (e *engines) Destruct() error {
 	e.limiter.Close(shutdownFlushTimeout)
 	e.waitSettles(settleTimeout)
+	if e.stopLearned != nil {
+		close(e.stopLearned)
+		e.learnedDone.Wait()
+	}
 	e.budgets.Close(shutdownFlushTimeout)
 	if e.client != nil {
 		if err := e.client.Close(); err != nil && !errors.Is(err, redis.ErrClosed) {

@@ -54,6 +54,27 @@ func TestStoreConformance(t *testing.T) {
 		name string
 		run  func(t *testing.T, s Store)
 	}{
+		{"learning merges as a union of evidence", func(t *testing.T, s Store) {
+			e := NewEngine(s, "learn")
+			ctx := context.Background()
+			a := Learned{Flags: LearnedProven, Scale: 1300, LeaseSize: 900, ProxyAnswers: 4, ProxyRatio: 1200}
+			b := Learned{Flags: LearnedTokensRevoked, Scale: 1100, Density: 300, TokensLeaseSize: 500, ProxyDensity: 250}
+			if got, err := e.MergeLearned(ctx, "claude-x", a); err != nil || got != a {
+				t.Fatalf("the first merge: %+v %v, want %+v", got, err, a)
+			}
+			want := a.Merge(b)
+			if want.Flags != LearnedProven|LearnedTokensRevoked || want.Scale != 1300 || want.Density != 300 {
+				t.Fatalf("Merge: %+v", want)
+			}
+			for _, l := range []Learned{b, a, {}} { // in any order, however often
+				if got, err := e.MergeLearned(ctx, "claude-x", l); err != nil || got != want {
+					t.Fatalf("merged %+v: %+v %v, want %+v", l, got, err, want)
+				}
+			}
+			if got, _ := e.MergeLearned(ctx, "another-model", Learned{}); got != (Learned{}) {
+				t.Fatalf("another model read %+v, want nothing learned", got)
+			}
+		}},
 		{"reserve within limit charges", func(t *testing.T, s Store) {
 			e := NewEngine(s, "c1")
 			b := []Budget{tokenBudget("daily", PerKey, 100)}

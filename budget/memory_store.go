@@ -21,6 +21,8 @@ type MemoryStore struct {
 	overrides map[string]map[string]int64
 	// tops are the top sets, by key.
 	tops map[string]*memoryTop
+	// learned is what models' answers showed, by key.
+	learned map[string]learnedValue
 }
 
 // memoryTop is a top set: members' counters, kept while it is written.

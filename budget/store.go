@@ -139,4 +139,7 @@ type Store interface {
 	// its first mark) and reports whether this call was the first to: of
 	// all the fleet's calls, one is.
 	MarkOnce(ctx context.Context, marks, field string, ttl time.Duration) (bool, error)
+	// MergeLearned merges l into the Learned kept under key (by Merge, kept
+	// for ttl from the last merge) and returns the union.
+	MergeLearned(ctx context.Context, key string, l Learned, ttl time.Duration) (Learned, error)
 }
