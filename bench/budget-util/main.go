@@ -14,8 +14,12 @@
 // event made (the lease extensions llmbudget counted, and Redis's own count
 // of scripts), and -instances runs that many Caddy processes on it.
 //
+// With -restart, the warm-up answers go through the first instance only,
+// then every instance restarts before the clients run: what the fleet
+// learned of the model must have survived.
+//
 //	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096] [-warm 2]
-//	    [-format chat|anthropic] [-model gpt-4o|claude-sonnet-4-5|...] [-settle-wait 2s] [-requests 1] [-redis [-instances 2]]
+//	    [-format chat|anthropic] [-model gpt-4o|claude-sonnet-4-5|...] [-settle-wait 2s] [-requests 1] [-redis [-instances 2] [-restart]]
 package main
 
 import (
@@ -58,6 +62,7 @@ var (
 	instances = flag.Int("instances", 1, "Caddy processes on the one store (more than 1 needs -redis); client i posts to instance i mod n, and -warm goes to each")
 	requests  = flag.Int("requests", 0, "requests each client sends, one after the other (0: each loops until its first refusal)")
 	useRedis  = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
+	restart   = flag.Bool("restart", false, "with -redis: -warm goes to the first instance only, then every instance is stopped and started again (a deploy) before the clients run: what the fleet learned of the model must survive it")
 	caddyBin  = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
 	format    = flag.String("format", "chat", "the API the clients speak: chat (OpenAI chat completions) or anthropic (Messages)")
 	model     = flag.String("model", "", "the model the clients name (default gpt-4o for chat, claude-sonnet-4-5 for anthropic)")
@@ -111,37 +116,62 @@ func run(ctx context.Context) error {
 			stop()
 		}
 	}()
-	bases, admins, err := startInstances(ctx, bin, dir, st.global, upAddr, &stops)
-	if err != nil {
-		return err
+	if *restart && st.redisAddr == "" {
+		return errors.New("-restart needs -redis: the memory store does not outlive its process")
 	}
-	admin := admins[0] // the counters are the store's: any instance shows them
 	path, body, err := request()
 	if err != nil {
 		return err
 	}
-	sites := make([]string, len(bases))
-	for i, base := range bases {
-		sites[i] = base + path
+	// start (re)starts every instance, and returns their sites and admins.
+	start := func() (sites, admins []string, err error) {
+		for _, stop := range stops {
+			stop()
+		}
+		stops = nil
+		bases, admins, err := startInstances(ctx, bin, dir, st.global, upAddr, &stops)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, base := range bases {
+			sites = append(sites, base+path)
+		}
+		return sites, admins, nil
 	}
-	before, err := readCounter(admin)
+	sites, admins, err := start()
+	if err != nil {
+		return err
+	}
+	before, err := readCounter(admins[0]) // the counters are the store's: any instance shows them
 	if err != nil {
 		return err
 	}
 	if before.used != 0 {
 		return fmt.Errorf("the budget starts at %d used, want 0", before.used)
 	}
-	return measure(ctx, up, st, admins, sites, body, before)
+	return measure(ctx, up, st, admins, sites, body, before, start)
 }
 
 // measure warms the model up, runs the clients until each is refused, and
 // prints the figures.
-func measure(ctx context.Context, up *fakellm.Server, st store, admins, sites []string, body string, before counter) error {
+func measure(ctx context.Context, up *fakellm.Server, st store, admins, sites []string, body string, before counter,
+	restartAll func() (sites, admins []string, err error)) error {
 	hc := &http.Client{Transport: &http.Transport{
 		MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients, DisableCompression: true,
 	}}
-	if err := warmUp(ctx, hc, sites, body); err != nil {
+	warmSites := sites
+	if *restart {
+		warmSites = sites[:1]
+	}
+	if err := warmUp(ctx, hc, warmSites, body); err != nil {
 		return err
+	}
+	if *restart {
+		var err error
+		if sites, admins, err = restartAll(); err != nil {
+			return err
+		}
+		fmt.Printf("restarted every instance after %d warm-up answers through the first\n", *warm)
 	}
 	warmGenerated := up.Generated() // not the clients' to receive
 	callsBefore, err := storeCalls(ctx, st.redisAddr, admins)

@@ -111,15 +111,13 @@ func fixed(path string) func(string, int) string { return func(string, int) stri
 // neutralFields are fields of each API that change nothing billed, for the
 // case "neutral": they must cost nothing.
 var neutralFields = map[string]string{
-	"chat":       `"user":"u1","metadata":{"k":"v"},"store":false,"temperature":0.2,"top_p":1,"seed":7,`,
-	"compatible": `"user":"u1","temperature":0.2,"top_k":40,"min_p":0.05,"repetition_penalty":1.1,`,
-	"responses":  `"user":"u1","metadata":{"k":"v"},"store":false,"temperature":0.2,"truncation":"auto",`,
-	"completions": `"user":"u1","temperature":0.2,"stop":["
-
-"],"seed":7,`,
-	"anthropic": `"metadata":{"user_id":"u1"},"temperature":0.2,"top_k":40,"stop_sequences":["END"],`,
-	"gemini":    `"safetySettings":[],"labels":{"team":"a"},`,
-	"ollama":    `"keep_alive":"5m",`,
+	"chat":        `"user":"u1","metadata":{"k":"v"},"store":false,"temperature":0.2,"top_p":1,"seed":7,`,
+	"compatible":  `"user":"u1","temperature":0.2,"top_k":40,"min_p":0.05,"repetition_penalty":1.1,`,
+	"responses":   `"user":"u1","metadata":{"k":"v"},"store":false,"temperature":0.2,"truncation":"auto",`,
+	"completions": `"user":"u1","temperature":0.2,"stop":["END"],"seed":7,`,
+	"anthropic":   `"metadata":{"user_id":"u1"},"temperature":0.2,"top_k":40,"stop_sequences":["END"],`,
+	"gemini":      `"safetySettings":[],"labels":{"team":"a"},`,
+	"ollama":      `"keep_alive":"5m",`,
 }
 
 func main() {
