@@ -3,11 +3,16 @@ package fleetguard
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/budget/usage"
@@ -69,4 +74,59 @@ func TestWhatTheFleetLearnedSurvivesARestart(t *testing.T) {
 			t.Fatalf("a model found hidden elsewhere held %d, want its whole cap (%d)", held, prompt+4096)
 		}
 	})
+}
+
+// A cold model's first wave holds whole caps; the requests that do not fit
+// wait (settle_wait) and, once the first answers settle and prove the
+// model, are held as leases: all of the wave is admitted, where holding
+// whole caps would refuse those the held answers leave no room for.
+func TestAColdModelsFirstWaveIsAdmittedOnceItsFirstAnswersProveIt(t *testing.T) {
+	wait := caddy.Duration(3 * time.Second)
+	const model = "first-wave-model"
+	body := `{"model":"` + model + `","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"hi"}]}`
+	prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", body)
+	h := provisionedHandler(t, &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: float64(3*(prompt+4096) + 100), Window: caddy.Duration(time.Hour)}}, SettleWait: &wait}, nil)
+	contentType, events := streamOf(usage.OpenAIChat, 10, "hello ")
+	events = append(events[:len(events)-1], `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":20,"total_tokens":25}}`+"\n\n", events[len(events)-1])
+	var admitted atomic.Int64
+	releaseFirst, releaseRest := make(chan struct{}), make(chan struct{})
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		if admitted.Add(1) <= 3 {
+			<-releaseFirst
+		} else {
+			<-releaseRest // held in flight to the end: the room they hold is not freed
+		}
+		return streaming(contentType, events).ServeHTTP(w, r)
+	})
+	var wg sync.WaitGroup
+	statuses := make(chan int, 8)
+	serve := func() {
+		defer wg.Done()
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		rec := httptest.NewRecorder()
+		_ = h.ServeHTTP(rec, r, next)
+		statuses <- rec.Code
+	}
+	for range 3 {
+		wg.Add(1)
+		go serve()
+	}
+	eventually(t, 5*time.Second, "the first three admitted", func() bool { return admitted.Load() == 3 })
+	waits := testutil.ToFloat64(metrics.llmSettleWaits)
+	for range 5 {
+		wg.Add(1)
+		go serve()
+	}
+	eventually(t, 5*time.Second, "the five to wait for room", func() bool { return testutil.ToFloat64(metrics.llmSettleWaits)-waits == 5 })
+	close(releaseFirst)
+	eventually(t, 10*time.Second, "the rest of the wave admitted or refused", func() bool { return admitted.Load()+int64(len(statuses))-3 >= 8 })
+	close(releaseRest)
+	wg.Wait()
+	close(statuses)
+	for code := range statuses {
+		if code != http.StatusOK {
+			t.Errorf("a request of the first wave answered %d: %d of 8 admitted, want all", code, admitted.Load())
+		}
+	}
 }

@@ -565,6 +565,7 @@ func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial)
 		case <-r.Context().Done():
 			return nil, denial, nil
 		}
+		h.relearn(c)
 		ctx, cancel := context.WithTimeout(r.Context(), h.storeTimeout)
 		res, d, err := h.engines.budgets.Reserve(ctx, h.budgets, c.dims, c.spend)
 		cancel()
@@ -574,6 +575,21 @@ func (h *LLMBudget) waitForRoom(r *http.Request, c *call, denial *budget.Denial)
 		if denial = d; h.engines.inFlight.n.Load() == 0 {
 			return nil, denial, nil // nothing here left to settle
 		}
+	}
+}
+
+// relearn holds a waiting request as what its model's answers have taught
+// since it was estimated: a cold model's first wave holds whole caps, and the
+// first answers that settle while it waits prove the model, so the rest of
+// the wave holds leases and fits. The room its model's history gives never
+// grows a hold: a model found hidden meanwhile keeps the whole cap it held.
+func (h *LLMBudget) relearn(c *call) {
+	if c.history == nil || c.leaseSize > 0 || !c.history.leases() {
+		return
+	}
+	h.chooseLease(c)
+	if c.leaseSize > 0 {
+		_ = h.priceEstimate(c) // priced before: the same price, a smaller output
 	}
 }
 
