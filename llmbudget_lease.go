@@ -154,6 +154,18 @@ func (l *lease) observe(r usage.Reading) (output bool) {
 	return output
 }
 
+// observePending folds n bytes of an event not ended yet into the running
+// count, a token a byte beyond the text seen. It reports whether the count
+// grew (the bytes wait for the lease).
+func (l *lease) observePending(n int64) bool {
+	c := usage.OutputTokenBound(l.text + n)
+	if c <= l.count {
+		return false
+	}
+	l.count = c
+	return true
+}
+
 // bound is the count of the text seen: the tokenizer's, and its margin,
 // while the model is counted by it (an answer of it that bills more ends
 // that for every stream of it, this one included); a proxy tokenizer's at

@@ -214,6 +214,10 @@ func (w *meteringWriter) passLeased(p []byte) error {
 	for !w.truncated {
 		end := w.eventEnd()
 		if end < 0 {
+			if w.holdPending() {
+				w.meter.Write(w.pending) // received, if not passed: the settle charges it
+				return w.truncate(w.pending)
+			}
 			if len(w.pending) <= usage.MaxEventBytes {
 				return nil
 			}
@@ -242,6 +246,23 @@ func (w *meteringWriter) passRaw(p []byte) error {
 	n, err := w.ResponseWriter.Write(p)
 	w.observe(p[:n])
 	return err
+}
+
+// unterminatedBytes is how much of an event not ended yet a leased stream
+// takes in before it holds those bytes as output: the upstream bills what it
+// generates whether or not it ends its events (an NDJSON body labelled as
+// an event stream ends none), so past this, bytes that end no event are
+// held a token a byte as they come, never metered only once they end.
+const unterminatedBytes = 512
+
+// holdPending holds the bytes of an event not ended yet, past
+// unterminatedBytes, as output; it reports whether the lease could not hold
+// them (the stream is cut there).
+func (w *meteringWriter) holdPending() (cut bool) {
+	if len(w.pending) <= unterminatedBytes {
+		return false
+	}
+	return w.lease.observePending(int64(len(w.pending))) && !w.lease.admit()
 }
 
 // eventEnd is the length of the first complete event in pending (an SSE
