@@ -134,7 +134,11 @@ func classify(f Format, body []byte, est *estimator) (unknown []string, foreign 
 	table := fieldTables[f]
 	eachKey(body, func(key string, value []byte) bool {
 		switch table[key] {
-		case fieldRead, fieldNeutral:
+		case fieldRead:
+			if f == Gemini && (key == "generationConfig" || key == "generation_config") {
+				unknown = classifyGenerationConfig(key, value, est, unknown)
+			}
+		case fieldNeutral:
 		case fieldPrompt:
 			est.textBytes += int64(len(value))
 		case fieldMedia:
@@ -149,7 +153,13 @@ func classify(f Format, body []byte, est *estimator) (unknown []string, foreign 
 			}
 		case fieldForeignCap:
 			var n int64
-			if string(value) != "null" && json.Unmarshal(value, &n) == nil && (foreign.v == nil || n > *foreign.v) {
+			if string(value) == "null" {
+				break
+			}
+			if json.Unmarshal(value, &n) != nil {
+				n = -1 // a cap that is not an integer bounds nothing here: refused
+			}
+			if foreign.v == nil || *foreign.v >= 0 && (n > *foreign.v || n < 0) { // a refused one stays
 				foreign = intField{key, &n}
 			}
 		default:
@@ -157,24 +167,23 @@ func classify(f Format, body []byte, est *estimator) (unknown []string, foreign 
 		}
 		return true
 	})
-	if f == Gemini {
-		eachKey(body, func(key string, value []byte) bool {
-			if key == "generationConfig" || key == "generation_config" {
-				eachKey(value, func(k string, v []byte) bool {
-					switch geminiConfigFields[k] {
-					case fieldRead, fieldNeutral:
-					case fieldPrompt:
-						est.textBytes += int64(len(v))
-					default:
-						unknown = append(unknown, key+"."+k)
-					}
-					return true
-				})
-			}
-			return true
-		})
-	}
 	return unknown, foreign
+}
+
+// classifyGenerationConfig reads the fields of Gemini's generationConfig
+// (named parent, as the body spells it) by geminiConfigFields.
+func classifyGenerationConfig(parent string, config []byte, est *estimator, unknown []string) []string {
+	eachKey(config, func(k string, v []byte) bool {
+		switch geminiConfigFields[k] {
+		case fieldRead, fieldNeutral:
+		case fieldPrompt:
+			est.textBytes += int64(len(v))
+		default:
+			unknown = append(unknown, parent+"."+k)
+		}
+		return true
+	})
+	return unknown
 }
 
 // mediaList counts each member of a JSON array as a media part.

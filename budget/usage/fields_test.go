@@ -85,8 +85,10 @@ func TestBackgroundAndForeignCaps(t *testing.T) {
 	if err != nil || req.MaxOutputTokens != 900 || req.MaxOutputTokensField != "n_predict" || req.ForeignCap != 900 {
 		t.Fatalf("n_predict: cap %d (%q), foreign %d, %v; want 900 from n_predict", req.MaxOutputTokens, req.MaxOutputTokensField, req.ForeignCap, err)
 	}
-	if _, err := ParseRequest(OpenAIChat, chatPath, []byte(`{"model":"m","messages":[],"n_predict":-1}`)); err == nil || !strings.Contains(err.Error(), "n_predict") {
-		t.Fatalf("n_predict -1: %v, want an error naming it", err)
+	for _, bad := range []string{`-1`, `5000.5`, `"5000"`} {
+		if _, err := ParseRequest(OpenAIChat, chatPath, []byte(`{"model":"m","messages":[],"max_tokens":10,"n_predict":`+bad+`}`)); err == nil || !strings.Contains(err.Error(), "n_predict") {
+			t.Fatalf("n_predict %s: %v, want an error naming it", bad, err)
+		}
 	}
 }
 

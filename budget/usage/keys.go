@@ -131,12 +131,12 @@ func matchField(key string, fields []field) (i int, exact bool) {
 // valid JSON) and its raw value, until fn returns false. A value that is not
 // an object has no keys.
 func eachKey(obj []byte, fn func(key string, value []byte) bool) {
-	eachMember(obj, func(key string, start, end int) bool { return fn(key, obj[start:end]) })
+	eachMember(obj, func(key string, _, start, end int) bool { return fn(key, obj[start:end]) })
 }
 
-// eachMember is eachKey with the value given by where it lies in obj, for
-// splicing.
-func eachMember(obj []byte, fn func(key string, start, end int) bool) {
+// eachMember is eachKey with the member given by where it lies in obj, for
+// splicing: its key from keyStart, its value from start to end.
+func eachMember(obj []byte, fn func(key string, keyStart, start, end int) bool) {
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
 		return
@@ -151,12 +151,12 @@ func eachMember(obj []byte, fn func(key string, start, end int) bool) {
 			i++
 			continue
 		}
-		end := stringEnd(obj, i)
+		keyStart, end := i, stringEnd(obj, i)
 		key := decodeKey(obj[i:end])
 		i = skipSpace(obj, end)
 		i = skipSpace(obj, i+1) // the colon
 		vEnd := valueEnd(obj, i)
-		if !fn(key, i, vEnd) {
+		if !fn(key, keyStart, i, vEnd) {
 			return
 		}
 		i = vEnd
@@ -232,26 +232,8 @@ func valueEnd(b []byte, i int) int {
 // EachMember calls fn with each member of the JSON object obj (valid JSON),
 // its key decoded and the member as written: `"key": value`.
 func EachMember(obj []byte, fn func(key string, member []byte)) {
-	i := skipSpace(obj, 0)
-	if i >= len(obj) || obj[i] != '{' {
-		return
-	}
-	i++
-	for {
-		i = skipSpace(obj, i)
-		if i >= len(obj) || obj[i] == '}' {
-			return
-		}
-		if obj[i] == ',' {
-			i++
-			continue
-		}
-		start, end := i, stringEnd(obj, i)
-		key := decodeKey(obj[i:end])
-		i = skipSpace(obj, end)
-		i = skipSpace(obj, i+1) // the colon
-		vEnd := valueEnd(obj, i)
-		fn(key, obj[start:vEnd])
-		i = vEnd
-	}
+	eachMember(obj, func(key string, keyStart, _, end int) bool {
+		fn(key, obj[keyStart:end])
+		return true
+	})
 }

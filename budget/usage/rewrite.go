@@ -210,7 +210,7 @@ func parseObject(b []byte) (*objectEdits, error) {
 		return nil, errNotObject
 	}
 	o := &objectEdits{b: b}
-	eachMember(b, func(key string, start, end int) bool {
+	eachMember(b, func(key string, _, start, end int) bool {
 		o.members = append(o.members, objectMember{key, start, end})
 		return true
 	})
