@@ -36,6 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -415,6 +416,7 @@ type figures struct {
 	firstRefusal                                                time.Time
 	reported, received                                          int64
 	statuses                                                    map[int]int
+	firstWait                                                   []time.Duration // the admitted first requests', to their headers
 	// spentBefore is what the admittedBefore requests sent before the
 	// first refusal reported.
 	spentBefore    int64
@@ -459,6 +461,7 @@ func (f *figures) admit(r result) {
 	f.admitted++
 	if r.first {
 		f.firstAdmitted++
+		f.firstWait = append(f.firstWait, r.answered.Sub(r.sent))
 	}
 	f.received += int64(r.chunks)
 	if r.usage {
@@ -483,6 +486,11 @@ func (f figures) print(storeName string, start time.Time, end counter, up *fakel
 	fmt.Printf("budget-util: one global budget of %d tokens per %s (%s), %d streaming clients (%s, model %s), max_tokens %d;\n", *limit, *window, storeName, *clients, *format, *model, *capTok)
 	fmt.Printf("  upstream fakellm words mode: %d prompt tokens, %d output tokens %s apart (jitter %.0f%%)\n", *input, *output, *interval, *jitter*100)
 	fmt.Printf("concurrency admitted (first %d requests, sent at once): %d of %d\n", *clients, f.firstAdmitted, *clients)
+	if n := len(f.firstWait); n > 0 {
+		slices.Sort(f.firstWait)
+		fmt.Printf("  time to response headers of the admitted first requests (a wait for room included): median %s, p90 %s, max %s\n",
+			f.firstWait[n/2].Round(time.Millisecond), f.firstWait[(n*9)/10].Round(time.Millisecond), f.firstWait[n-1].Round(time.Millisecond))
+	}
 	if f.firstRefusal.IsZero() {
 		fmt.Printf("share of the limit spent before the first refusal: no refusal (%d requests, %d tokens, %.1f%%)\n", f.admittedBefore, f.spentBefore, pct(f.spentBefore, *limit))
 	} else {
