@@ -3,15 +3,12 @@ package fleetguard
 import (
 	"bufio"
 	"context"
-	"crypto/sha1"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,82 +20,16 @@ import (
 	"github.com/fleetguard/fleetguard/internal/wsframe"
 )
 
-// socketUpstream is an honest stand-in for the Responses API's WebSocket
-// mode: each response.create is answered with text of answerTokens o200k
-// tokens (at most its max_output_tokens), and billed its input (the
-// continued response's input and output too) and output; any other event
-// gets an error event. billed sums every bill; events counts the client
-// events it received.
+// socketUpstream is fakellm.Socket served on a local address.
 type socketUpstream struct {
-	url            string
-	billed, events atomic.Int64
+	*fakellm.Socket
+	url string
 }
 
 func newSocketUpstream(t *testing.T, answerTokens int) *socketUpstream {
 	t.Helper()
-	up := &socketUpstream{}
-	word := "ledger "
-	answer := strings.Repeat(word, answerTokens) // a token a word
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-			http.Error(w, "websocket only", http.StatusBadRequest)
-			return
-		}
-		conn, brw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
-		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
-		brw.Flush()
-		send := func(ev string) { _, _ = conn.Write(wsframe.Append(nil, wsframe.OpText, []byte(ev), false)) }
-		conversation := map[string]int64{} // response id → its input and output
-		var p wsframe.Parser
-		buf := make([]byte, 64<<10)
-		for n := 0; ; n++ {
-			k, err := brw.Read(buf)
-			if err != nil {
-				return
-			}
-			p.Feed(buf[:k])
-			for {
-				f, ok, err := p.Next()
-				if err != nil || !ok {
-					break
-				}
-				if f.IsControl() {
-					continue
-				}
-				up.events.Add(1)
-				var ev struct {
-					Type               string `json:"type"`
-					Input              string `json:"input"`
-					MaxOutputTokens    int64  `json:"max_output_tokens"`
-					PreviousResponseID string `json:"previous_response_id"`
-				}
-				if json.Unmarshal(f.Payload, &ev) != nil || ev.Type != "response.create" {
-					send(`{"type":"error","error":{"type":"invalid_request_error","code":"unknown_event","message":"no"}}`)
-					continue
-				}
-				id := fmt.Sprintf("resp_%d", n)
-				in := fakellm.Tokens(ev.Input) + conversation[ev.PreviousResponseID]
-				send(fmt.Sprintf(`{"type":"response.created","response":{"id":%q,"object":"response","status":"in_progress","output":[]}}`, id))
-				var out int64
-				for _, chunk := range strings.SplitAfter(answer, word) {
-					if chunk == "" || ev.MaxOutputTokens > 0 && out >= ev.MaxOutputTokens {
-						break
-					}
-					out++
-					send(fmt.Sprintf(`{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":%q}`, chunk))
-				}
-				up.billed.Add(in + out)
-				conversation[id] = in + out
-				send(fmt.Sprintf(`{"type":"response.completed","response":{"id":%q,"object":"response","status":"completed","output":[],"usage":{"input_tokens":%d,"output_tokens":%d,"total_tokens":%d}}}`, id, in, out, in+out))
-			}
-			p.Keep()
-		}
-	}))
+	up := &socketUpstream{Socket: &fakellm.Socket{Tokens: answerTokens}}
+	srv := httptest.NewServer(up.Socket)
 	t.Cleanup(srv.Close)
 	up.url = srv.URL
 	return up
@@ -214,13 +145,13 @@ func TestAResponsesSocketIsBudgetedAResponseAtATime(t *testing.T) {
 		}
 	}
 	counter := budgetCounter(t, rc, prefix, "g")
-	if completed == 0 || refused == 0 || counter > 10000 || up.billed.Load() > counter {
+	if completed == 0 || refused == 0 || counter > 10000 || up.Billed() > counter {
 		t.Fatalf("%d completed, %d refused; counter %d of 10000, billed %d: want both, the counter within the limit and the bill within the counter",
-			completed, refused, counter, up.billed.Load())
+			completed, refused, counter, up.Billed())
 	}
-	t.Logf("%d completed, %d refused; counter %d, billed %d", completed, refused, counter, up.billed.Load())
-	if up.events.Load() != int64(completed) {
-		t.Fatalf("the upstream received %d events for %d admitted: a refused response.create was forwarded", up.events.Load(), completed)
+	t.Logf("%d completed, %d refused; counter %d, billed %d", completed, refused, counter, up.Billed())
+	if up.Events() != int64(completed) {
+		t.Fatalf("the upstream received %d events for %d admitted: a refused response.create was forwarded", up.Events(), completed)
 	}
 }
 
@@ -244,12 +175,12 @@ func TestASocketContinuationHoldsWhatItContinues(t *testing.T) {
 	if typ, payload := c.until("response.completed", "error"); typ != "response.completed" {
 		t.Fatalf("a continuation of the socket's response: %s, want it served (held at what it continues, not the context window)", payload)
 	}
-	before := up.events.Load()
+	before := up.Events()
 	c.send(`{"type":"response.steer","input":"faster"}`)
-	if typ, payload := c.until("response.completed", "error"); typ != "error" || !strings.Contains(string(payload), "unbudgeted_event") || up.events.Load() != before {
-		t.Fatalf("response.steer: %s (upstream events %d → %d), want an unbudgeted_event error, not forwarded", payload, before, up.events.Load())
+	if typ, payload := c.until("response.completed", "error"); typ != "error" || !strings.Contains(string(payload), "unbudgeted_event") || up.Events() != before {
+		t.Fatalf("response.steer: %s (upstream events %d → %d), want an unbudgeted_event error, not forwarded", payload, before, up.Events())
 	}
-	if got, billed := counter(), up.billed.Load(); got != billed {
+	if got, billed := counter(), up.Billed(); got != billed {
 		t.Fatalf("counter %d, billed %d: each response settles to its usage", got, billed)
 	}
 }
@@ -294,11 +225,11 @@ func TestASocketOutlivesAStoreStall(t *testing.T) {
 	if !wait.Poll(5*time.Second, func() bool { return probe.Ping(context.Background()).Err() != nil }) {
 		t.Fatal("Redis did not stall")
 	}
-	before := up.events.Load()
+	before := up.Events()
 	c.send(create)
 	typ, payload := c.until("response.completed", "error")
-	if typ != "error" || !strings.Contains(string(payload), `"status":503`) || up.events.Load() != before {
-		t.Fatalf("during the stall: %s (upstream events %d → %d), want a 503 error event, not forwarded", payload, before, up.events.Load())
+	if typ != "error" || !strings.Contains(string(payload), `"status":503`) || up.Events() != before {
+		t.Fatalf("during the stall: %s (upstream events %d → %d), want a 503 error event, not forwarded", payload, before, up.Events())
 	}
 	wait.Poll(5*time.Second, func() bool { return rc.Ping(context.Background()).Err() == nil })
 	// The breaker lets a request through once Redis answers its probe.
@@ -310,7 +241,7 @@ func TestASocketOutlivesAStoreStall(t *testing.T) {
 	if !served {
 		t.Fatal("the socket served nothing after the stall")
 	}
-	if got, billed := counter(), up.billed.Load(); got != billed {
+	if got, billed := counter(), up.Billed(); got != billed {
 		t.Fatalf("counter %d, billed %d: a refused response.create must not be charged", got, billed)
 	}
 }

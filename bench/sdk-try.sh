@@ -8,6 +8,9 @@
 # that writes long answers, so a stream asking for 4096 tokens is admitted
 # with its output lease and cut when an extension is refused: the SDKs must
 # read it as a finished, truncated answer.
+# The OpenAI SDK's ResponsesWS (the Responses API's WebSocket mode) runs on the
+# first site against fakellm's socket mode: a refusal must be an error event on
+# the open socket.
 # Prints PASS/FAIL per check (bench/sdk/try.mjs says what each checks).
 source "$(dirname "$0")/lib.sh"
 "$work/fakellm" -addr 127.0.0.1:11503 -input 30 -output 70 -chunks 40 -interval 2ms 2>"$work/fakellm.log" &
@@ -63,7 +66,7 @@ cat >"$work/sdk.Caddyfile" <<CFG
 }
 CFG
 "$work/caddy" run --config "$work/sdk.Caddyfile" >"$work/caddy.log" 2>&1 &
-(cd "$work" && npm init -y >/dev/null && npm install --silent openai @anthropic-ai/sdk >/dev/null 2>&1)
+(cd "$work" && npm init -y >/dev/null && npm install --silent openai @anthropic-ai/sdk ws >/dev/null 2>&1)
 echo "SDKs: openai $(grep -m1 '"version"' "$work/node_modules/openai/package.json" | cut -d'"' -f4), @anthropic-ai/sdk $(grep -m1 '"version"' "$work/node_modules/@anthropic-ai/sdk/package.json" | cut -d'"' -f4)"
 cp bench/sdk/try.mjs "$work/try.mjs"
 sleep 1

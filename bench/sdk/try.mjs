@@ -190,4 +190,36 @@ const describe = (e) => `${e?.constructor?.name}: ${e?.message}`;
     `${err?.constructor?.name}: ${err?.message}`);
 }
 
+// 8. The Responses API's WebSocket mode through llmbudget, with the official
+//    SDK's ResponsesWS (per_key, 1000 tokens; answers of 70): each
+//    response.create is budgeted and settled; one that does not fit gets an
+//    error event naming the budget, and the socket stays open for the next.
+{
+  const { ResponsesWS } = await import("openai/resources/responses/ws");
+  const client = new OpenAI({ apiKey: "sk-sdk-socket", baseURL: base + "/v1" });
+  const rws = new ResponsesWS(client);
+  const outcome = () => new Promise((resolve) => {
+    const done = (kind, detail) => { rws.off("response.completed", onDone); rws.off("error", onError); resolve({ kind, detail }); };
+    const onDone = (ev) => done("completed", ev.response?.usage);
+    const onError = (err) => done("error", err.error ?? err.message);
+    rws.on("response.completed", onDone);
+    rws.on("error", onError);
+  });
+  let completed = 0, refusal, text = "";
+  rws.on("response.output_text.delta", (ev) => { text += ev.delta; });
+  for (let i = 0; i < 20 && !refusal; i++) {
+    const next = outcome();
+    rws.send({ type: "response.create", model: "gpt-4o", input: "hi", max_output_tokens: 200 });
+    const o = await next;
+    if (o.kind === "completed") completed++; else refusal = o.detail;
+  }
+  const again = outcome();
+  rws.send({ type: "response.create", model: "gpt-4o", input: "hi", max_output_tokens: 200 });
+  const second = await again;
+  rws.close();
+  report("openai socket: ResponsesWS responses are budgeted, a refusal is an error event on the open socket",
+    completed > 0 && text.length > 0 && refusal?.status === 429 && /per_key/.test(refusal?.error?.message ?? "") && second.kind === "error",
+    `${completed} completed (${text.length} chars), then ${JSON.stringify(refusal)?.slice(0, 200)}; the next on the same socket: ${second.kind}`);
+}
+
 process.exit(results.every((r) => r.ok) ? 0 : 1);

@@ -108,6 +108,11 @@ func (s *Server) LastBody() string {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.hits.Add(1)
+	if isSocket(r) {
+		// The Responses API's WebSocket mode: answers of Output tokens.
+		(&Socket{Tokens: s.Output}).ServeHTTP(w, r)
+		return
+	}
 	req := s.read(r)
 	output, capCut := s.outputFor(req)
 	time.Sleep(s.Delay)

@@ -1,0 +1,115 @@
+package fakellm
+
+import (
+	"crypto/sha1"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/fleetguard/fleetguard/internal/wsframe"
+)
+
+// Socket is an honest stand-in for the Responses API's WebSocket mode (GET
+// /v1/responses upgraded): each response.create client event is answered
+// with response.created, text of Tokens tokens (a token a word, at most the
+// event's max_output_tokens) in response.output_text.delta events and
+// response.completed with its usage, and billed its input (a continued
+// response's input and output too, as the upstream reads them again) and
+// output; any other client event gets an error event. It negotiates no
+// extension.
+type Socket struct {
+	Tokens         int
+	billed, events atomic.Int64
+}
+
+// Billed is every token billed so far, input and output.
+func (s *Socket) Billed() int64 { return s.billed.Load() }
+
+// Events is how many client messages arrived.
+func (s *Socket) Events() int64 { return s.events.Load() }
+
+// isSocket reports whether r opens a WebSocket.
+func isSocket(r *http.Request) bool { return strings.EqualFold(r.Header.Get("Upgrade"), "websocket") }
+
+func (s *Socket) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !isSocket(r) {
+		http.Error(w, "websocket only", http.StatusBadRequest)
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
+	if brw.Flush() != nil {
+		return
+	}
+	send := func(ev string) { _, _ = conn.Write(wsframe.Append(nil, wsframe.OpText, []byte(ev), false)) }
+	conversation := map[string]int64{} // a response's id → its input and output
+	var p wsframe.Parser
+	var msg []byte
+	buf := make([]byte, 64<<10)
+	for n := 0; ; {
+		k, err := brw.Read(buf)
+		if err != nil {
+			return
+		}
+		p.Feed(buf[:k])
+		for {
+			f, ok, err := p.Next()
+			if err != nil {
+				return
+			}
+			if !ok {
+				break
+			}
+			switch {
+			case f.Opcode == wsframe.OpClose:
+				_, _ = conn.Write(wsframe.Append(nil, wsframe.OpClose, f.Payload, false))
+				return
+			case f.Opcode == wsframe.OpPing:
+				_, _ = conn.Write(wsframe.Append(nil, wsframe.OpPong, f.Payload, false))
+				continue
+			case f.IsControl():
+				continue
+			}
+			if msg = append(msg, f.Payload...); !f.Fin {
+				continue
+			}
+			s.events.Add(1)
+			n++
+			s.answer(send, msg, fmt.Sprintf("resp_%d", n), conversation)
+			msg = msg[:0]
+		}
+		p.Keep()
+	}
+}
+
+// answer answers one client message.
+func (s *Socket) answer(send func(string), msg []byte, id string, conversation map[string]int64) {
+	var ev struct {
+		Type               string `json:"type"`
+		Input              any    `json:"input"`
+		MaxOutputTokens    int64  `json:"max_output_tokens"`
+		PreviousResponseID string `json:"previous_response_id"`
+	}
+	if json.Unmarshal(msg, &ev) != nil || ev.Type != "response.create" {
+		send(`{"type":"error","error":{"type":"invalid_request_error","code":"unknown_event","message":"the fake answers response.create only"}}`)
+		return
+	}
+	input, _ := json.Marshal(ev.Input)
+	in := Tokens(string(input)) + conversation[ev.PreviousResponseID]
+	send(fmt.Sprintf(`{"type":"response.created","response":{"id":%q,"object":"response","status":"in_progress","output":[]}}`, id))
+	var out int64
+	for ; out < int64(s.Tokens) && (ev.MaxOutputTokens == 0 || out < ev.MaxOutputTokens); out++ {
+		send(fmt.Sprintf(`{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":%q}`, "ledger "))
+	}
+	s.billed.Add(in + out)
+	conversation[id] = in + out
+	send(fmt.Sprintf(`{"type":"response.completed","response":{"id":%q,"object":"response","status":"completed","output":[],"usage":{"input_tokens":%d,"output_tokens":%d,"total_tokens":%d}}}`, id, in, out, in+out))
+}
