@@ -289,6 +289,7 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			[flex|priority|batch <input> <output>] [web_search <usd_per_call>]
 //		prices_file <path>
 //		deployment <name> <model>
+//		provider           <litellm provider>
 //		default_max_tokens <n>
 //		max_request_body   <size>
 //		format             openai_chat|openai_responses|anthropic|gemini|ollama
@@ -324,7 +325,7 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		field := d.Val()
 		parse, ok := llmBudgetOptions[field]
 		if !ok {
-			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, unknown_fields, neutral_fields, pass_upgrades, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
+			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, provider, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, unknown_fields, neutral_fields, pass_upgrades, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
 		}
 		if field != "budget" && field != "price" && field != "tokenizer" && field != "proxy_tokenizer" && field != "deployment" {
 			if seen[field] {
@@ -443,6 +444,7 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 		}
 		return nil
 	},
+	"provider": stringOption(func(h *LLMBudget) *string { return &h.Provider }, "a provider as LiteLLM's price table names it (groq, mistral, openrouter, ...)"),
 	"unknown_fields": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		if !d.AllArgs(&h.UnknownFields) || h.UnknownFields != unknownFieldsHold && h.UnknownFields != unknownFieldsRefuse {
 			return d.Errf("llmbudget: unknown_fields takes hold or refuse")

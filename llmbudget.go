@@ -68,6 +68,17 @@ type LLMBudget struct {
 	// reload reads it again); Prices win over its entries. A file that does
 	// not read refuses the config, naming the entry and field. Default: none.
 	PricesFile string `json:"prices_file,omitempty"`
+	// Provider is the upstream's provider as LiteLLM's price table names it
+	// in its keys ("groq", "mistral", "deepseek", "openrouter",
+	// "together_ai", "fireworks_ai", "xai", "gemini", ...): a model is priced
+	// as "<provider>/<model>" first, then by its bare name, so a prices_file
+	// prices "llama-3.3-70b-versatile" behind a Groq route at Groq's price.
+	// A model already named with the prefix is priced as named; a price
+	// line of the bare name still wins over the file. Default: by the API,
+	// "gemini" for Gemini's, "anthropic" for Anthropic's, "ollama" for
+	// Ollama's, none for OpenAI's (LiteLLM keys OpenAI's models bare); an
+	// Azure deployment path is always "azure".
+	Provider string `json:"provider,omitempty"`
 	// Deployments maps an Azure OpenAI deployment, the <name> of a path
 	// /openai/deployments/<name>/..., to the model it serves, for a
 	// deployment named otherwise than its model. The model of such a path
@@ -492,6 +503,9 @@ func (h *LLMBudget) compile() error {
 	}
 	if err := h.compilePrices(); err != nil {
 		return err
+	}
+	if h.Provider != "" && (strings.Trim(h.Provider, "abcdefghijklmnopqrstuvwxyz0123456789_-.") != "" || strings.Contains(h.Provider, "/")) {
+		return fmt.Errorf("llmbudget: provider %q: want a provider as LiteLLM's price table names it, in lower case (groq, mistral, openrouter, ...)", h.Provider)
 	}
 	return h.compileDeployments()
 }

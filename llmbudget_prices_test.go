@@ -1,13 +1,18 @@
 package fleetguard
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetguard/fleetguard/budget"
+	"github.com/fleetguard/fleetguard/budget/usage"
 )
 
 // pricesFileSite is a site on port whose llmbudget, with lines, prices by
@@ -218,5 +223,102 @@ func TestAzureDeploymentTakesAzurePrice(t *testing.T) {
 		if resp.StatusCode != tt.status {
 			t.Errorf("%s: %d %.200s, want %d", tt.path, resp.StatusCode, got, tt.status)
 		}
+	}
+}
+
+// A model is priced as its provider bills it, from a prices_file alone: the
+// provider of the route (the provider option, or the API's own) qualifies
+// the name, so the most-used models of OpenAI, Anthropic, Gemini, Groq,
+// Mistral, DeepSeek and an OpenRouter route take their entry's price, to
+// the micro-dollar.
+func TestModelsArePricedAsTheirProviderBillsThem(t *testing.T) {
+	table, err := os.ReadFile("budget/testdata/litellm-prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entries map[string]struct {
+		Input  float64 `json:"input_cost_per_token"`
+		Output float64 `json:"output_cost_per_token"`
+	}
+	if err := json.Unmarshal(table, &entries); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		provider string       // the provider option ("": the API's own)
+		format   usage.Format // the route's API
+		model    string       // as the request names it
+		entry    string       // the table's entry that prices it
+	}{
+		{"", usage.OpenAIChat, "gpt-4o", "gpt-4o"},
+		{"", usage.OpenAIChat, "gpt-4o-mini", "gpt-4o-mini"},
+		{"", usage.OpenAIChat, "gpt-4.1", "gpt-4.1"},
+		{"", usage.OpenAIChat, "gpt-4.1-mini", "gpt-4.1-mini"},
+		{"", usage.OpenAIResponses, "o3", "o3"},
+		{"", usage.OpenAIResponses, "o4-mini", "o4-mini"},
+		{"", usage.OpenAIResponses, "gpt-5", "gpt-5"},
+		{"", usage.OpenAIChat, "gpt-5-mini", "gpt-5-mini"},
+		{"", usage.Anthropic, "claude-sonnet-4-5", "claude-sonnet-4-5"},
+		{"", usage.Anthropic, "claude-opus-4-1", "claude-opus-4-1"},
+		{"", usage.Anthropic, "claude-haiku-4-5", "claude-haiku-4-5"},
+		{"", usage.Gemini, "gemini-2.5-pro", "gemini/gemini-2.5-pro"},
+		{"", usage.Gemini, "gemini-2.5-flash", "gemini/gemini-2.5-flash"},
+		{"", usage.Gemini, "gemini-2.0-flash", "gemini/gemini-2.0-flash"},
+		{"groq", usage.OpenAIChat, "llama-3.3-70b-versatile", "groq/llama-3.3-70b-versatile"},
+		{"groq", usage.OpenAIChat, "llama-3.1-8b-instant", "groq/llama-3.1-8b-instant"},
+		{"mistral", usage.OpenAIChat, "mistral-large-latest", "mistral/mistral-large-latest"},
+		{"mistral", usage.OpenAIChat, "mistral-small-latest", "mistral/mistral-small-latest"},
+		{"deepseek", usage.OpenAIChat, "deepseek-chat", "deepseek/deepseek-chat"},
+		{"deepseek", usage.OpenAIChat, "deepseek-reasoner", "deepseek/deepseek-reasoner"},
+		{"openrouter", usage.OpenAIChat, "anthropic/claude-sonnet-4.5", "openrouter/anthropic/claude-sonnet-4.5"},
+		{"groq", usage.OpenAIChat, "groq/llama-3.3-70b-versatile", "groq/llama-3.3-70b-versatile"}, // named with its prefix already
+	} {
+		h, err := unmarshalLLMBudget(t, "budget d {\nunit usd\nlimit 10\nwindow 1h\n}\nprices_file budget/testdata/litellm-prices.json"+
+			map[bool]string{true: "\nprovider " + tt.provider}[tt.provider != ""])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &call{format: tt.format, req: usage.Request{Model: tt.model}}
+		name, p, ok := h.prices.Find(h.priceName(c))
+		e := entries[tt.entry]
+		want := budget.Rates{Input: int64(math.Round(e.Input * 1e12)), Output: int64(math.Round(e.Output * 1e12))}
+		if !ok || name != tt.entry || p.Input != want.Input || p.Output != want.Output {
+			t.Errorf("%s %s (provider %q): priced by %q at %d/%d micro-dollars per 1M, want %q at %d/%d",
+				tt.format, tt.model, tt.provider, name, p.Input, p.Output, tt.entry, want.Input, want.Output)
+		}
+	}
+}
+
+// The Caddyfile of the issue: prices_file alone prices gemini-2.5-pro on the
+// Gemini API, and llama-3.3-70b-versatile behind a Groq route, to the
+// micro-dollar of the table's price.
+func TestAPricesFileAlonePricesGeminiAndAGroqRoute(t *testing.T) {
+	prices, err := filepath.Abs("budget/testdata/litellm-prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := newFakeLLM(t) // reports 30 input and 70 output tokens
+	for _, tt := range []struct {
+		name, extra, path, body string
+		want                    string // what 10 answers cost, in dollars as the admin API shows it
+	}{
+		// gemini/gemini-2.5-pro: $1.25 and $10 per 1M: 30 x 1.25 + 70 x 10 = 737.5, rounded up: 738 micro-dollars an answer.
+		{"gemini", "", "/v1beta/models/gemini-2.5-pro:generateContent", `{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":100}}`, "0.00738"},
+		// groq/llama-3.3-70b-versatile: $0.59 and $0.79: 30 x 0.59 + 70 x 0.79 = 73 micro-dollars an answer.
+		{"groq", "provider groq", "/openai/v1/chat/completions", `{"model":"llama-3.3-70b-versatile","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`, "0.00073"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			port := freePort(t)
+			tc := startCaddy(t, pricesFileSite(port, "pq"+tt.name, up.URL, prices, tt.extra, "budget all_usd {\n unit usd\n limit 1\n window 1h\n }"))
+			for range 10 {
+				resp, body := do(t, http.MethodPost, fmt.Sprintf("http://127.0.0.1:%d%s", port, tt.path), tt.body, "Content-Type: application/json")
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("%d %s", resp.StatusCode, body)
+				}
+			}
+			waitSettles()
+			if used := budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+"/fleetguard/budgets/all_usd").Used.String(); used != tt.want {
+				t.Fatalf("10 answers charged $%s, want $%s", used, tt.want)
+			}
+		})
 	}
 }

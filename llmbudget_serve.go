@@ -482,14 +482,8 @@ func (h *LLMBudget) priceEstimate(c *call) *refusal {
 	}
 	estimate := budget.Usage{InputTokens: c.req.PromptTokens, OutputTokens: output, ServiceTier: c.req.ServiceTier}
 	c.spend = budget.Spend{Tokens: estimate.Tokens()}
-	priceName := c.req.Model
-	if c.req.Deployment {
-		// Azure's own price first ("azure/gpt-4o" in a prices_file), then
-		// the model's: the name resolves past the provider prefix.
-		priceName = "azure/" + priceName
-	}
 	var priced bool
-	c.model, c.price, priced = h.prices.Find(priceName)
+	c.model, c.price, priced = h.prices.Find(h.priceName(c))
 	if !h.hasUSD {
 		return nil
 	}
@@ -501,6 +495,30 @@ func (h *LLMBudget) priceEstimate(c *call) *refusal {
 	c.rates = c.price.RatesFor(estimate)
 	c.spend.CostMicros = c.price.CostMicros(estimate)
 	return nil
+}
+
+// priceName is the name c's model is priced by: provider-qualified, so that
+// the provider's own price comes first ("azure/gpt-4o", "groq/llama-3.3-70b-
+// versatile" in a prices_file); the price book resolves it past the prefix
+// to the bare name when the table has no such entry (and a price line of
+// the bare name wins over the file).
+func (h *LLMBudget) priceName(c *call) string {
+	provider := h.Provider
+	switch {
+	case c.req.Deployment:
+		provider = "azure"
+	case provider != "":
+	case c.format == usage.Gemini:
+		provider = "gemini"
+	case c.format == usage.Anthropic:
+		provider = "anthropic"
+	case c.format == usage.Ollama:
+		provider = "ollama"
+	}
+	if provider == "" || strings.HasPrefix(c.req.Model, provider+"/") {
+		return c.req.Model
+	}
+	return provider + "/" + c.req.Model
 }
 
 // reserve charges the estimate to every budget at once. In shadow mode a
