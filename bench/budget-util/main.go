@@ -15,8 +15,8 @@
 // of scripts), and -instances runs that many Caddy processes on it.
 //
 // With -restart, the warm-up answers go through the first instance only,
-// then every instance restarts before the clients run: what the fleet
-// learned of the model must have survived.
+// then every instance restarts and the clients post to the last one: what
+// the fleet learned of the model must have survived.
 //
 //	go run ./bench/budget-util [-limit 100000] [-clients 64] [-output 300] [-interval 5ms] [-cap 4096] [-warm 2]
 //	    [-format chat|anthropic] [-model gpt-4o|claude-sonnet-4-5|...] [-settle-wait 2s] [-requests 1] [-redis [-instances 2] [-restart]]
@@ -63,7 +63,7 @@ var (
 	instances = flag.Int("instances", 1, "Caddy processes on the one store (more than 1 needs -redis); client i posts to instance i mod n, and -warm goes to each")
 	requests  = flag.Int("requests", 0, "requests each client sends, one after the other (0: each loops until its first refusal)")
 	useRedis  = flag.Bool("redis", false, "keep the budget in a throwaway redis-server instead of the memory store")
-	restart   = flag.Bool("restart", false, "with -redis: -warm goes to the first instance only, then every instance is stopped and started again (a deploy) before the clients run: what the fleet learned of the model must survive it")
+	restart   = flag.Bool("restart", false, "with -redis: -warm goes to the first instance only, then every instance is stopped and started again (a deploy) and the clients post to the last one only: what the fleet learned of the model must survive it")
 	caddyBin  = flag.String("caddy", "", "a Caddy built from this checkout (default: build ./cmd/caddy into a scratch folder)")
 	format    = flag.String("format", "chat", "the API the clients speak: chat (OpenAI chat completions) or anthropic (Messages)")
 	model     = flag.String("model", "", "the model the clients name (default gpt-4o for chat, claude-sonnet-4-5 for anthropic)")
@@ -172,7 +172,10 @@ func measure(ctx context.Context, up *fakellm.Server, st store, admins, sites []
 		if sites, admins, err = restartAll(); err != nil {
 			return err
 		}
-		fmt.Printf("restarted every instance after %d warm-up answers through the first\n", *warm)
+		if len(sites) > 1 {
+			sites = sites[len(sites)-1:] // the clients go to an instance the warm-up did not
+		}
+		fmt.Printf("restarted every instance after %d warm-up answers through the first; the clients post to the last\n", *warm)
 	}
 	warmGenerated := up.Generated() // not the clients' to receive
 	callsBefore, err := storeCalls(ctx, st.redisAddr, admins)
