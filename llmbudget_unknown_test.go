@@ -1,10 +1,14 @@
 package fleetguard
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -51,14 +55,13 @@ func (s *closedWorldSite) held(t *testing.T, resp *http.Response, before int64) 
 // upstream, unless its path is listed in pass_upgrades.
 func TestUpgradesAreRefusedUnlessPassed(t *testing.T) {
 	s := newClosedWorldSite(t, 100_000, "pass_upgrades /ws/passed/*")
-	ws := []string{"Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="}
 	for _, path := range []string{
 		"/v1/realtime?model=gpt-4o", // the Realtime API
 		"/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent", // Gemini Live
 		"/v1/chat/completions",
 	} {
 		hits := s.up.Hits()
-		resp, body := do(t, http.MethodGet, s.url+path, "", ws...)
+		resp, body := handshake(t, s.url, path)
 		if resp.StatusCode != http.StatusForbidden || decodeError(t, body).Error.Code != "unbudgeted_upgrade" || s.up.Hits() != hits {
 			t.Errorf("a WebSocket handshake to %s: %d %s (upstream hits %d → %d), want 403 unbudgeted_upgrade, not forwarded", path, resp.StatusCode, body, hits, s.up.Hits())
 		}
@@ -67,8 +70,8 @@ func TestUpgradesAreRefusedUnlessPassed(t *testing.T) {
 		}
 	}
 	hits := s.up.Hits()
-	if resp, body := do(t, http.MethodGet, s.url+"/ws/passed/live", "", ws...); resp.StatusCode == http.StatusForbidden || s.up.Hits() != hits+1 {
-		t.Errorf("an upgrade to a path in pass_upgrades: %d %s (upstream hits %d → %d), want it forwarded", resp.StatusCode, body, hits, s.up.Hits())
+	if resp, body := handshake(t, s.url, "/ws/passed/live"); resp.StatusCode != http.StatusSwitchingProtocols || s.up.Hits() != hits+1 {
+		t.Errorf("an upgrade to a path in pass_upgrades: %d %s (upstream hits %d → %d), want it forwarded and switched", resp.StatusCode, body, hits, s.up.Hits())
 	}
 	// A plain read still passes, and a write to a path llmbudget does not
 	// budget is refused like a POST there.
@@ -191,4 +194,26 @@ func TestAudioOutputHoldsTheWholeCap(t *testing.T) {
 	if text >= 3000 || audio < 3000 {
 		t.Errorf("a text stream held %d (want a lease, under the cap of 3000), an audio one %d (want the whole cap)", text, audio)
 	}
+}
+
+// handshake sends a WebSocket handshake for path on its own connection and
+// reads the answer within 10 s: a refusal's whole body, or a 101's head.
+func handshake(t *testing.T, url, path string) (*http.Response, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", path)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("handshake %s: %v", path, err)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return resp, ""
+	}
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
 }
