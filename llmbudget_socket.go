@@ -360,14 +360,19 @@ func (s *socket) serverEvent(payload []byte) {
 		return
 	case "response.completed", "response.incomplete", "response.failed":
 	case "error":
-		if resp.created {
-			s.mu.Unlock()
-			return
+		// The upstream refused a response.create: the first one it has
+		// not started (it takes them in order, one at a time), which
+		// generated nothing. An error with every response started is
+		// about one of them, which settles at its own end.
+		for i, r := range s.responses {
+			if !r.created {
+				s.responses = append(s.responses[:i], s.responses[i+1:]...)
+				s.mu.Unlock()
+				s.settle(r, outcome{source: sourceReleased})
+				return
+			}
 		}
-		// The upstream refused the response.create: nothing generated.
-		s.responses = s.responses[1:]
 		s.mu.Unlock()
-		s.settle(resp, outcome{source: sourceReleased})
 		return
 	default:
 		s.mu.Unlock()

@@ -175,6 +175,12 @@ func TestASocketContinuationHoldsWhatItContinues(t *testing.T) {
 	if typ, payload := c.until("response.completed", "error"); typ != "response.completed" {
 		t.Fatalf("a continuation of the socket's response: %s, want it served (held at what it continues, not the context window)", payload)
 	}
+	// A response.create the upstream refuses is released: it generated
+	// nothing.
+	c.send(`{"type":"response.create","model":"` + fakellm.UnavailableModel + `","input":"x","max_output_tokens":300}`)
+	if typ, payload := c.until("response.completed", "error"); typ != "error" || !strings.Contains(string(payload), "model_not_found") {
+		t.Fatalf("a model the upstream refuses: %s, want its error event", payload)
+	}
 	before := up.Events()
 	c.send(`{"type":"response.steer","input":"faster"}`)
 	if typ, payload := c.until("response.completed", "error"); typ != "error" || !strings.Contains(string(payload), "unbudgeted_event") || up.Events() != before {

@@ -18,12 +18,17 @@ import (
 // event's max_output_tokens) in response.output_text.delta events and
 // response.completed with its usage, and billed its input (a continued
 // response's input and output too, as the upstream reads them again) and
-// output; any other client event gets an error event. It negotiates no
+// output; any other client event, and a response.create of
+// UnavailableModel, gets an error event. It negotiates no
 // extension.
 type Socket struct {
 	Tokens         int
 	billed, events atomic.Int64
 }
+
+// UnavailableModel is a model the socket refuses with an error event, as an
+// upstream refuses a response.create it will not serve.
+const UnavailableModel = "unavailable-model"
 
 // Billed is every token billed so far, input and output.
 func (s *Socket) Billed() int64 { return s.billed.Load() }
@@ -94,12 +99,17 @@ func (s *Socket) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Socket) answer(send func(string), msg []byte, id string, conversation map[string]int64) {
 	var ev struct {
 		Type               string `json:"type"`
+		Model              string `json:"model"`
 		Input              any    `json:"input"`
 		MaxOutputTokens    int64  `json:"max_output_tokens"`
 		PreviousResponseID string `json:"previous_response_id"`
 	}
 	if json.Unmarshal(msg, &ev) != nil || ev.Type != "response.create" {
 		send(`{"type":"error","error":{"type":"invalid_request_error","code":"unknown_event","message":"the fake answers response.create only"}}`)
+		return
+	}
+	if ev.Model == UnavailableModel {
+		send(`{"type":"error","error":{"type":"invalid_request_error","code":"model_not_found","message":"the fake serves no such model"}}`)
 		return
 	}
 	input, _ := json.Marshal(ev.Input)
