@@ -62,7 +62,7 @@ type socket struct {
 }
 
 // socketResponse is one forwarded response.create and what its events
-// reported.
+// reported; res is nil for one forwarded unbudgeted.
 type socketResponse struct {
 	c       call
 	res     *budget.Reservation
@@ -260,13 +260,20 @@ func (s *socket) create(payload []byte) []byte {
 			s.refuseMessage(ref, &c)
 			return nil
 		}
-		return wsframe.Append(nil, wsframe.OpText, payload, true) // unbudgeted, as the client sent it
+		// Unbudgeted, as the client sent it; its place in the order keeps
+		// the events of the responses after it theirs.
+		s.enqueue(&socketResponse{c: c, meter: usage.NewMeter(usage.OpenAIResponses, usage.NDJSON)})
+		return wsframe.Append(nil, wsframe.OpText, payload, true)
 	}
-	resp := &socketResponse{c: c, res: res, meter: usage.NewMeter(usage.OpenAIResponses, usage.NDJSON)}
+	s.enqueue(&socketResponse{c: c, res: res, meter: usage.NewMeter(usage.OpenAIResponses, usage.NDJSON)})
+	return wsframe.Append(nil, wsframe.OpText, withType(c.forward), true)
+}
+
+// enqueue adds a forwarded response.create to the responses in flight.
+func (s *socket) enqueue(resp *socketResponse) {
 	s.mu.Lock()
 	s.responses = append(s.responses, resp)
 	s.mu.Unlock()
-	return wsframe.Append(nil, wsframe.OpText, withType(c.forward), true)
 }
 
 // gate runs a response.create through the phases of a request: parse, the
@@ -389,8 +396,12 @@ func (s *socket) serverEvent(payload []byte) {
 	s.settle(resp, out)
 }
 
-// settle settles one response of the socket off the socket's path.
+// settle settles one response of the socket off the socket's path (one
+// forwarded unbudgeted, in shadow mode or fail_open, has nothing to settle).
 func (s *socket) settle(resp *socketResponse, out outcome) {
+	if resp.res == nil {
+		return
+	}
 	h, c := s.h, &resp.c
 	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {
