@@ -251,3 +251,32 @@ func TestASocketOutlivesAStoreStall(t *testing.T) {
 		t.Fatalf("counter %d, billed %d: a refused response.create must not be charged", got, billed)
 	}
 }
+
+// A response.create forwarded unbudgeted (shadow mode: a refusal is not
+// enforced) keeps its place among the socket's responses: the events of the
+// budgeted one after it settle that one, at its own usage.
+func TestASocketResponseForwardedUnbudgetedKeepsItsPlace(t *testing.T) {
+	up := newSocketUpstream(t, 50)
+	srv := redistest.Start(t)
+	port := freePort(t)
+	prefix := fmt.Sprintf("socketshadow%d", port)
+	startCaddy(t, llmCaddyfile(port, up.url, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
+		"budget g {\n limit 100000\n window 1h\n }\n shadow\n unknown_fields refuse"))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rc.Close() })
+	c := dialSocket(t, fmt.Sprintf("http://127.0.0.1:%d", port), "/v1/responses")
+	long := strings.Repeat("a long prompt ", 200)
+	// A: refused for its unknown field, which shadow mode forwards
+	// unbudgeted; B, sent before A's answer: budgeted.
+	c.send(`{"type":"response.create","model":"gpt-4o","input":"` + long + `","frobnicate":1,"max_output_tokens":50}`)
+	c.send(`{"type":"response.create","model":"gpt-4o","input":"hi","max_output_tokens":50}`)
+	for range 2 {
+		if typ, payload := c.until("response.completed", "error"); typ != "response.completed" {
+			t.Fatalf("%s, want both served", payload)
+		}
+	}
+	wantB := fakellm.Tokens(`"hi"`) + 50
+	if got := budgetCounter(t, rc, prefix, "g"); got != wantB {
+		t.Fatalf("counter %d, want B's bill %d alone (the upstream billed %d for both): A's events were charged to B", got, wantB, up.Billed())
+	}
+}
