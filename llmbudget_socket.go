@@ -85,7 +85,7 @@ func (w *socketWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	sc := &socketConn{Conn: conn, s: w.s}
-	sc.in.Max = int(w.s.h.maxRequestBody)
+	sc.in.Max, sc.out.Max = int(w.s.h.maxRequestBody), maxSocketMessage
 	if n := brw.Reader.Buffered(); n > 0 {
 		early, _ := brw.Peek(n)
 		if err := sc.fromClient(append([]byte(nil), early...)); err != nil {
@@ -98,6 +98,10 @@ func (w *socketWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	w.s.mu.Unlock()
 	return sc, bufio.NewReadWriter(bufio.NewReader(sc), bufio.NewWriter(sc)), nil
 }
+
+// maxSocketMessage bounds an upstream message the socket reads (its frames
+// are bounded alike).
+const maxSocketMessage = 16 << 20
 
 // socketConn is the client's connection: what the proxy reads of it passes
 // message by message, each response.create once it is reserved; what the
@@ -183,7 +187,9 @@ func (c *socketConn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	n, err := c.Conn.Write(p)
-	c.fromUpstream(p[:n])
+	if perr := c.fromUpstream(p[:n]); perr != nil && err == nil {
+		err = perr // the session ends: its responses keep what they hold
+	}
 	if err == nil && len(c.queued) > 0 && c.out.Pending() == 0 {
 		_, err = c.Conn.Write(c.queued)
 		c.queued = c.queued[:0]
@@ -191,19 +197,26 @@ func (c *socketConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// fromUpstream meters the upstream's messages in b.
-func (c *socketConn) fromUpstream(b []byte) {
+// fromUpstream meters the upstream's messages in b. A frame or message it
+// cannot read (over maxSocketMessage) ends the session: past it, neither
+// the messages nor the frames' boundaries are known.
+func (c *socketConn) fromUpstream(b []byte) error {
 	c.out.Feed(b)
 	defer c.out.Keep()
 	for {
 		f, ok, err := c.out.Next()
-		if err != nil || !ok {
-			return // a frame too large to read: its response keeps its whole hold
+		if err != nil {
+			return fmt.Errorf("llmbudget: an upstream message on the socket: %w", err)
+		}
+		if !ok {
+			return nil
 		}
 		if f.IsControl() {
 			continue
 		}
-		c.outMsg = append(c.outMsg, f.Payload...)
+		if c.outMsg = append(c.outMsg, f.Payload...); len(c.outMsg) > maxSocketMessage {
+			return fmt.Errorf("llmbudget: an upstream message on the socket is over %d bytes", maxSocketMessage)
+		}
 		if f.Fin {
 			c.s.serverEvent(c.outMsg)
 			c.outMsg = c.outMsg[:0]
