@@ -66,6 +66,16 @@ const (
 // denial never gets here in shadow mode: reserve admits it over the limit),
 // and with fail_open a store failure is forwarded.
 func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, c *call, ref *refusal) error {
+	if h.enforced(ref) {
+		return h.answer(w, repl, c, ref)
+	}
+	return h.forwardUnbudgeted(w, r, next, ref)
+}
+
+// enforced reports whether ref is answered; where it is not (shadow mode, or
+// fail_open with the store down) it is counted here and the request goes
+// on unbudgeted.
+func (h *LLMBudget) enforced(ref *refusal) bool {
 	switch {
 	case ref.kind == refusedStoreDown && (h.FailOpen || h.Shadow):
 		h.countAll(decisionFailOpen)
@@ -73,9 +83,9 @@ func (h *LLMBudget) refuse(w http.ResponseWriter, r *http.Request, repl *caddy.R
 		h.shadowRejected.Inc()
 		h.logger.Info("shadow: request would be refused", zap.Int("status", ref.status), zap.String("code", ref.code), zap.String("reason", ref.message))
 	default:
-		return h.answer(w, repl, c, ref)
+		return true
 	}
-	return h.forwardUnbudgeted(w, r, next, ref)
+	return false
 }
 
 // answer counts an enforced refusal and writes it in the API's error shape.

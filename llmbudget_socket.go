@@ -3,6 +3,7 @@ package fleetguard
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -245,12 +246,12 @@ func (s *socket) clientMessage(op byte, payload []byte) []byte {
 	}
 	if op != wsframe.OpText || json.Unmarshal(payload, &ev) != nil {
 		s.refuseMessage(&refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "invalid_request",
-			message: "llmbudget reads the socket's client events as JSON text messages; this one is not"})
+			message: "llmbudget reads the socket's client events as JSON text messages; this one is not"}, &s.identity)
 		return nil
 	}
 	if ev.Type != "response.create" {
 		s.refuseMessage(&refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "unbudgeted_event",
-			message: fmt.Sprintf("llmbudget does not forward client event %q on a budgeted socket: it budgets response.create only", ev.Type)})
+			message: fmt.Sprintf("llmbudget does not forward client event %q on a budgeted socket: it budgets response.create only", ev.Type)}, &s.identity)
 		return nil
 	}
 	return s.create(payload)
@@ -263,13 +264,7 @@ func (s *socket) create(payload []byte) []byte {
 	c.path, c.body = "/v1/responses", withoutType(payload)
 	res, ref := s.gate(&c)
 	if ref != nil {
-		h := s.h
-		switch {
-		case ref.kind == refusedStoreDown && (h.FailOpen || h.Shadow):
-			h.countAll(decisionFailOpen)
-		case h.Shadow:
-			h.shadowRejected.Inc()
-		default:
+		if s.h.enforced(ref) {
 			s.refuseMessage(ref, &c)
 			return nil
 		}
@@ -331,16 +326,12 @@ func (s *socket) continuation(c *call) {
 
 // refuseMessage counts a refusal and answers it with an error event in the
 // API's shape: {"type":"error","status":429,"error":{...}}.
-func (s *socket) refuseMessage(ref *refusal, c ...*call) {
-	cl := &s.identity
-	if len(c) > 0 {
-		cl = c[0]
-	}
+func (s *socket) refuseMessage(ref *refusal, c *call) {
 	if ref.kind == refusedBudget {
 		ref.now = time.Now()
 	}
 	rec := &bufferedAnswer{hdr: http.Header{}}
-	_ = s.h.answer(rec, s.repl, cl, ref)
+	_ = s.h.answer(rec, s.repl, c, ref)
 	body := bytes.TrimSpace(rec.body.Bytes())
 	if len(body) < 2 || body[0] != '{' {
 		return
@@ -403,7 +394,7 @@ func (s *socket) serverEvent(payload []byte) {
 	out := outcome{source: sourceReserved}
 	if r.Complete {
 		out = outcome{usage: r.Usage, source: sourceReported}
-		s.lastID, s.lastTokens = cmpOrString(ev.Response.ID, resp.id), r.Usage.InputTokens+r.Usage.OutputTokens
+		s.lastID, s.lastTokens = cmp.Or(ev.Response.ID, resp.id), r.Usage.InputTokens+r.Usage.OutputTokens
 	}
 	s.mu.Unlock()
 	s.settle(resp, out)
@@ -477,10 +468,3 @@ func (b *bufferedAnswer) Header() http.Header { return b.hdr }
 func (b *bufferedAnswer) Write(p []byte) (int, error) { return b.body.Write(p) }
 
 func (b *bufferedAnswer) WriteHeader(status int) { b.status = status }
-
-func cmpOrString(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
