@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,7 @@ import (
 
 // Options configure an Engine.
 type Options struct {
-	// Store holds the fleet's shared slot counts. Required; use
+	// Store holds the fleet's counts and slot table. Required; use
 	// NewMemoryStore for a single instance.
 	Store SlotStore
 	// Prefix starts every store key.
@@ -28,17 +29,18 @@ type Options struct {
 	// is always kept for two of its windows).
 	IdleTTL time.Duration
 	// Solo says the store serves this instance alone (the embedded memory
-	// store): there is no fleet to coordinate with, so the near-limit
-	// mechanisms are off.
+	// store): there is no fleet, and every key is limited on this
+	// instance's own count, with no store call.
 	Solo bool
-	// FixedInterval turns the near-limit mechanisms off: keys are synced only
-	// every SyncInterval, an instance spends all the headroom it sees, and a
-	// key new to the instance is decided on its own counts until the first
-	// read. Default false: early sync, headroom share and first contact are on.
+	// MaxInstances is the number of instance slots of the fleet (default
+	// DefaultMaxInstances, at most 64); every instance of a fleet must say
+	// the same. A slot's floor is FloorFraction × events / MaxInstances.
+	MaxInstances int
+	// FixedInterval turns the floors off: every key is admitted on leases.
 	FixedInterval bool
 	Logger        *zap.Logger
-	// OnPass, when set, is told how long the store took to sync every
-	// reconcile pass that had keys, and its error (nil: the store was
+	// OnPass, when set, is told how long the store took to answer every
+	// reconcile pass that had calls, and its error (nil: the store was
 	// reached), for metrics.
 	OnPass func(took time.Duration, err error)
 	// OnEarlySync, when set, is told of every early pass, for metrics.
@@ -51,6 +53,15 @@ type Options struct {
 // DefaultSyncInterval is used when Options.SyncInterval is zero.
 const DefaultSyncInterval = 250 * time.Millisecond
 
+// DefaultMaxInstances is used when Options.MaxInstances is zero.
+const DefaultMaxInstances = 16
+
+// FloorFraction is the part of a key's limit the instance slots share as
+// floors: each may admit FloorFraction × events / MaxInstances of a key in
+// any window with no store call. The rest, and the floors of slots that
+// pushed theirs, go by leases.
+const FloorFraction = 0.5
+
 // minSyncInterval keeps a typo such as "1ns" from turning the reconciler into
 // a busy loop against the store.
 const minSyncInterval = 10 * time.Millisecond
@@ -58,15 +69,16 @@ const minSyncInterval = 10 * time.Millisecond
 // Engine owns the zones, their per-key state and the reconciler. One Engine
 // serves every config that names the same store, across reloads.
 type Engine struct {
-	store     SlotStore
-	prefix    string
-	idleTTL   time.Duration
-	log       *zap.Logger
-	onPass    func(time.Duration, error)
-	onEarly   func()
-	onPanic   safego.Report
-	solo      bool
-	nearLimit atomic.Bool
+	store        SlotStore
+	prefix       string
+	idleTTL      time.Duration
+	log          *zap.Logger
+	onPass       func(time.Duration, error)
+	onEarly      func()
+	onPanic      safego.Report
+	solo         bool
+	maxInstances int
+	floors       atomic.Bool
 
 	interval atomic.Int64 // nanoseconds
 
@@ -79,43 +91,27 @@ type Engine struct {
 	started atomic.Bool
 	stopped atomic.Bool
 
-	// lastSync is when a pass last reached the store (Unix ns, 0: never);
+	// lastSync is when a call last reached the store (Unix ns, 0: never);
 	// syncErrors counts the passes (and the start probe) that did not.
 	lastSync   atomic.Int64
 	syncErrors atomic.Uint64
 
 	passMu sync.Mutex // one reconcile pass (or eviction) at a time
-	// heartbeatMu keeps a new zone's heartbeat (see Zone) from running
-	// into the reconciler's: each learns the whole fleet and its hot keys.
-	heartbeatMu sync.Mutex
+	beatMu sync.Mutex // one heartbeat at a time
 
-	// member is this instance's number in the fleet's membership, joined
-	// when it first heartbeated (Unix ms), and members the live instances
-	// as of the last heartbeat (0: not known yet, and then no key admits on
-	// a floor share).
-	member     int64
-	joined     atomic.Int64
-	members    atomic.Int64
-	membersKey string
-	hotKey     string
-	warmUntil  atomic.Int64 // Unix ns: until then a key busy here syncs early (see floorAdmits)
-	// founded is the membership's founding as last seen (Unix ms), and
-	// lastHeartbeat when the last heartbeat was sent (Unix ms).
-	founded       atomic.Int64
-	lastHeartbeat atomic.Int64
-	// promised is the floor promise the store holds (see promise.go),
-	// promising the one a heartbeat is sending, and promiseGen the
-	// generation of bounds that admits raise now; promiseGens are every
-	// generation of the last window (under heartbeatMu).
-	promised, promising, promiseGen atomic.Pointer[promises]
-	promiseGens                     promiseGenerations
-	// gonePromises are the gone members' promises the last heartbeat
-	// learned, by member (under heartbeatMu; see heldPromises).
-	gonePromises map[int64]heldPromise
-	// floorPushes numbers this instance's floor pushes (see floorPush).
-	floorPushes atomic.Uint64
+	// member is this instance's id in the slot table; slot the instance
+	// slot it holds (-1: none), usable for floors from floorAt (Unix ns);
+	// holding the slots that may hold floor admits, as of viewAt (Unix ns);
+	// live the live instances then.
+	member           int64
+	slot             atomic.Int64
+	floorAt, viewAt  atomic.Int64
+	holding          atomic.Uint64
+	live             atomic.Int64
+	lastBeat         atomic.Int64 // Unix ns
+	slotsKey, hotKey string
 
-	// Keys queued for an early sync; kick wakes the reconciler for them.
+	// Keys queued for a call; kick wakes the reconciler for them.
 	queueMu sync.Mutex
 	queue   []queued
 	kick    chan struct{}
@@ -131,6 +127,12 @@ func NewEngine(o Options) (*Engine, error) {
 	if o.Store == nil {
 		return nil, errors.New("ratelimit: a slot store is required")
 	}
+	if o.MaxInstances == 0 {
+		o.MaxInstances = DefaultMaxInstances
+	}
+	if o.MaxInstances < 1 || o.MaxInstances > 64 {
+		return nil, fmt.Errorf("ratelimit: max instances must be between 1 and 64, got %d", o.MaxInstances)
+	}
 	if o.IdleTTL <= 0 {
 		o.IdleTTL = 10 * time.Minute
 	}
@@ -138,21 +140,23 @@ func NewEngine(o Options) (*Engine, error) {
 		o.Logger = zap.NewNop()
 	}
 	e := &Engine{
-		store:      o.Store,
-		prefix:     o.Prefix,
-		idleTTL:    o.IdleTTL,
-		log:        o.Logger,
-		onPass:     o.OnPass,
-		onEarly:    o.OnEarlySync,
-		onPanic:    o.OnPanic,
-		member:     1 + rand.Int64N(1<<53-1),
-		membersKey: o.Prefix + ":rl:members:{fleet}",
-		hotKey:     o.Prefix + ":rl:hot:{fleet}",
-		solo:       o.Solo,
-		stop:       make(chan struct{}),
-		done:       make(chan struct{}),
-		kick:       make(chan struct{}, 1),
+		store:        o.Store,
+		prefix:       o.Prefix,
+		idleTTL:      o.IdleTTL,
+		log:          o.Logger,
+		onPass:       o.OnPass,
+		onEarly:      o.OnEarlySync,
+		onPanic:      o.OnPanic,
+		member:       1 + rand.Int64N(1<<53-1),
+		slotsKey:     o.Prefix + ":rl:slots:{fleet}",
+		hotKey:       o.Prefix + ":rl:hot:{fleet}",
+		solo:         o.Solo,
+		maxInstances: o.MaxInstances,
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
+		kick:         make(chan struct{}, 1),
 	}
+	e.slot.Store(-1)
 	e.SetSyncInterval(o.SyncInterval)
 	e.SetNearLimit(!o.FixedInterval)
 	e.healthy.Store(true)
@@ -169,74 +173,59 @@ func (e *Engine) SetSyncInterval(d time.Duration) {
 	e.interval.Store(int64(d))
 }
 
-// SetNearLimit turns the near-limit mechanisms on or off (see
-// Options.FixedInterval); they stay off for a Solo engine.
-func (e *Engine) SetNearLimit(on bool) { e.nearLimit.Store(on && !e.solo) }
+// SetNearLimit turns the floors on or off (see Options.FixedInterval).
+func (e *Engine) SetNearLimit(on bool) { e.floors.Store(on) }
 
-// NearLimit reports whether the near-limit mechanisms are on.
-func (e *Engine) NearLimit() bool { return e.nearLimit.Load() }
+// NearLimit reports whether the floors are on.
+func (e *Engine) NearLimit() bool { return e.floors.Load() }
 
 // Members is how many instances the last heartbeat found live, this one
 // included (0 before the first, and for a solo engine).
-func (e *Engine) Members() int64 { return e.members.Load() }
+func (e *Engine) Members() int64 { return e.live.Load() }
+
+// Slot is the instance slot this engine holds (-1: none).
+func (e *Engine) Slot() int { return int(e.slot.Load()) }
 
 // SyncInterval is the reconciler's period.
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }
 
-// floorFraction is the part of a key's limit the instances share as floor
-// shares: each instance that holds a claim (see fleetView) may admit
-// floorFraction × events / claims of a key in any window without telling the
-// store. The rest is for the instances that sync the key, and for keys an
-// instance has not read yet.
-const floorFraction = 0.8
-
-// minFloor is the least floor share worth having: a smaller one would send
-// the key to the store after a request or two anyway.
-const minFloor = 4
-
-// share is one floor share of events among claims, or 0 when there is none
-// (no claims known yet, or a share too small: a limit below what the fleet
-// can share has no floor, and every instance syncs it).
-func share(events, claims int64) int64 { return cut(floorFraction, events, claims) }
-
-func cut(fraction float64, events, claims int64) int64 {
-	if claims <= 0 {
+// floorOf is this instance's floor of a key of events at now: 0 without a
+// usable slot, with floors off, or for a limit too small to share.
+func (e *Engine) floorOf(events, now int64) int64 {
+	if !e.floors.Load() || e.slot.Load() < 0 || now < e.floorAt.Load() {
 		return 0
 	}
-	if f := int64(fraction * float64(events) / float64(claims)); f >= minFloor {
-		return f
-	}
-	return 0
+	return floorSize(events, e.maxInstances)
 }
 
-// floorOf is this instance's floor share of a key of z at now (its
-// probation share while it may not take a floor share yet), or 0 when it
-// has none (the near-limit mechanisms are off, or the share is too small).
-func (e *Engine) floorOf(z *Zone, events, now int64) int64 {
-	if !e.nearLimit.Load() {
-		return 0
-	}
-	if !z.fleet.eligible.Load() {
-		if !z.fleet.probation.Load() {
-			return 0
-		}
-		return probationShare(events, z.fleet.probationClaims.Load())
-	}
-	return share(events, z.fleet.claimsAt(now))
+// floorSize is F, a slot's floor of a key of events.
+func floorSize(events int64, slots int) int64 {
+	return int64(FloorFraction * float64(events) / float64(slots))
 }
 
-// memberTTL is how long a key's registration as synced by this instance
-// lasts without being renewed by a pass: as long as a read is trusted. A
-// registration that outlives its instance (a crash) costs nothing: the
-// others only hold back less for an instance that admits nothing.
-func (e *Engine) memberTTL() time.Duration {
-	return time.Duration(e.staleAfter())
-}
+// leaseLife is how long an instance uses a grant (ns): four intervals.
+func (e *Engine) leaseLife() int64 { return 4 * e.interval.Load() }
 
-// staleAfter is how long a read of the fleet's counts is trusted: past it the
-// store is taken as unreachable (if it is) or the key as idle.
+// beatEvery spaces the heartbeats (ns): two intervals.
+func (e *Engine) beatEvery() int64 { return 2 * e.interval.Load() }
+
+// viewFor is how long an instance acts on a heartbeat's holding set (ns):
+// two heartbeats, plus a lease's life, so that no grant computed without a
+// slot is used once that slot's floor is.
+func (e *Engine) viewFor() int64 { return 2*e.beatEvery() + e.leaseLife() }
+
+// staleAfter is how long the store may fail before limits go per instance.
 func (e *Engine) staleAfter() int64 {
 	return max(4*e.interval.Load(), int64(2*time.Second))
+}
+
+// holdingAt is the slots a lease call holds floors back for at now: the
+// last heartbeat's, or every slot once that is too old to act on.
+func (e *Engine) holdingAt(now int64) uint64 {
+	if now-e.viewAt.Load() < e.viewFor()-e.leaseLife() {
+		return e.holding.Load()
+	}
+	return 1<<e.maxInstances - 1
 }
 
 // Zone returns the zone called name with the window and precision of l,
@@ -266,16 +255,11 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 	z.events.Store(l.Events)
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
-	if e.started.Load() && e.healthy.Load() {
-		// A new zone of a running engine learns the fleet now (joining it,
-		// for the first zone), so that its first requests already have
-		// their floor shares, hot marks and reservations: a zone that knew
-		// no fleet until the next heartbeat would admit a tenth of each
-		// key's limit unseen, on top of what the fleet counts. (With the
-		// store down, limits are per instance and a config with many zones
-		// should not wait for it once per zone.)
+	if e.started.Load() && e.healthy.Load() && e.slot.Load() < 0 {
+		// The first zone of a running engine takes its slot now, so that
+		// its first requests have their floors.
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		e.heartbeat(ctx, time.Now().UnixMilli())
+		e.heartbeat(ctx, time.Now().UnixNano())
 		cancel()
 	}
 	return z
@@ -294,19 +278,18 @@ type Check struct {
 // Verdict is one zone's answer for a request.
 type Verdict struct {
 	Allowed bool
-	// Remaining is how many more requests this instance may admit for the
-	// key after this one without hearing from the fleet (0 when denied): at
-	// most what the fleet can still admit as far as this instance knows,
-	// what the other instances may admit unseen counted as used. On one
-	// instance (or with the near-limit mechanisms off) it is the window's
-	// room as this instance knows it. Through other instances the fleet may
-	// admit more.
+	// Remaining is how many more requests the fleet can admit of the key
+	// after this one as far as this instance knows, never more (0 when
+	// denied): on a floor, what is left of it; on leases, what is left of
+	// the grant and the room the store last reported; with the store down
+	// or alone, the window's room on this instance's count.
 	Remaining int64
 	// Reset is, for an admitted request, the time until the oldest request
 	// that counts leaves the window (when Remaining next grows).
 	Reset time.Duration
 	// RetryAfter is, for a denial, when the request would fit: exact to one
-	// slot for the window, exact for the local cap.
+	// slot for the window on this instance's count, one interval when it
+	// waits for a lease, exact for the local cap.
 	RetryAfter time.Duration
 	// Fleet is true when the window (not the local cap) denied the request.
 	Fleet bool
@@ -323,16 +306,14 @@ const MaxChecks = 16
 // only when all admit: a denial consumes nothing anywhere. Allow never waits
 // on the store.
 func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
-	staleAfter := e.staleAfter()
-	near := e.nearLimit.Load() && e.healthy.Load()
+	fleet := !e.solo && e.healthy.Load()
 	if len(checks) == 1 {
 		// The usual single zone, without the stack arrays of the general case.
 		c, v := &checks[0], &out[0]
-		floor := e.floorIf(near, c, now)
-		s, en, ring, untracked := c.Zone.lock(c.Key, now, floor > 0)
-		tat, oldest := e.judge(c, s, en, ring, untracked, now, staleAfter, floor, near, v)
+		s, en, ring, untracked := c.Zone.lock(c.Key, now)
+		tat, oldest := e.judge(c, s, en, ring, untracked, now, fleet, v)
 		if v.Allowed {
-			record(s, c.Key, en, ring, untracked, c.Limit, tat, oldest, now, v)
+			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
 		}
 		s.mu.Unlock()
 		if v.Allowed {
@@ -340,14 +321,14 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 		}
 		return 0
 	}
-	return e.allowMany(now, checks, out, staleAfter, near)
+	return e.allowMany(now, checks, out, fleet)
 }
 
 // allowMany is Allow for more than one check. Its arrays are in a frame of
 // its own so that the single check does not carry them on the stack.
 //
 //go:noinline
-func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter int64, near bool) int {
+func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, fleet bool) int {
 	var shards [MaxChecks]*shard
 	var entries [MaxChecks]*entry
 	var rings [MaxChecks][]uint32
@@ -357,16 +338,15 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 	denied := -1
 	for i := range checks {
 		c := &checks[i]
-		floor := e.floorIf(near, c, now)
-		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now, floor > 0)
-		tats[i], oldest[i] = e.judge(c, shards[i], entries[i], rings[i], untracked[i], now, staleAfter, floor, near, &out[i])
+		shards[i], entries[i], rings[i], untracked[i] = c.Zone.lock(c.Key, now)
+		tats[i], oldest[i] = e.judge(c, shards[i], entries[i], rings[i], untracked[i], now, fleet, &out[i])
 		if !out[i].Allowed && denied < 0 {
 			denied = i
 		}
 	}
 	if denied < 0 {
 		for i := range checks {
-			record(shards[i], checks[i].Key, entries[i], rings[i], untracked[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
+			record(entries[i], rings[i], untracked[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
 		}
 	}
 	for i := len(checks) - 1; i >= 0; i-- {
@@ -376,88 +356,75 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, staleAfter 
 }
 
 // judge decides one check at now and fills v; it changes only the key's
-// clock (slots that left, last seen, demand). The key's state is its entry
-// and ring, or, when the zone does not track it (en nil), its untracked
-// local cap. It returns the GCRA state to record and the oldest slot that
-// counts. The caller holds the key's shard lock, s.
-func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *untrackedState, now, staleAfter, floor int64, near bool, v *Verdict) (tat, oldest int64) {
+// clock (slots that left, last seen, demand) and its place in the queue.
+// fleet is false alone or with the store down: the key is limited on this
+// instance's count. It returns the GCRA state to record and the oldest slot
+// that counts. The caller holds the key's shard lock, s.
+func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *untrackedState, now int64, fleet bool, v *Verdict) (tat, oldest int64) {
 	l := c.Limit
 	if en == nil {
 		return judgeUntracked(l, untracked, now, v), 0
 	}
 	en.advance(ring, l.slots.Of(now))
-	if near && en.flags&flagFloor == 0 && reserves(c.Zone, l.Events) {
-		en.flags |= flagReserved
-		return e.judgeReserved(c, s, en, ring, now, v)
-	}
-	en.flags &^= flagReserved
-	events := l.Events
-	if near {
-		events -= e.nearSetAside(c, s, en, now, staleAfter)
-	}
 	en.lastSeen = now
 	en.demand++
 	used, oldest := en.scan(ring)
 	g := gcraCheck(en.tat, now, l)
 	*v = Verdict{}
-	onFloor := near && en.flags&flagFloor != 0
-	if onFloor && floor == 0 {
-		// Its floor share is gone (the share became too small): it syncs
-		// from the next early pass, and until then admits as a key not read
-		// yet.
-		e.enqueue(c.Zone, c.Key, en)
-		onFloor = false
-	}
-	// A reservation held here is an admit the store counts already.
-	held := int64(0)
-	if near && !onFloor {
-		held = s.reservedOf(c.Key, e.lapseSlot(c.Zone, now))
-	}
-	// left is what this instance may still admit of the key after this
-	// request without hearing from the fleet: what Remaining says (see
-	// Verdict).
-	left := events - used - 1
+	left := l.Events - used - 1
 	switch {
-	case held > 0 && g.allowed:
-		en.flags |= flagReserved
-		left = held - 1
-	case used >= events:
+	case used >= l.Events:
+		// This instance alone has admitted the limit.
 		v.Fleet = true
-		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-events+1))
-	case onFloor && !e.floorAdmits(c.Zone, c.Key, en, used, floor, l.Events, now):
-		v.Fleet = true
-		v.RetryAfter = time.Duration(e.interval.Load())
-	case onFloor:
-		left = floor - used - 1
-	case near:
-		var ok bool
-		if ok, left = e.shareAdmits(c.Zone, s, c.Key, en, l.Events, events, used, now, staleAfter); !ok {
-			v.Fleet = true
-			v.RetryAfter = time.Duration(e.interval.Load())
-		}
+		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-l.Events+1))
+	case !fleet:
+	case en.flags&flagLease == 0:
+		left = e.judgeFloor(c, s, en, used, now, v)
+	default:
+		left = e.judgeLease(c, s, en, used, now, v)
 	}
 	v.settle(g, left)
 	return g.newTAT, oldest
 }
 
-// nearSetAside is what a key not on its floor share leaves aside for the
-// floor admits of others it cannot see (see setAside), after it forgets a
-// registration that has lapsed.
-func (e *Engine) nearSetAside(c *Check, s *shard, en *entry, now, staleAfter int64) int64 {
-	if en.flags&flagSynced != 0 && now-en.lastSeen >= staleAfter+int64(e.memberTTL()) {
-		// Idle for so long that its registration has lapsed, and its read
-		// is stale: it reads again before it syncs again, or goes on its
-		// floor share.
-		en.flags &^= flagSynced | flagLeaving
+// judgeFloor admits a key on this slot's floor while its own admits in the
+// window stay under F. From three quarters of F on, or when the key is hot,
+// it is queued to go to leases. It returns what is left.
+func (e *Engine) judgeFloor(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
+	f := e.floorOf(c.Limit.Events, now)
+	if (used+1)*4 >= 3*f || s.isHot(c.Key, now) {
+		e.enqueue(c.Zone, c.Key, en)
 	}
-	if en.flags&flagFloor != 0 {
-		return 0
+	if used >= f {
+		v.Fleet = true
+		v.RetryAfter = time.Duration(e.interval.Load())
 	}
-	return e.setAside(c.Zone, s, c.Key, en, c.Limit.Events, now)
+	return f - used - 1
+}
+
+// judgeLease admits a key on leases while its grant lasts; one half spent
+// queues the next call. A key whose mark lapsed with no grant left goes
+// back to its floor. It returns what is left.
+func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
+	if en.blockUntil <= now {
+		en.block = 0
+	}
+	if en.block == 0 && en.markUntil <= now && !s.isHot(c.Key, now) && used < e.floorOf(c.Limit.Events, now) {
+		c.Zone.toFloor(s, c.Key, en)
+		return e.judgeFloor(c, s, en, used, now, v)
+	}
+	if en.block*2 <= int64(en.rate*leaseIntervals)+1 {
+		e.enqueue(c.Zone, c.Key, en)
+	}
+	if en.block == 0 {
+		v.Fleet = true
+		v.RetryAfter = time.Duration(e.interval.Load())
+	}
+	return en.block - 1 + max(en.room, 0)
 }
 
 // settle completes a verdict the fleet did not refuse by the key's GCRA
-// check, with what this instance may still admit of the key (left).
+// check, with what the fleet may still admit of the key (left).
 func (v *Verdict) settle(g gcra, left int64) {
 	switch {
 	case v.Fleet:
@@ -467,100 +434,6 @@ func (v *Verdict) settle(g gcra, left int64) {
 		v.Allowed = true
 		v.Remaining = max(min(g.remaining, left), 0)
 	}
-}
-
-// floorIf is this instance's floor share of c's key when the near-limit
-// mechanisms are on (near), else 0.
-func (e *Engine) floorIf(near bool, c *Check, now int64) int64 {
-	if !near {
-		return 0
-	}
-	return e.floorOf(c.Zone, c.Limit.Events, now)
-}
-
-// setAside is what a key this instance does not admit on its floor share
-// leaves for the floor (and probation) admits of others that it cannot see:
-// a share for every gone instance whose admits may be missing from the
-// key's read (see goneAside), and, until every live instance has heard that
-// the key is hot (see heard), a floor share for every holder that does not
-// sync it (syncing counts those registered) and what every instance on
-// probation may hold (they register no key, see probationAside). An
-// instance that has heard admits the key on no floor share: it pushed what
-// it had admitted on one and syncs from then on. The caller holds the key's
-// shard lock, s.
-func (e *Engine) setAside(z *Zone, s *shard, h keyhash.Hash, en *entry, events, now int64) int64 {
-	sh := share(events, z.fleet.widest())
-	if sh == 0 {
-		return 0
-	}
-	m, hot := s.hotAt(h, now)
-	aside := e.goneAside(z, h, en, m, hot, sh, events, now)
-	if !hot || !e.heard(z, en, m) {
-		aside += max(z.fleet.holders.Load()-int64(en.syncing), 0)*sh + probationAside(z, events)
-	}
-	return aside
-}
-
-// goneAside is what a key h of events leaves aside for the gone instances
-// whose floor (sh) or probation admits of it may be missing from en's last
-// read: all but those that left having pushed them (flushed) an interval or
-// more before that read began, and, of a key hot since m (hot), those that
-// heartbeated after it became hot (they pushed them then); for each, no
-// more than its last floor promise says it held (see promise.go). The
-// admits a promise counts were made by the heartbeat that sent it (seen; an
-// interval on, for the promise's folding and the clocks): once their slot
-// has left the window at now, only the promise's headroom is left aside, for
-// the admits after it (bench/churn, kill: the key at 90% of its limit was
-// denied in the seconds after its founders' admits had left the window).
-func (e *Engine) goneAside(z *Zone, h keyhash.Hash, en *entry, m hotMark, hot bool, sh, events, now int64) int64 {
-	gone := z.fleet.gone.Load()
-	if gone == nil {
-		return 0
-	}
-	interval := e.interval.Load()
-	var aside int64
-	for _, g := range *gone {
-		past := now >= z.slots.LeavesAt(z.slots.Of(g.seen+interval))
-		switch {
-		case g.flushed != 0 && en.readAt > g.flushed+interval:
-		case hot && g.seen > m.at+interval:
-		case g.fewest > 0:
-			aside += g.promise.bound(z, h, probationShare(events, g.fewest), events, past)
-		default:
-			aside += g.promise.bound(z, h, sh, events, past)
-		}
-	}
-	return aside
-}
-
-// heard reports whether every other live instance has heard that a key
-// became hot (m) and pushed what it admitted of it on a floor or probation
-// share,
-// and en's last read saw it: each heartbeated after it (it pushes in the pass
-// that runs its heartbeat), and the read came after the last of those
-// heartbeats, or after one a heartbeat period before.
-func (e *Engine) heard(z *Zone, en *entry, m hotMark) bool {
-	seen := z.fleet.othersSeen.Load()
-	interval := e.interval.Load()
-	return seen > m.at && (en.readAt > seen+interval/2 || seen > m.at+e.heartbeatEvery()*int64(time.Millisecond)+2*interval)
-}
-
-// floorAdmits admits a key on its floor share while this instance's own
-// admits in the window stay under it. From three quarters of the share on,
-// or from the first admit past what its floor promise allows (see
-// promise.go), the key is queued to start syncing (push its admits,
-// register, read the fleet's counts): early enough that it rarely meets
-// the share, and, past the promise, so that what the others do not leave
-// aside for this instance is in the store an early pass later. Just after
-// this instance joined, an eighth of its floor share queues it too: a key
-// busy here is likely busy elsewhere, where the others hold a floor share
-// back for this instance until it syncs the key.
-func (e *Engine) floorAdmits(z *Zone, h keyhash.Hash, en *entry, used, floor, events, now int64) bool {
-	e.notePromised(z, h, min(used+1, floor))
-	if (used+1)*4 >= 3*floor || used+1 > e.promisedCap(z, h, floor, events) || (used+1)*8 >= floor && now < e.warmUntil.Load() {
-		e.enqueue(z, h, en)
-	}
-	return used < floor
 }
 
 // judgeUntracked decides a request of a key the zone does not track: by the
@@ -576,29 +449,17 @@ func judgeUntracked(l *Limit, st *untrackedState, now int64, v *Verdict) (tat in
 	return g.newTAT
 }
 
-// record counts an admitted request of h in the key's ring (or takes one of
-// its reservations, which the ring counts already), or for an untracked key
-// in its local cap alone. The caller holds the key's shard lock, s.
-func record(s *shard, h keyhash.Hash, en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
+// record counts an admitted request in the key's ring (and, on leases,
+// takes it from the grant as an admit to push), or for an untracked key in
+// its local cap alone. The caller holds the key's shard lock.
+func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
 	if en == nil {
 		untracked.tat = tat
 		return
 	}
-	n := int64(len(ring))
-	if en.flags&flagReserved != 0 {
-		// The ring counts the reservation in its slot already; the admit
-		// moves to head, in the store at the next step.
-		if slot := s.takeReserved(h, en.head); slot != en.head {
-			if slot > en.head-n {
-				ring[slotIndex(slot, n)]--
-			}
-			ring[slotIndex(en.head, n)]++
-			en.pendCur++
-		}
-	} else {
-		ring[slotIndex(en.head, n)]++
-		en.pendCur++
-		en.sinceRead++
+	ring[slotIndex(en.head, int64(len(ring)))]++
+	if en.flags&flagLease != 0 {
+		en.block = max(en.block-1, 0)
 	}
 	en.tat = tat
 	// The oldest counted request (this one, if it is the only one) leaves the
@@ -606,110 +467,8 @@ func record(s *shard, h keyhash.Hash, en *entry, ring []uint32, untracked *untra
 	v.Reset = time.Duration(max(l.slots.LeavesAt(oldest)-now, 0))
 }
 
-// shareAdmits applies the near-limit mechanisms to a request the window would
-// admit, and says what the instance may admit after it before its next read
-// (its part of the headroom, the others' parts counted as used): a key without a fresh read (first contact, or idle past its read's
-// lifetime) is queued for a read and admits only its first allowance
-// meanwhile; a key whose fleet headroom is small against the fleet's demand
-// admits only this instance's share of it until the next read; a key that has
-// spent half of what it may spend is queued for an early sync.
-func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit, events, used, now, staleAfter int64) (ok bool, left int64) {
-	since := int64(en.sinceRead)
-	var allowance int64
-	part := int64(-1) // this instance's part of the headroom, for Remaining
-	if !en.fresh(now, staleAfter) {
-		e.enqueue(z, h, en)
-		allowance = firstAllowance(z, s, h, limit, now)
-	} else {
-		// The fleet's headroom as of the last read, plus what has left the
-		// window since.
-		headroom := events - used + since
-		allowance = headroom
-		// This instance's part: its share of the demand, but no more than
-		// an even part, for an instance whose demand the reads have not
-		// shown may admit as much unseen.
-		part = headroom / (z.fleet.others.Load() + 1)
-		if en.flags&flagRated == 0 {
-			// No demand measured yet (one read): an even part.
-			allowance = part
-		} else if en.fleetRate > 0 {
-			part = min(part, int64(float64(headroom)*float64(en.ownRate/en.fleetRate)))
-		}
-		// If the fleet could spend the headroom before the next read (the
-		// read's age and two intervals more: a busy machine's reconciler
-		// runs late), take only this instance's share of it, and keep the
-		// reads coming: every admit asks for an early sync (coalesced: one
-		// pass per earlySpacing at most).
-		intervals := float64(now-en.readAt)/float64(e.interval.Load()) + 2
-		shared := en.flags&flagRated != 0 && intervals*float64(en.fleetRate) >= float64(headroom) && en.fleetRate > 0
-		if shared {
-			// What the others admitted since the read (its age, and an
-			// early pass's spacing for their pushes) is not in it.
-			unseen := float64(en.fleetRate-en.ownRate) * (intervals - 2 + 1.0/earlySyncsPerInterval)
-			// Rounded to the nearest request: the parts of many instances
-			// add up to the headroom, give or take half a request each
-			// (rounded down, a key evenly at 95% of its limit, whose window
-			// reads full by the one slot it over-counts, is denied).
-			allowance = int64(float64(headroom-int64(unseen))*float64(en.ownRate/en.fleetRate) + 0.5)
-		}
-		// A key near its limit pushes every admit at once: one lost with
-		// the instance (kill -9) would be admitted again by the others.
-		// Nor does any key hold more than unpushedMost unpushed here.
-		nearFull := used*5 >= events*4
-		unpushed := int64(en.pendCur) + int64(en.pendPrev) + 1
-		if since < allowance && (shared || nearFull || (since+1)*2 >= allowance || unpushed >= unpushedMost(limit)) {
-			e.enqueue(z, h, en)
-		}
-		if since >= allowance && headroom > since && en.flags&flagRated != 0 && 8*en.ownRate >= en.fleetRate {
-			// This instance's part is spent, the fleet's is not: what
-			// rounding down left goes by reservations, which the store
-			// hands out exactly (see reserve.go). An instance with less
-			// than an eighth of the demand asks for none: it would hold one
-			// that busier ones could use.
-			e.askReservation(z, h, en)
-		}
-	}
-	if part < 0 || part > allowance {
-		part = allowance
-	}
-	return since < allowance, part - since - 1
-}
-
-// unpushedMost is the most of a synced key's admits (limit) an instance
-// holds before it pushes them (an early pass later), what a kill -9 of it
-// loses and the others admit again: a hundredth of the limit, at least one,
-// so that two instances killed at once cost a window at most 2% over
-// (bench/churn, kill: a key filling at 4x its limit went 3-4 over, the
-// admits of the interval before the kill).
-func unpushedMost(limit int64) int64 { return max(limit/100, 1) }
-
-// firstAllowance is what an instance admits of a key before it has read the
-// fleet's count: its part of what the others' floor shares leave of the
-// limit, rounded down so that the live instances' parts never add up to
-// more than it, or its part of the room a hot key's announcer saw, rounded
-// up. That room is already a forecast two heartbeats ahead, less what the
-// fleet asks meanwhile; rounded down too, a key evenly at 95% of its limit
-// on 4 instances was denied 24-69 times a run (bench/fleet accuracy group).
-// Where the part comes to 0 (a limit below the fleet's size, a hot key
-// with no room) the key's first request on this instance is denied and its
-// read queued. The caller holds the key's shard lock, s.
-func firstAllowance(z *Zone, s *shard, h keyhash.Hash, limit, now int64) int64 {
-	live := z.fleet.others.Load() + 1
-	if m, hot := s.hotAt(h, now); hot {
-		return (max(m.room, 0) + live - 1) / live
-	}
-	claims := z.fleet.widest()
-	if claims == 0 {
-		// The fleet is not known yet (no heartbeat answered): a tenth.
-		return (limit + 9) / 10
-	}
-	// Its own claim holds nothing of a key it does not admit on its floor
-	// share.
-	return (limit - (claims-1)*share(limit, claims)) / live
-}
-
-// enqueue asks the reconciler for an early sync of the key, once until it
-// runs. The caller holds the key's shard lock.
+// enqueue asks the reconciler for a call for the key, once until it runs.
+// The caller holds the key's shard lock.
 func (e *Engine) enqueue(z *Zone, h keyhash.Hash, en *entry) {
 	if en.flags&flagQueued != 0 {
 		return

@@ -11,56 +11,55 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed sync.lua
-var syncLua string
+//go:embed lease.lua
+var leaseLua string
 
-var syncScript = redis.NewScript(syncLua)
+var leaseScript = redis.NewScript(leaseLua)
 
-//go:embed heartbeat.lua
-var heartbeatLua string
+//go:embed slots.lua
+var slotsLua string
 
-var heartbeatScript = redis.NewScript(heartbeatLua)
+var slotsScript = redis.NewScript(slotsLua)
 
-// RedisStore keeps the fleet's slot counts in Redis (standalone, Sentinel or
+// RedisStore keeps the fleet's counts in Redis (standalone, Sentinel or
 // Cluster, through go-redis's UniversalClient): one hash per zone and key,
 // one script call per key and pass, all of a pass's calls in one pipeline.
-// Each key's commands touch one Cluster slot, so a pass works the same on a
-// single node and on a Cluster.
+// Each key's commands touch one Cluster slot.
 type RedisStore struct {
 	client redis.UniversalClient
-	loaded atomic.Bool // the script is known to the servers (as far as we know)
+	loaded atomic.Bool // the lease script is known to the servers (as far as we know)
 }
 
 var _ SlotStore = (*RedisStore)(nil)
 
 // NewRedisStore uses client, which the caller owns and closes. The client
-// must not retry commands by itself (MaxRetries -1): a re-sent step whose
-// first reply was lost would count its admits twice.
+// must not retry commands by itself (MaxRetries -1): a re-sent lease whose
+// first reply was lost would push its admits twice.
 func NewRedisStore(client redis.UniversalClient) *RedisStore {
 	return &RedisStore{client: client}
 }
 
-// Sync implements SlotStore. Steps that fail with NOSCRIPT (a server that has
-// not seen the script: a restart or a failover) did not run, so they are
-// loaded and sent once more; any other failure is the step's error.
-func (r *RedisStore) Sync(ctx context.Context, steps []Step, replies []Reply) error {
-	if len(steps) == 0 {
+// Lease implements SlotStore. Calls that fail with NOSCRIPT (a server that
+// has not seen the script: a restart or a failover) did not run, so they
+// are loaded and sent once more; any other failure is the call's error.
+func (r *RedisStore) Lease(ctx context.Context, calls []Lease, replies []LeaseReply) error {
+	if len(calls) == 0 {
 		return nil
 	}
 	if !r.loaded.Load() {
 		if err := r.load(ctx); err != nil {
 			for i := range replies {
-				replies[i] = Reply{Err: err}
+				replies[i] = LeaseReply{Err: err}
 			}
 			return err
 		}
 	}
-	todo := make([]int, len(steps))
+	todo := make([]int, len(calls))
 	for i := range todo {
 		todo[i] = i
 	}
 	for attempt := 0; ; attempt++ {
-		noScript := r.run(ctx, steps, replies, todo)
+		noScript := r.run(ctx, calls, replies, todo)
 		if len(noScript) == 0 || attempt > 0 {
 			break
 		}
@@ -77,87 +76,43 @@ func (r *RedisStore) Sync(ctx context.Context, steps []Step, replies []Reply) er
 	return nil
 }
 
-// Heartbeat implements SlotStore.
-func (r *RedisStore) Heartbeat(ctx context.Context, key, hotKey string, hb Heartbeat) (Fleet, error) {
-	args := make([]any, 0, 8+3*len(hb.Hot))
-	args = append(args, hb.Member, hb.Now, hb.TTL.Milliseconds(), hb.Joined, hb.Keep.Milliseconds(), hb.Seen, hb.Promise, knownArg(hb.Known))
-	for _, h := range hb.Hot {
-		args = append(args, h.Key, h.Until, h.Room)
+// Beat implements SlotStore.
+func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (SlotTable, error) {
+	flushed := "0"
+	if b.Flushed {
+		flushed = "1"
 	}
-	res, err := heartbeatScript.Run(ctx, r.client, []string{key, hotKey, key + ":promises"}, args...).Slice()
+	args := make([]any, 0, 9+len(b.Hot))
+	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.View.Milliseconds(), b.MaxInstances, b.HotFor.Milliseconds())
+	for _, h := range b.Hot {
+		args = append(args, h)
+	}
+	res, err := slotsScript.Run(ctx, r.client, []string{key, hotKey}, args...).Slice()
 	if err != nil {
-		return Fleet{}, fmt.Errorf("fleet heartbeat: %w", err)
+		return SlotTable{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
-	f, err := parseFleet(res)
-	if err != nil {
-		return Fleet{}, fmt.Errorf("fleet heartbeat: %w", err)
+	if len(res) < 4 {
+		return SlotTable{}, fmt.Errorf("fleet heartbeat: unexpected reply %v", res)
 	}
-	return f, nil
-}
-
-// knownArg is heartbeat.lua's list of the promises a heartbeat holds.
-func knownArg(known []KnownPromise) string {
-	var b []byte
-	for _, k := range known {
-		b = strconv.AppendInt(b, k.Member, 10)
-		b = append(b, ':')
-		b = strconv.AppendInt(b, k.Until, 10)
-		b = append(b, ' ')
+	slot, err1 := toInt(res[0])
+	at, err2 := toInt(res[1])
+	holding, ok := res[2].(string)
+	live, err3 := toInt(res[3])
+	if err := errors.Join(err1, err2, err3); err != nil || !ok {
+		return SlotTable{}, fmt.Errorf("fleet heartbeat: unexpected reply %v", res)
 	}
-	return string(b)
-}
-
-// parseFleet reads heartbeat.lua's reply.
-func parseFleet(res []any) (Fleet, error) {
-	ints := func(vals []any) ([]int64, error) {
-		out := make([]int64, len(vals))
-		for i, v := range vals {
-			n, err := toInt(v)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = n
+	t := SlotTable{Slot: int(slot), FloorAt: at, Live: int(live)}
+	for j := range min(len(holding), 64) {
+		if holding[j] == '1' {
+			t.Holding |= 1 << j
 		}
-		return out, nil
 	}
-	if len(res) < 3 {
-		return Fleet{}, fmt.Errorf("unexpected reply %v", res)
-	}
-	head, err := ints(res[:3])
-	if err != nil {
-		return Fleet{}, err
-	}
-	f := Fleet{Fresh: head[0] == 1, Founded: head[1]}
-	n := int(head[2])
-	rest := res[3:]
-	if n < 0 || len(rest) < 5*n || (len(rest)-5*n)%4 != 0 {
-		return Fleet{}, fmt.Errorf("unexpected reply %v", res)
-	}
-	for i := 0; i < 5*n; i += 5 {
-		nums, err := ints(rest[i : i+4])
-		promise, ok := rest[i+4].(string)
-		if err != nil || !ok {
-			return Fleet{}, fmt.Errorf("unexpected record %v", rest[i:i+5])
+	for _, h := range res[4:] {
+		if s, ok := h.(string); ok {
+			t.Hot = append(t.Hot, s)
 		}
-		r := MemberRecord{Member: nums[0], Until: nums[1], Joined: nums[2], Seen: nums[3]}
-		switch promise {
-		case "":
-		case "=":
-			r.PromiseKnown = true
-		default:
-			r.Promise = []byte(promise)
-		}
-		f.Members = append(f.Members, r)
 	}
-	for hot := rest[5*n:]; len(hot) > 0; hot = hot[4:] {
-		key, ok := hot[0].(string)
-		nums, err := ints(hot[1:4])
-		if !ok || err != nil {
-			return Fleet{}, fmt.Errorf("unexpected hot key %v", hot[:4])
-		}
-		f.Hot = append(f.Hot, HotKey{Key: key, Until: nums[0], Room: nums[1], At: nums[2]})
-	}
-	return f, nil
+	return t, nil
 }
 
 // Ping checks that the store answers.
@@ -170,52 +125,56 @@ func (r *RedisStore) Ping(ctx context.Context) error {
 
 func (r *RedisStore) load(ctx context.Context) error {
 	// On a Cluster, go-redis loads the script on every primary.
-	if err := r.client.ScriptLoad(ctx, syncLua).Err(); err != nil {
-		return fmt.Errorf("loading the sync script: %w", err)
+	if err := r.client.ScriptLoad(ctx, leaseLua).Err(); err != nil {
+		return fmt.Errorf("loading the lease script: %w", err)
 	}
 	r.loaded.Store(true)
 	return nil
 }
 
-// run sends the steps listed in todo, in pipelines of at most pipelineSteps,
+// run sends the calls listed in todo, in pipelines of at most pipelineCalls,
 // and returns those that failed with NOSCRIPT.
-func (r *RedisStore) run(ctx context.Context, steps []Step, replies []Reply, todo []int) (noScript []int) {
+func (r *RedisStore) run(ctx context.Context, calls []Lease, replies []LeaseReply, todo []int) (noScript []int) {
 	for len(todo) > 0 {
-		n := min(len(todo), pipelineSteps)
-		noScript = append(noScript, r.runPipeline(ctx, steps, replies, todo[:n])...)
+		n := min(len(todo), pipelineCalls)
+		noScript = append(noScript, r.runPipeline(ctx, calls, replies, todo[:n])...)
 		todo = todo[n:]
 	}
 	return noScript
 }
 
-// pipelineSteps bounds one pipeline, so that the store answers it well
-// within the client's read timeout: a graceful stop pushes every key held on
-// a floor share, 100,000 of them in one pipeline outlasted a 500ms timeout.
-const pipelineSteps = 4096
+// pipelineCalls bounds one pipeline, so that the store answers it well
+// within the client's read timeout (a graceful stop pushes every key held
+// on a floor).
+const pipelineCalls = 4096
 
-// runPipeline sends the steps listed in todo in one pipeline and returns
+// holdingArg is lease.lua's holding set: "1" at j+1 for each slot j.
+func holdingArg(h uint64) string {
+	var b [64]byte
+	n := 0
+	for j := range 64 {
+		b[j] = '0'
+		if h&(1<<j) != 0 {
+			b[j], n = '1', j+1
+		}
+	}
+	return string(b[:n])
+}
+
+// runPipeline sends the calls listed in todo in one pipeline and returns
 // those that failed with NOSCRIPT.
-func (r *RedisStore) runPipeline(ctx context.Context, steps []Step, replies []Reply, todo []int) (noScript []int) {
+func (r *RedisStore) runPipeline(ctx context.Context, calls []Lease, replies []LeaseReply, todo []int) (noScript []int) {
 	cmds := make([]*redis.Cmd, len(todo))
 	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
-			st := &steps[i]
-			args := make([]any, 0, 17+2*len(st.Floor))
-			args = append(args, st.Oldest, st.TTL.Milliseconds(), st.Demand, st.Member, st.Now, st.MemberTTL.Milliseconds(), st.Reserve, st.Limit, st.Adds[0].Slot)
-			floorID := st.FloorID
-			if floorID == "" {
-				floorID = "0"
-			}
-			args = append(args, floorID, len(st.Floor))
-			for _, a := range st.Floor {
+			c := &calls[i]
+			args := make([]any, 0, 13+2*len(c.Push))
+			args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Slot, int(c.Mark), c.MarkUntil,
+				c.Floor, c.Events, holdingArg(c.Holding), c.Held, c.Want, c.Until)
+			for _, a := range c.Push {
 				args = append(args, a.Slot, a.Count)
 			}
-			for _, a := range [3]SlotCount{st.Adds[0], st.Adds[1], st.Moved} {
-				if a.Count != 0 {
-					args = append(args, a.Slot, a.Count)
-				}
-			}
-			cmds[j] = syncScript.EvalSha(ctx, p, []string{st.Key}, args...)
+			cmds[j] = leaseScript.EvalSha(ctx, p, []string{c.Key}, args...)
 		}
 		return nil
 	})
@@ -225,30 +184,30 @@ func (r *RedisStore) runPipeline(ctx context.Context, steps []Step, replies []Re
 			if redis.HasErrorPrefix(err, "NOSCRIPT") {
 				noScript = append(noScript, i)
 			}
-			replies[i] = Reply{Err: fmt.Errorf("syncing %s: %w", steps[i].Key, err)}
+			replies[i] = LeaseReply{Err: fmt.Errorf("leasing %s: %w", calls[i].Key, err)}
 			continue
 		}
-		replies[i] = parseReply(steps[i].Key, res)
+		replies[i] = parseLease(calls[i].Key, res)
 	}
 	return noScript
 }
 
-func parseReply(key string, res any) Reply {
+func parseLease(key string, res any) LeaseReply {
 	vals, ok := res.([]any)
-	if !ok || len(vals) < 3 || len(vals)%2 != 1 {
-		return Reply{Err: fmt.Errorf("syncing %s: unexpected reply %v", key, res)}
+	if !ok || len(vals) < 2 || len(vals)%2 != 0 {
+		return LeaseReply{Err: fmt.Errorf("leasing %s: unexpected reply %v", key, res)}
 	}
 	ints := make([]int64, len(vals))
 	for i, v := range vals {
 		n, err := toInt(v)
 		if err != nil {
-			return Reply{Err: fmt.Errorf("syncing %s: %w", key, err)}
+			return LeaseReply{Err: fmt.Errorf("leasing %s: %w", key, err)}
 		}
 		ints[i] = n
 	}
-	r := Reply{Demand: ints[0], Syncing: ints[1], Reserved: ints[2], Slots: make([]SlotCount, 0, len(ints)/2)}
-	for i := 3; i < len(ints); i += 2 {
-		r.Slots = append(r.Slots, SlotCount{Slot: ints[i], Count: max(ints[i+1], 0)})
+	r := LeaseReply{Granted: ints[0], Room: ints[1]}
+	for i := 2; i < len(ints); i += 2 {
+		r.Slots = append(r.Slots, SlotCount{Slot: ints[i], Count: ints[i+1]})
 	}
 	return r
 }

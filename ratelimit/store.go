@@ -1,340 +1,313 @@
 package ratelimit
 
 import (
-	"bytes"
 	"context"
-	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
 
-// SlotCount is the count of one slot of a key's window.
+// SlotCount is the count of one time slot of a key's window.
 type SlotCount struct {
 	Slot  int64
 	Count int64
 }
 
-// Step is one reconcile pass's work on one key, run atomically by the store:
-// add the claimed admits to their slots and the demand to the key's demand
-// counter, drop the slots older than Oldest, re-arm the key's expiry to TTL,
-// and return what is left.
-type Step struct {
+// Lease is one store call for one key, run atomically: give back the
+// member's outstanding grant but Held, push admits into their time slots,
+// mark (or unmark) the instance slot as having pushed its floor admits of
+// the key, and grant up to Want admits more, as far as the room allows. The
+// room is Events minus the window's pushed admits, the outstanding grants
+// (Held included) and F for every slot of Holding not marked pushed.
+type Lease struct {
 	Key    string
-	Adds   [2]SlotCount // Count 0: nothing to add
-	Demand int64
-	Oldest int64
+	Now    int64 // Unix ms
+	Oldest int64 // the oldest time slot that counts
 	TTL    time.Duration
-	// Floor holds the admits an instance made under its floor share, one
-	// count per slot, pushed when it starts syncing the key. FloorID names
-	// the push: a store applies it once, however often it is sent (a push
-	// whose reply was lost is sent again, and may have been applied).
-	Floor   []SlotCount
-	FloorID string
-	// Moved takes reserved admits out of their slot (a negative count), as
-	// they were made in later slots (see claimMoved); Count 0: none.
-	Moved SlotCount
-	// Member, when not 0, is the instance taking part: it is registered as
-	// syncing the key until Now+MemberTTL (Unix ms), or deregistered when
-	// MemberTTL is 0.
-	Member    int64
-	Now       int64
-	MemberTTL time.Duration
-	// Reserve, when above 0, asks the store to count up to Reserve admits in
-	// slot Adds[0].Slot ahead of time, as far as the window's count stays
-	// within Limit: the instance may then make them without telling anyone
-	// (see Reply.Reserved).
-	Reserve, Limit int64
+	Member int64
+	Slot   int // the member's instance slot, -1 if none
+	// Mark: 1 marks Slot pushed until MarkUntil (Unix ms), -1 unmarks it.
+	Mark      int8
+	MarkUntil int64
+	Floor     int64  // F
+	Events    int64  // the limit
+	Holding   uint64 // bit j: instance slot j may hold floor admits
+	Held      int64  // admits of its grant the member keeps
+	Want      int64
+	Until     int64 // the grant (and Held) counts until then (Unix ms)
+	Push      []SlotCount
 }
 
-// Reply is what a Step left in the store.
-type Reply struct {
-	// Slots are the key's slots from Oldest on, in no particular order.
+// LeaseReply is what a Lease left in the store.
+type LeaseReply struct {
+	Granted int64
+	// Room is what the fleet may still admit of the key past every grant
+	// and every floor held back: can be negative.
+	Room int64
+	// Slots are the window's pushed admits, in no particular order.
 	Slots []SlotCount
-	// Demand is the key's demand counter: every request any instance has seen
-	// for the key while it was stored.
-	Demand int64
-	// Syncing is how many other instances are registered as syncing the key
-	// (their admits are in Slots); every other live instance may hold up to
-	// its floor share unreported.
-	Syncing int64
-	// Reserved is how many admits the step reserved (see Step.Reserve); they
-	// are in Slots.
-	Reserved int64
-	// Err is set when the step failed; it may or may not have applied.
+	// Err is set when the call failed; it may or may not have applied.
 	Err error
 }
 
-// Heartbeat is one instance's heartbeat: it tells the fleet the instance is
-// live and which keys it syncs because they are busy here, and asks what the
-// fleet looks like.
-type Heartbeat struct {
-	// Member is the instance's number, Now the time (Unix ms).
-	Member, Now int64
-	// TTL is how long the instance counts as live without another
-	// heartbeat; 0 says it leaves now.
-	TTL time.Duration
-	// Joined is when this instance first heartbeated (Unix ms): the start of
-	// its life, whatever became of the store since.
-	Joined int64
-	// Seen is when this instance last learned the fleet (Unix ms): Now for a
-	// heartbeat, its last heartbeat for a leave. What it did on a floor
-	// share, it did knowing the fleet as of then.
-	Seen int64
-	// Keep is how long a record outlives its instance: the longest window
-	// of its zones, during which what it admitted still counts. The store
-	// keeps every record for the longest Keep any member asked for.
-	Keep time.Duration
-	// Hot are the keys this instance syncs because they are busy here.
-	Hot []HotKey
-	// Promise bounds what this instance may have admitted of each key on
-	// its floor share without pushing it (see promise.go); nil keeps the
-	// one it sent last.
-	Promise []byte
-	// Known are the gone members' promises this instance holds, each as of
-	// its record's Until: the store does not send one again while the
-	// record is unchanged (see MemberRecord.PromiseKnown), so a fleet with
-	// many gone members does not read them all at every heartbeat.
-	Known []KnownPromise
-}
-
-// KnownPromise names a gone member's promise a heartbeat's sender holds: the
-// one of Member's record that ended at Until (Unix ms).
-type KnownPromise struct{ Member, Until int64 }
-
-// HotKey is a key that an instance syncs because it is busy there: while it
-// is hot, no instance admits it on a floor share.
-type HotKey struct {
-	Key   string
-	Until int64 // hot until (Unix ms), unless announced again
-	Room  int64 // what the announcing instance saw left in the window
-	At    int64 // when it became hot (Unix ms); set by the store
-}
-
-// MemberRecord is one instance's record in the membership.
-type MemberRecord struct {
+// Beat is one instance's heartbeat on the slot table: it renews (or takes,
+// Slot -1) an instance slot, or releases it (TTL 0), names the keys that
+// went to leases here (Hot), and learns the table.
+type Beat struct {
 	Member int64
-	Joined int64 // when its life started (Unix ms)
-	Until  int64 // live until (Unix ms): its last heartbeat's end, or when it left
-	Seen   int64 // when it last learned the fleet (Unix ms)
-	// Promise is the last floor promise of a member that is gone (nil for
-	// a live one, or one that sent none).
-	Promise []byte
-	// PromiseKnown says Promise was not sent: it is the one the heartbeat
-	// named in Known for this Member and Until.
-	PromiseKnown bool
+	Slot   int
+	Now    int64 // Unix ms
+	TTL    time.Duration
+	// Flushed says a release pushed every floor admit: the slot is free at
+	// once. A slot not released that way holds its floor for Keep after
+	// its last heartbeat.
+	Flushed bool
+	Keep    time.Duration
+	// View is how long an instance acts on a beat's Holding: a slot taken
+	// that some answered beat left out of Holding within View has its floor
+	// usable only View after that beat.
+	View         time.Duration
+	MaxInstances int
+	HotFor       time.Duration
+	Hot          []string
 }
 
-// Fleet is what a heartbeat learns.
-type Fleet struct {
-	// Founded is when the membership was created (Unix ms): the instances
-	// that joined around it started together.
-	Founded int64
-	// Fresh is true when the membership was empty before this heartbeat (a
-	// new fleet, or a store that restarted empty).
-	Fresh bool
-	// Members are the records of the live instances and of those that left
-	// or died within the longest Keep, the caller's included.
-	Members []MemberRecord
-	// Hot are the keys hot now.
-	Hot []HotKey
+// SlotTable is what a Beat learns.
+type SlotTable struct {
+	Slot    int   // the instance slot held (-1: none)
+	FloorAt int64 // Unix ms: when its floor may be used
+	// Holding has bit j set for each slot that may hold floor admits: a
+	// live one, a dead one within Keep, and the spare (the free slot a
+	// newcomer takes at once).
+	Holding uint64
+	Live    int
+	Hot     []string
 }
 
-// SlotStore holds the fleet's slot counts, one entry per zone and key, and
-// its membership.
+// SlotStore holds the fleet's counts and its slot table.
 type SlotStore interface {
-	// Sync runs every step and fills replies (one per step). Steps are
-	// independent: one that fails does not stop the others. It returns the
-	// first step's error, if any. A store never re-sends a step by itself.
-	Sync(ctx context.Context, steps []Step, replies []Reply) error
-	// Heartbeat records hb in the fleet's membership (key) and hot keys
-	// (hotKey), and returns the fleet as it stands.
-	Heartbeat(ctx context.Context, key, hotKey string, hb Heartbeat) (Fleet, error)
+	// Lease runs every call and fills replies (one per call); the calls are
+	// independent. It returns the first error. A store never re-sends a
+	// call by itself.
+	Lease(ctx context.Context, calls []Lease, replies []LeaseReply) error
+	// Beat runs b on the slot table (key) and hot keys (hotKey).
+	Beat(ctx context.Context, key, hotKey string, b Beat) (SlotTable, error)
 }
 
-// MemoryStore is the embedded SlotStore of a single instance (and, shared by
-// several engines, a fleet in tests).
+// MemoryStore is the embedded SlotStore (and, shared by several engines, a
+// fleet in tests). Each operation takes the steps of its Lua twin, on a
+// hash of string fields as Redis holds it.
 type MemoryStore struct {
-	mu     sync.Mutex
-	keys   map[string]*memoryKey
-	fleets map[string]*memoryFleet      // membership key -> membership
-	hot    map[string]map[string]HotKey // hot key set -> key -> mark
-	now    func() time.Time
+	mu   sync.Mutex
+	keys map[string]*memoryHash
+	now  func() time.Time
 }
 
-type memoryFleet struct {
-	founded int64
-	keep    int64 // ms
-	members map[int64]MemberRecord
-}
-
-type memoryKey struct {
-	slots   map[int64]int64
-	demand  int64
-	syncing map[int64]int64 // member -> registered until (Unix ms)
-	expires time.Time
-	// floorPushes are the floor pushes applied (see Step.FloorID).
-	floorPushes map[string]bool
+type memoryHash struct {
+	fields  map[string]string
+	expires int64 // Unix ms; 0: none
 }
 
 var _ SlotStore = (*MemoryStore)(nil)
 
-// NewMemoryStore returns an empty in-process slot store.
+// NewMemoryStore returns an empty in-process store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{keys: make(map[string]*memoryKey), fleets: make(map[string]*memoryFleet), hot: make(map[string]map[string]HotKey), now: time.Now}
+	return &MemoryStore{keys: make(map[string]*memoryHash), now: time.Now}
 }
 
-// Heartbeat implements SlotStore.
-func (m *MemoryStore) Heartbeat(_ context.Context, key, hotKey string, hb Heartbeat) (Fleet, error) {
+// hash returns key's hash, made if absent (and dropped if expired).
+func (m *MemoryStore) hash(key string) *memoryHash {
+	now := m.now().UnixMilli()
+	h := m.keys[key]
+	if h != nil && h.expires != 0 && h.expires <= now {
+		h = nil
+	}
+	if h == nil {
+		h = &memoryHash{fields: make(map[string]string)}
+		m.keys[key] = h
+	}
+	return h
+}
+
+func (h *memoryHash) incr(f string, by int64) {
+	n, _ := strconv.ParseInt(h.fields[f], 10, 64)
+	h.fields[f] = strconv.FormatInt(n+by, 10)
+}
+
+func atoi(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
+
+// Lease implements SlotStore, step for step as lease.lua.
+func (m *MemoryStore) Lease(_ context.Context, calls []Lease, replies []LeaseReply) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	f := m.fleets[key]
-	out := Fleet{Fresh: f == nil}
-	if f == nil {
-		f = &memoryFleet{founded: hb.Now, members: make(map[int64]MemberRecord)}
-		m.fleets[key] = f
-	}
-	f.keep = max(f.keep, hb.Keep.Milliseconds())
-	promise := bytes.Clone(hb.Promise)
-	if promise == nil {
-		promise = f.members[hb.Member].Promise
-	}
-	f.members[hb.Member] = MemberRecord{Member: hb.Member, Joined: hb.Joined, Until: hb.Now + hb.TTL.Milliseconds(), Seen: hb.Seen, Promise: promise}
-	out.Founded = f.founded
-	for id, r := range f.members {
-		if r.Until+f.keep <= hb.Now {
-			delete(f.members, id)
-			continue
-		}
-		switch {
-		case r.Until > hb.Now:
-			r.Promise = nil // a live member's promise is no one else's business
-		case slices.Contains(hb.Known, KnownPromise{id, r.Until}):
-			r.Promise, r.PromiseKnown = nil, true
-		}
-		out.Members = append(out.Members, r)
-	}
-	hot := m.hot[hotKey]
-	if hot == nil {
-		hot = make(map[string]HotKey)
-		m.hot[hotKey] = hot
-	}
-	for _, h := range hb.Hot {
-		h.At = hb.Now
-		if cur, ok := hot[h.Key]; ok && cur.Until > hb.Now {
-			h.At = cur.At
-		}
-		hot[h.Key] = h
-	}
-	for k, h := range hot {
-		if h.Until <= hb.Now {
-			delete(hot, k)
-			continue
-		}
-		out.Hot = append(out.Hot, h)
-	}
-	return out, nil
-}
-
-// liveMembers counts the members of set live at now (Unix ms), but except,
-// and forgets the others.
-func liveMembers(set map[int64]int64, now, except int64) int64 {
-	var n int64
-	for member, until := range set {
-		switch {
-		case until <= now:
-			delete(set, member)
-		case member != except:
-			n++
-		}
-	}
-	return n
-}
-
-// Sync implements SlotStore.
-func (m *MemoryStore) Sync(_ context.Context, steps []Step, replies []Reply) error {
-	now := m.now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := range steps {
-		replies[i] = m.step(&steps[i], now)
+	for i := range calls {
+		replies[i] = m.lease(&calls[i])
 	}
 	return nil
 }
 
-func (m *MemoryStore) step(st *Step, now time.Time) Reply {
-	k := m.keys[st.Key]
-	if k != nil && !now.Before(k.expires) {
-		delete(m.keys, st.Key)
-		k = nil
-	}
-	writes := st.Demand > 0 || (st.Member != 0 && st.MemberTTL > 0) || st.Reserve > 0
-	for _, a := range st.Adds {
-		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
-	}
-	for _, adds := range [][]SlotCount{{st.Moved}, st.Floor} {
-		for _, a := range adds {
-			writes = writes || (a.Count != 0 && a.Slot >= st.Oldest)
+func (m *MemoryStore) lease(c *Lease) LeaseReply {
+	h := m.hash(c.Key)
+	me := "g" + strconv.FormatInt(c.Member, 10)
+	delete(h.fields, me)
+	for _, p := range c.Push {
+		if p.Slot >= c.Oldest {
+			h.incr(strconv.FormatInt(p.Slot, 10), p.Count)
 		}
 	}
-	if k == nil && !writes {
-		return Reply{}
+	mark := "p" + strconv.Itoa(c.Slot)
+	switch c.Mark {
+	case 1:
+		h.fields[mark] = strconv.FormatInt(c.MarkUntil, 10)
+	case -1:
+		delete(h.fields, mark)
 	}
-	if k == nil {
-		k = &memoryKey{slots: make(map[int64]int64), syncing: make(map[int64]int64)}
-		m.keys[st.Key] = k
-	}
-	floor := st.Floor
-	if st.FloorID != "" {
-		if k.floorPushes == nil {
-			k.floorPushes = make(map[string]bool)
-		}
-		if k.floorPushes[st.FloorID] {
-			floor = nil // applied before
-		}
-		k.floorPushes[st.FloorID] = true
-	}
-	for _, adds := range [][]SlotCount{st.Adds[:], {st.Moved}, floor} {
-		for _, a := range adds {
-			if a.Count != 0 && a.Slot >= st.Oldest {
-				k.slots[a.Slot] += a.Count
+	used := c.Held
+	pushed := uint64(0)
+	var r LeaseReply
+	for f, v := range h.fields {
+		switch f[0] {
+		case 'g':
+			n, u, _ := strings.Cut(v, " ")
+			if atoi(u) <= c.Now {
+				delete(h.fields, f)
+			} else {
+				used += atoi(n)
+			}
+		case 'p':
+			if atoi(v) <= c.Now {
+				delete(h.fields, f)
+			} else if j := atoi(f[1:]); j < 64 {
+				pushed |= 1 << j
+			}
+		default:
+			if s := atoi(f); s < c.Oldest {
+				delete(h.fields, f)
+			} else {
+				used += atoi(v)
+				r.Slots = append(r.Slots, SlotCount{Slot: s, Count: atoi(v)})
 			}
 		}
 	}
-	k.demand += st.Demand
-	switch {
-	case st.Member != 0 && st.MemberTTL > 0:
-		k.syncing[st.Member] = st.Now + st.MemberTTL.Milliseconds()
-	case st.Member != 0:
-		delete(k.syncing, st.Member)
+	for j := range 64 {
+		if c.Holding&^pushed&(1<<j) != 0 {
+			used += c.Floor
+		}
 	}
-	r := Reply{Demand: k.demand, Syncing: liveMembers(k.syncing, st.Now, st.Member), Slots: make([]SlotCount, 0, len(k.slots))}
-	var used int64
-	for s, c := range k.slots {
-		if s < st.Oldest {
-			delete(k.slots, s)
+	room := c.Events - used
+	r.Granted = max(min(c.Want, room), 0)
+	if r.Granted+c.Held > 0 {
+		h.fields[me] = strconv.FormatInt(r.Granted+c.Held, 10) + " " + strconv.FormatInt(c.Until, 10)
+	}
+	r.Room = room - r.Granted
+	if len(h.fields) > 0 {
+		h.expires = m.now().UnixMilli() + c.TTL.Milliseconds()
+	}
+	return r
+}
+
+// Beat implements SlotStore, step for step as slots.lua.
+func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotTable, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tbl := m.hash(key)
+	type rec struct {
+		member        string
+		until, at     int64
+		flushed, some bool
+	}
+	recs := make([]rec, b.MaxInstances)
+	for f, v := range tbl.fields {
+		j := atoi(f[1:])
+		if f[0] != 's' || j >= int64(b.MaxInstances) {
 			continue
 		}
-		used += c
+		p := strings.Fields(v)
+		recs[j] = rec{member: p[0], until: atoi(p[1]), flushed: p[2] == "1", at: atoi(p[3]), some: true}
 	}
-	if r.Reserved = min(st.Reserve, st.Limit-used); r.Reserved > 0 {
-		k.slots[st.Adds[0].Slot] += r.Reserved
-	} else {
-		r.Reserved = 0
+	member := strconv.FormatInt(b.Member, 10)
+	keep, view, ttl := b.Keep.Milliseconds(), b.View.Milliseconds(), b.TTL.Milliseconds()
+	slot := b.Slot
+	if slot >= 0 && (slot >= len(recs) || !recs[slot].some || recs[slot].member != member) {
+		slot = -1
 	}
-	for s, c := range k.slots {
-		r.Slots = append(r.Slots, SlotCount{Slot: s, Count: c})
+	var floorAt int64
+	set := func(j int, r rec) {
+		recs[j] = r
+		fl := "0"
+		if r.flushed {
+			fl = "1"
+		}
+		tbl.fields["s"+strconv.Itoa(j)] = member + " " + strconv.FormatInt(r.until, 10) + " " + fl + " " + strconv.FormatInt(r.at, 10)
 	}
-	k.expires = now.Add(st.TTL)
-	return r
+	switch {
+	case ttl == 0:
+		if slot >= 0 {
+			set(slot, rec{member: member, until: b.Now, flushed: b.Flushed, at: recs[slot].at, some: true})
+		}
+		slot = -1
+	case slot >= 0:
+		floorAt = recs[slot].at
+		set(slot, rec{member: member, until: b.Now + ttl, at: floorAt, some: true})
+	default:
+		for j, r := range recs {
+			if r.some && r.until > b.Now {
+				continue
+			}
+			at := max(b.Now, atoi(tbl.fields["o"+strconv.Itoa(j)])+view)
+			if r.some && !r.flushed {
+				at = max(at, r.until+keep)
+			}
+			if slot < 0 || at < floorAt {
+				slot, floorAt = j, at
+			}
+		}
+		if slot >= 0 {
+			set(slot, rec{member: member, until: b.Now + ttl, at: floorAt, some: true})
+		}
+	}
+	t := SlotTable{Slot: slot, FloorAt: floorAt}
+	spare := false
+	for j, r := range recs {
+		switch {
+		case r.some && r.until > b.Now:
+			t.Live++
+		case r.some && !r.flushed && r.until+keep > b.Now:
+		case !spare:
+			spare = true
+		default:
+			tbl.fields["o"+strconv.Itoa(j)] = strconv.FormatInt(b.Now, 10)
+			continue
+		}
+		t.Holding |= 1 << j
+	}
+	tbl.expires = m.now().UnixMilli() + keep + view + 60_000
+	hot := m.hash(hotKey)
+	for _, k := range b.Hot {
+		hot.fields[k] = strconv.FormatInt(b.Now+b.HotFor.Milliseconds(), 10)
+	}
+	n := len(hot.fields)
+	for k, v := range hot.fields {
+		if atoi(v) <= b.Now {
+			delete(hot.fields, k)
+		} else {
+			t.Hot = append(t.Hot, k)
+		}
+	}
+	if n > 0 {
+		hot.expires = m.now().UnixMilli() + b.HotFor.Milliseconds() + 60_000
+	}
+	return t, nil
 }
 
 // Sweep drops expired keys; the reconciler calls it with its evictions.
 func (m *MemoryStore) Sweep() {
-	now := m.now()
+	now := m.now().UnixMilli()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for name, k := range m.keys {
-		if !now.Before(k.expires) {
+	for name, h := range m.keys {
+		if h.expires != 0 && h.expires <= now || len(h.fields) == 0 {
 			delete(m.keys, name)
 		}
 	}

@@ -1,0 +1,100 @@
+-- One instance's beat (see Beat in store.go, whose MemoryStore runs the same
+-- steps). KEYS[1] is the slot table: "s<j>" = "<member> <until> <flushed>
+-- <floor at>" for instance slot j, "o<j>" = the last time (Unix ms) a beat
+-- was answered with slot j out of its holding set. KEYS[2] is the hot keys:
+-- key -> until (Unix ms). Both share a Cluster hash tag.
+-- ARGV[1] member            ARGV[2] the slot it holds (-1: none, take one)
+-- ARGV[3] now (Unix ms)     ARGV[4] live for (ms; 0: it releases its slot)
+-- ARGV[5] 1: the release pushed every floor admit
+-- ARGV[6] keep (ms): a dead holder's floor admits and marks count this long
+-- ARGV[7] view (ms): how long an instance acts on a beat's holding set
+-- ARGV[8] max instances     ARGV[9] hot for (ms)
+-- ARGV[10…] keys this instance names hot
+-- Returns { slot, floor at, holding, live, hot key, … }.
+local tbl, hot = KEYS[1], KEYS[2]
+local member, now = ARGV[1], tonumber(ARGV[3])
+local ttl, keep, view, n = tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local recs, outAt = {}, {}
+local fields = redis.call('HGETALL', tbl)
+for i = 1, #fields, 2 do
+	local j = tonumber(string.sub(fields[i], 2))
+	if string.sub(fields[i], 1, 1) == 's' then
+		local m, u, fl, at = string.match(fields[i + 1], '^(%d+) (%d+) (%d) (%d+)$')
+		recs[j] = { m = m, untl = tonumber(u), flushed = fl == '1', at = tonumber(at) }
+	else
+		outAt[j] = tonumber(fields[i + 1])
+	end
+end
+local slot = tonumber(ARGV[2])
+if slot >= 0 and (not recs[slot] or recs[slot].m ~= member) then
+	slot = -1 -- lost: its record lapsed and another took it
+end
+local floorAt = 0
+if ttl == 0 then
+	if slot >= 0 then
+		recs[slot] = { m = member, untl = now, flushed = ARGV[5] == '1', at = recs[slot].at }
+		redis.call('HSET', tbl, 's' .. slot, member .. ' ' .. now .. ' ' .. ARGV[5] .. ' ' .. recs[slot].at)
+	end
+	slot = -1
+else
+	if slot < 0 then
+		for j = 0, n - 1 do
+			local r = recs[j]
+			if not r or r.untl <= now then
+				local at = math.max(now, (outAt[j] or 0) + view)
+				if r and not r.flushed then
+					at = math.max(at, r.untl + keep)
+				end
+				if slot < 0 or at < floorAt then
+					slot, floorAt = j, at
+				end
+			end
+		end
+	else
+		floorAt = recs[slot].at
+	end
+	if slot >= 0 then
+		recs[slot] = { m = member, untl = now + ttl, flushed = false, at = floorAt }
+		redis.call('HSET', tbl, 's' .. slot, member .. ' ' .. (now + ttl) .. ' 0 ' .. floorAt)
+	end
+end
+-- Holding: live slots, dead ones whose admits may still count, and the
+-- spare (the lowest other free slot), which a newcomer takes at once.
+local holding, live, spare = {}, 0, false
+for j = 0, n - 1 do
+	local r = recs[j]
+	local h = '0'
+	if r and r.untl > now then
+		h, live = '1', live + 1
+	elseif r and not r.flushed and r.untl + keep > now then
+		h = '1'
+	elseif not spare then
+		h, spare = '1', true
+	end
+	if h == '0' then
+		redis.call('HSET', tbl, 'o' .. j, now)
+	end
+	holding[j + 1] = h
+end
+redis.call('PEXPIRE', tbl, keep + view + 60000)
+local out = { slot, floorAt, table.concat(holding), live }
+local hotUntil = now + tonumber(ARGV[9])
+for i = 10, #ARGV do
+	redis.call('HSET', hot, ARGV[i], hotUntil)
+end
+local old = {}
+fields = redis.call('HGETALL', hot)
+for i = 1, #fields, 2 do
+	if tonumber(fields[i + 1]) <= now then
+		old[#old + 1] = fields[i]
+	else
+		out[#out + 1] = fields[i]
+	end
+end
+if #old > 0 then
+	redis.call('HDEL', hot, unpack(old))
+end
+if #fields > 0 then
+	redis.call('PEXPIRE', hot, tonumber(ARGV[9]) + 60000)
+end
+return out
