@@ -107,6 +107,7 @@ type Engine struct {
 	slot             atomic.Int64
 	floorAt, viewAt  atomic.Int64
 	holding          atomic.Uint64
+	grownAt          atomic.Int64 // Unix ns: the last heartbeat whose holding set gained a slot
 	live             atomic.Int64
 	lastBeat         atomic.Int64 // Unix ns
 	slotsKey, hotKey string
@@ -203,29 +204,46 @@ func floorSize(events int64, slots int) int64 {
 	return int64(FloorFraction * float64(events) / float64(slots))
 }
 
-// leaseLife is how long an instance uses a grant (ns): four intervals.
+// leaseLife is the demand a grant is sized for, and how long a slot's mark
+// lasts (twice that) unless renewed (ns): four intervals.
 func (e *Engine) leaseLife() int64 { return 4 * e.interval.Load() }
 
 // beatEvery spaces the heartbeats (ns): two intervals.
 func (e *Engine) beatEvery() int64 { return 2 * e.interval.Load() }
 
 // viewFor is how long an instance acts on a heartbeat's holding set (ns):
-// two heartbeats, plus a lease's life, so that no grant computed without a
-// slot is used once that slot's floor is.
-func (e *Engine) viewFor() int64 { return 2*e.beatEvery() + e.leaseLife() }
+// three heartbeats. A slot left out of an answered heartbeat has its floor
+// usable only viewFor after it (see slots.lua), so a grant computed
+// without it may be used until then.
+func (e *Engine) viewFor() int64 { return 3 * e.beatEvery() }
+
+// blockLive reports whether the key's grant may still be used at now: it
+// has not outlived its window, and either it held back every slot's floor,
+// or no heartbeat since its own added a slot to the holding set and the
+// last one is recent enough that no slot out of it can have its floor yet.
+func (e *Engine) blockLive(en *entry, now int64) bool {
+	if now >= en.blockUntil {
+		return false
+	}
+	return en.blockView == allSlots || e.grownAt.Load() <= en.blockView && now < e.viewAt.Load()+e.viewFor()
+}
+
+// allSlots is entry.blockView for a grant that held back every slot's floor.
+const allSlots = 1<<63 - 1
 
 // staleAfter is how long the store may fail before limits go per instance.
 func (e *Engine) staleAfter() int64 {
 	return max(4*e.interval.Load(), int64(2*time.Second))
 }
 
-// holdingAt is the slots a lease call holds floors back for at now: the
-// last heartbeat's, or every slot once that is too old to act on.
-func (e *Engine) holdingAt(now int64) uint64 {
-	if now-e.viewAt.Load() < e.viewFor()-e.leaseLife() {
-		return e.holding.Load()
+// holdingAt is the slots a lease call holds floors back for at now, and
+// the heartbeat they are of (allSlots: every slot, the last heartbeat being
+// too old to act on).
+func (e *Engine) holdingAt(now int64) (uint64, int64) {
+	if at := e.viewAt.Load(); now-at < e.viewFor()-e.beatEvery() {
+		return e.holding.Load(), at
 	}
-	return 1<<e.maxInstances - 1
+	return 1<<e.maxInstances - 1, allSlots
 }
 
 // Zone returns the zone called name with the window and precision of l,
@@ -406,7 +424,7 @@ func (e *Engine) judgeFloor(c *Check, s *shard, en *entry, used, now int64, v *V
 // queues the next call. A key whose mark lapsed with no grant left goes
 // back to its floor. It returns what is left.
 func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
-	if en.blockUntil <= now {
+	if !e.blockLive(en, now) {
 		en.block = 0
 	}
 	if en.block == 0 && en.markUntil <= now && !s.isHot(c.Key, now) && used < e.floorOf(c.Limit.Events, now) {

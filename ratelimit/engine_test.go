@@ -198,38 +198,24 @@ func TestAnotherWindowIsAnotherZone(t *testing.T) {
 	}
 }
 
-func TestIdleKeysAreNotRereadAndAreEvicted(t *testing.T) {
+// TestIdleKeysAreEvictedButNotQueuedOnes: a key idle for its idle TTL is
+// dropped, unless it waits for a store call.
+func TestIdleKeysAreEvictedButNotQueuedOnes(t *testing.T) {
 	e := memoryEngine(t)
 	l := mustLimit(t, 100, time.Second, 0)
 	z := e.Zone("z", l)
 	now := time.Now().UnixNano()
-	allow(e, z, l, "busy", now)
 	allow(e, z, l, "idle", now)
-	if plans, _ := e.claimActive(now); len(plans) != 2 {
-		t.Fatalf("first pass plans %d keys, want 2", len(plans))
-	}
-	// Past the read's lifetime, only the key requested since is read.
-	then := now + e.staleAfter()
-	allow(e, z, l, "busy", then)
-	plans, _ := e.claimActive(then)
-	if len(plans) != 1 || plans[0].hash != keyhash.Of("busy") {
-		t.Fatalf("a later pass must plan only the key requested recently: %d plans", len(plans))
-	}
+	allow(e, z, l, "queued", now)
+	h := keyhash.Of("queued")
+	s := z.shardOf(h)
+	s.mu.Lock()
+	en, _ := z.lookup(s, h)
+	e.enqueue(z, h, en)
+	s.mu.Unlock()
 	e.evict(now + int64(11*time.Minute))
-	if z.Keys() != 0 {
-		t.Fatalf("idle keys left after eviction: %d", z.Keys())
-	}
-}
-
-func TestEvictionKeepsPendingAdmits(t *testing.T) {
-	e := memoryEngine(t)
-	l := mustLimit(t, 100, time.Second, 0)
-	z := e.Zone("z", l)
-	now := time.Now().UnixNano()
-	allow(e, z, l, "k", now)
-	e.evict(now + int64(time.Hour))
 	if z.Keys() != 1 {
-		t.Fatal("a key with unpushed admits must never be evicted")
+		t.Fatalf("%d keys left after eviction, want the queued one", z.Keys())
 	}
 }
 
@@ -299,6 +285,7 @@ func TestNoWindowEverHoldsMoreThanTheLimit(t *testing.T) {
 				nextPass := times[0]
 				for _, at := range times {
 					for nextPass <= at {
+						e.heartbeat(context.Background(), nextPass)
 						_ = e.pass(context.Background(), nextPass, false)
 						_ = e.pass(context.Background(), nextPass, true)
 						nextPass += int64(100*time.Millisecond) + rng.Int64N(int64(time.Second))

@@ -19,11 +19,13 @@ type entry struct {
 	from     int64 // the first slot with admits not pushed
 	calledAt int64 // the last call (or the entry's creation), Unix ns
 	// On leases: block admits are left of the grant, usable until
-	// blockUntil (Unix ns); room is what the fleet could admit past every
+	// blockUntil (Unix ns) while no slot joined the holding set after
+	// blockView, the heartbeat whose set the grant held floors back for
+	// (see Engine.blockLive); room is what the fleet could admit past every
 	// grant as of the last call; markUntil is when this slot's mark of the
 	// key lapses (Unix ns).
-	blockUntil, markUntil int64
-	block, room           int64
+	blockUntil, blockView, markUntil int64
+	block, room                      int64
 
 	fromPushed uint32  // admits of slot from pushed already
 	demand     uint32  // requests seen (admitted or not) since the last call

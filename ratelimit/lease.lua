@@ -15,7 +15,8 @@
 -- ARGV[12] admits it asks for     ARGV[13] the grant counts until (Unix ms)
 -- ARGV[14…] pairs of time slot and admits to push
 -- Returns { granted, room, slot, count, … }: room is what is left after the
--- grant (events − pushed − grants − F per holding slot not pushed).
+-- grant (events − pushed − grants − F per holding slot not pushed); a
+-- negative grant takes back part of what it held.
 local key = KEYS[1]
 local now, oldest = tonumber(ARGV[1]), tonumber(ARGV[2])
 local me = 'g' .. ARGV[4]
@@ -64,10 +65,8 @@ for j = 1, #holding do
 	end
 end
 local room = tonumber(ARGV[9]) - used
-local grant = math.min(tonumber(ARGV[12]), room)
-if grant < 0 then
-	grant = 0
-end
+-- Past the room, what it holds is cut back (a negative grant).
+local grant = math.max(math.min(tonumber(ARGV[12]), room), -held)
 if grant + held > 0 then
 	redis.call('HSET', key, me, (grant + held) .. ' ' .. ARGV[13])
 end

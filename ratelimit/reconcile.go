@@ -221,6 +221,9 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 	e.storeOK()
 	e.slot.Store(int64(t.Slot))
 	e.floorAt.Store(t.FloorAt * 1e6)
+	if t.Holding&^e.holding.Load() != 0 {
+		e.grownAt.Store(now)
+	}
 	e.holding.Store(t.Holding)
 	e.viewAt.Store(now)
 	e.live.Store(int64(t.Live))
@@ -413,10 +416,11 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	l := Lease{
 		Key: z.storeKey(h), Now: now / 1e6, Oldest: z.slots.Oldest(now), TTL: time.Duration(2 * window),
 		Member: e.member, Slot: int(slot), Floor: floorSize(events, e.maxInstances), Events: events,
-		Holding: e.holdingAt(now), Until: (now + e.leaseLife() + window) / 1e6,
-		Push: en.takeUnpushed(ring),
+		Until: (now + 2*window) / 1e6, Push: en.takeUnpushed(ring),
 	}
-	if en.blockUntil <= now {
+	var view int64
+	l.Holding, view = e.holdingAt(now)
+	if !e.blockLive(en, now) {
 		en.block = 0
 	}
 	switch {
@@ -441,7 +445,9 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 			// Near the limit a block leaves room for the others' next.
 			l.Want = min(l.Want, max(en.room/2, 1))
 		}
-		en.blockUntil = now + e.leaseLife()
+		// The grant (and what is held, counted again) may be used for a
+		// window, as far as the holding set it was made for stands.
+		en.blockUntil, en.blockView = now+window, view
 	}
 	en.demand = 0
 	en.flags &^= flagQueued
@@ -484,7 +490,7 @@ func (e *Engine) merge(c *call, r *LeaseReply, now int64) {
 	case c.toFloor:
 		z.toFloor(s, c.hash, en)
 	case en.flags&flagLease != 0:
-		en.block += r.Granted
+		en.block = max(en.block+r.Granted, 0)
 		if c.marked {
 			en.markUntil = now + e.markTTL()
 		}

@@ -41,6 +41,7 @@ type Lease struct {
 
 // LeaseReply is what a Lease left in the store.
 type LeaseReply struct {
+	// Granted is the grant, or, negative, what the room took back of Held.
 	Granted int64
 	// Room is what the fleet may still admit of the key past every grant
 	// and every floor held back: can be negative.
@@ -178,7 +179,7 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 		case 'p':
 			if atoi(v) <= c.Now {
 				delete(h.fields, f)
-			} else if j := atoi(f[1:]); j < 64 {
+			} else if j := atoi(f[1:]); j >= 0 && j < 64 {
 				pushed |= 1 << j
 			}
 		default:
@@ -196,7 +197,7 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 		}
 	}
 	room := c.Events - used
-	r.Granted = max(min(c.Want, room), 0)
+	r.Granted = max(min(c.Want, room), -c.Held) // past the room, Held is cut back
 	if r.Granted+c.Held > 0 {
 		h.fields[me] = strconv.FormatInt(r.Granted+c.Held, 10) + " " + strconv.FormatInt(c.Until, 10)
 	}

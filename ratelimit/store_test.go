@@ -1,8 +1,10 @@
 package ratelimit
 
 import (
-	"bytes"
 	"context"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -10,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/redistest"
-	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // storeCase sets up one kind of store; the setup's result builds a client of
@@ -41,18 +42,18 @@ func storeCases() []storeCase {
 	}
 }
 
-func syncSteps(t testing.TB, s SlotStore, steps []Step) []Reply {
+func leaseAll(t testing.TB, s SlotStore, calls []Lease) []LeaseReply {
 	t.Helper()
-	replies := make([]Reply, len(steps))
+	replies := make([]LeaseReply, len(calls))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := s.Sync(ctx, steps, replies); err != nil {
-		t.Fatalf("sync: %v", err)
+	if err := s.Lease(ctx, calls, replies); err != nil {
+		t.Fatalf("lease: %v", err)
 	}
 	return replies
 }
 
-func slotMap(r Reply) map[int64]int64 {
+func slotMap(r LeaseReply) map[int64]int64 {
 	m := make(map[int64]int64, len(r.Slots))
 	for _, s := range r.Slots {
 		m[s.Slot] = s.Count
@@ -60,137 +61,91 @@ func slotMap(r Reply) map[int64]int64 {
 	return m
 }
 
+// t0 is a time (Unix ms) the store cases start from.
+const t0 = int64(1_800_000_000_000)
+
 // TestSlotStoreConformance runs the same cases against every SlotStore, each
 // with many keys per call so that a Cluster spreads them over its nodes.
 func TestSlotStoreConformance(t *testing.T) {
-	const keys = 60
+	const keys = 30
 	cases := []struct {
 		name string
-		run  func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string)
+		run  func(t *testing.T, s SlotStore, prefix string)
 	}{
-		{"adds land in their slots, per key", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
-			s := newStore(t)
-			var steps []Step
-			for k := 0; k < keys; k++ {
-				steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 80, TTL: time.Minute, Demand: int64(k + 1),
-					Adds: [2]SlotCount{{Slot: 100, Count: int64(k + 1)}, {Slot: 99, Count: 2}}})
+		{"pushes land in their slots; old slots leave the window", func(t *testing.T, s SlotStore, prefix string) {
+			var calls []Lease
+			for k := range keys {
+				calls = append(calls, Lease{Key: prefix + strconv.Itoa(k), Now: t0, Oldest: 80, TTL: time.Minute, Member: 1, Slot: -1, Events: 1000,
+					Push: []SlotCount{{Slot: 100, Count: int64(k + 1)}, {Slot: 99, Count: 2}, {Slot: 79, Count: 50}}})
 			}
-			syncSteps(t, s, steps)
-			replies := syncSteps(t, s, steps) // the same adds again: the counts double
+			leaseAll(t, s, calls)
+			replies := leaseAll(t, s, calls) // the same pushes again: the counts double
 			for k, r := range replies {
-				got := slotMap(r)
-				if len(got) != 2 || got[100] != int64(2*(k+1)) || got[99] != 4 || r.Demand != int64(2*(k+1)) {
-					t.Fatalf("key %d: slots %v demand %d, want 100:%d 99:4 demand %d", k, got, r.Demand, 2*(k+1), 2*(k+1))
+				if m := slotMap(r); len(m) != 2 || m[100] != 2*int64(k+1) || m[99] != 4 || r.Room != 1000-2*int64(k+1)-4 || r.Granted != 0 {
+					t.Fatalf("key %d: %+v", k, r)
 				}
+			}
+			for k := range calls {
+				calls[k].Oldest, calls[k].Push = 100, nil
+			}
+			if m := slotMap(leaseAll(t, s, calls)[0]); len(m) != 1 {
+				t.Fatalf("slot 99 left the window: %v", m)
+			}
+			if d := expiresIn(t, s, prefix+"0"); d <= 50*time.Second || d > time.Minute {
+				t.Fatalf("expires in %s, want the call's TTL", d)
 			}
 		}},
-		{"a floor push counts once, however often it is sent", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
-			s := newStore(t)
-			now := time.Now().UnixMilli()
-			var steps []Step
-			for k := 0; k < keys; k++ {
-				steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 80, TTL: time.Minute, Now: now,
-					Adds:  [2]SlotCount{{Slot: 100, Count: 1}},
-					Floor: []SlotCount{{Slot: 98, Count: 5}, {Slot: 99, Count: int64(k + 1)}}, FloorID: "7." + strconv.Itoa(k)})
+		{"a grant is bounded by the room, held back for the floors of the slots not pushed", func(t *testing.T, s SlotStore, prefix string) {
+			// Slots 0, 1 and 3 may hold floors of 10; slot 1 pushed its own.
+			base := Lease{Now: t0, Oldest: 0, TTL: time.Minute, Floor: 10, Events: 100, Holding: 0b1011, Until: t0 + 5000}
+			var calls []Lease
+			for k := range keys {
+				c := base
+				c.Key, c.Member, c.Slot, c.Mark, c.MarkUntil, c.Want = prefix+strconv.Itoa(k), 2, 1, 1, t0+2000, 1000
+				c.Push = []SlotCount{{Slot: 5, Count: 40}}
+				calls = append(calls, c)
 			}
-			syncSteps(t, s, steps)
-			replies := syncSteps(t, s, steps) // sent again: its adds count again, its floor push does not
-			for k, r := range replies {
-				got := slotMap(r)
-				if len(got) != 3 || got[98] != 5 || got[99] != int64(k+1) || got[100] != 2 || r.Syncing != 0 {
-					t.Fatalf("key %d: slots %v, %d syncing; want 98:5 99:%d 100:2, none syncing", k, got, r.Syncing, k+1)
+			for k, r := range leaseAll(t, s, calls) {
+				// 100 - 40 pushed - 2 floors: 40 granted.
+				if r.Granted != 40 || r.Room != 0 {
+					t.Fatalf("key %d: %+v, want 40 granted and no room left", k, r)
 				}
+			}
+			// Another member sees the grant counted; it would keep 3 of its
+			// own and asks for 5: there is no room, and the 3 are taken back.
+			c := base
+			c.Key, c.Member, c.Slot, c.Held, c.Want = prefix+"0", 3, 0, 3, 5
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != -3 || r.Room != 0 {
+				t.Fatalf("the other member: %+v, want its 3 taken back", r)
+			}
+			// The first member comes back having used 10: its grant is
+			// given back, the 10 pushed, and it is granted again.
+			c = calls[0]
+			c.Push, c.Want = []SlotCount{{Slot: 6, Count: 10}}, 100
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 30 {
+				t.Fatalf("the first member again: %+v, want 100-50 pushed-20 floors = 30", r)
+			}
+			// The mark lapses: its floor is held back again; grants lapse
+			// at their Until.
+			c = base
+			c.Key, c.Member, c.Slot, c.Now, c.Want = prefix+"0", 4, -1, t0+2000, 1000
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 0 || r.Room != 100-50-30-30 {
+				t.Fatalf("past the mark: %+v", r)
+			}
+			c.Now = t0 + 5000
+			c.Want = 0
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 100-50-30 {
+				t.Fatalf("past the grants: %+v, want room 20", r)
 			}
 		}},
-		{"slots older than the window are dropped", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
-			s := newStore(t)
-			var steps []Step
-			for k := 0; k < keys; k++ {
-				steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 0, TTL: time.Minute,
-					Adds: [2]SlotCount{{Slot: 10, Count: 3}, {Slot: 20, Count: 5}}})
+		{"an unmark holds the slot's floor back again", func(t *testing.T, s SlotStore, prefix string) {
+			c := Lease{Key: prefix + "u", Now: t0, TTL: time.Minute, Member: 9, Slot: 2, Mark: 1, MarkUntil: t0 + 10_000, Floor: 7, Events: 50, Holding: 0b100}
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 50 {
+				t.Fatalf("marked: %+v", r)
 			}
-			syncSteps(t, s, steps)
-			for k := range steps {
-				// Slot 10 has left; an add to a slot that has left is ignored.
-				steps[k] = Step{Key: steps[k].Key, Oldest: 15, TTL: time.Minute, Adds: [2]SlotCount{{Slot: 12, Count: 7}}}
-			}
-			for k, r := range syncSteps(t, s, steps) {
-				if got := slotMap(r); len(got) != 1 || got[20] != 5 {
-					t.Fatalf("key %d: slots %v, want only 20:5", k, got)
-				}
-			}
-		}},
-		{"a read of an unknown key creates nothing", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
-			s := newStore(t)
-			steps := []Step{{Key: prefix + "nothing", Oldest: 1, TTL: time.Minute}}
-			for i := 0; i < 2; i++ {
-				r := syncSteps(t, s, steps)[0]
-				if len(r.Slots) != 0 || r.Demand != 0 {
-					t.Fatalf("read %d: %+v, want empty", i, r)
-				}
-			}
-		}},
-		{"the expiry is re-armed by every step", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
-			s := newStore(t)
-			key := prefix + "ttl"
-			syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: time.Hour, Adds: [2]SlotCount{{Slot: 1, Count: 1}}}})
-			// Each step, a read too, sets the expiry to its own TTL.
-			for _, ttl := range []time.Duration{10 * time.Minute, 2 * time.Hour, 5 * time.Minute} {
-				if r := syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: ttl}})[0]; slotMap(r)[1] != 1 {
-					t.Fatalf("read: %+v, want the slot kept", r)
-				}
-				if got := expiresIn(t, s, key); got > ttl || got < ttl-time.Minute {
-					t.Fatalf("after a step with TTL %v the key expires in %v", ttl, got)
-				}
-			}
-			// Past its expiry the key is gone: a read finds nothing.
-			syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: 20 * time.Millisecond}})
-			// (Redis answers 0 for a key in the millisecond it expires, still
-			// there: a read in that millisecond would find it.)
-			wait.Until(t, 5*time.Second, "the key's expiry", func() bool { return expiresIn(t, s, key) < 0 })
-			if r := syncSteps(t, s, []Step{{Key: key, Oldest: 0, TTL: time.Minute}})[0]; len(r.Slots) != 0 {
-				t.Fatalf("after the expiry: %+v, want nothing", r)
-			}
-		}},
-		{"instances add up", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
-			a, b := newStore(t), newStore(t)
-			mk := func(n int64) []Step {
-				var steps []Step
-				for k := 0; k < keys; k++ {
-					steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 0, TTL: time.Minute, Demand: n,
-						Adds: [2]SlotCount{{Slot: 5, Count: n}}})
-				}
-				return steps
-			}
-			syncSteps(t, a, mk(2))
-			for k, r := range syncSteps(t, b, mk(3)) {
-				if slotMap(r)[5] != 5 || r.Demand != 5 {
-					t.Fatalf("key %d: %+v, want 5 from both instances", k, r)
-				}
-			}
-		}},
-		{"reservations stay within the limit", func(t *testing.T, newStore func(testing.TB) SlotStore, prefix string) {
-			a, b := newStore(t), newStore(t)
-			mk := func(reserve, add int64) []Step {
-				var steps []Step
-				for k := 0; k < keys; k++ {
-					steps = append(steps, Step{Key: prefix + strconv.Itoa(k), Oldest: 0, TTL: time.Minute,
-						Adds: [2]SlotCount{{Slot: 9, Count: add}}, Reserve: reserve, Limit: 3})
-				}
-				return steps
-			}
-			// One admit, then 1 of 1 and 1 of 5 asked: the third is all
-			// the limit of 3 leaves; then nothing is left.
-			for i, want := range []struct{ reserve, add, got, slot int64 }{{1, 1, 1, 2}, {5, 0, 1, 3}, {1, 0, 0, 3}} {
-				s := a
-				if i%2 == 1 {
-					s = b
-				}
-				for k, r := range syncSteps(t, s, mk(want.reserve, want.add)) {
-					if r.Reserved != want.got || slotMap(r)[9] != want.slot {
-						t.Fatalf("step %d, key %d: reserved %d slots %v, want %d reserved and slot 9 at %d", i, k, r.Reserved, slotMap(r), want.got, want.slot)
-					}
-				}
+			c.Mark = -1
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 43 {
+				t.Fatalf("unmarked: %+v", r)
 			}
 		}},
 	}
@@ -199,8 +154,69 @@ func TestSlotStoreConformance(t *testing.T) {
 			newStore := sc.setup(t)
 			for i, c := range cases {
 				t.Run(c.name, func(t *testing.T) {
-					c.run(t, newStore, "conf"+strconv.Itoa(i)+":{k")
+					c.run(t, newStore(t), "conf"+strconv.Itoa(i)+":{k")
 				})
+			}
+		})
+	}
+}
+
+// TestSlotTableConformance: every store hands out instance slots alike. The
+// first instances take the lowest free slots, usable at once while every
+// answered beat held them (the spare); a slot left out of an answered beat
+// is usable a view later; a slot released flushed is free at once; one
+// whose holder died is held back, and given out last, its floor a keep
+// after the holder's end; hot keys last HotFor.
+func TestSlotTableConformance(t *testing.T) {
+	for _, sc := range storeCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			s := sc.setup(t)(t)
+			const tbl, hot = "st:slots:{fleet}", "st:hot:{fleet}"
+			beat := func(b Beat) SlotTable {
+				t.Helper()
+				b.Keep, b.View, b.MaxInstances, b.HotFor = 10*time.Second, time.Second, 4, 1500*time.Millisecond
+				st, err := s.Beat(context.Background(), tbl, hot, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st
+			}
+			a := beat(Beat{Member: 11, Slot: -1, Now: t0, TTL: 2 * time.Second, Hot: []string{"k1"}})
+			if a.Slot != 0 || a.FloorAt != t0 || a.Holding != 0b11 || a.Live != 1 || !slices.Equal(a.Hot, []string{"k1"}) {
+				t.Fatalf("first: %+v", a)
+			}
+			b := beat(Beat{Member: 12, Slot: -1, Now: t0 + 100, TTL: 2 * time.Second})
+			if b.Slot != 1 || b.FloorAt != t0+100 || b.Holding != 0b111 || b.Live != 2 {
+				t.Fatalf("second (the spare): %+v", b)
+			}
+			c := beat(Beat{Member: 13, Slot: -1, Now: t0 + 200, TTL: 2 * time.Second})
+			if c.Slot != 2 || c.FloorAt != t0+1000 || c.Holding != 0b1111 {
+				t.Fatalf("third (out of the first answer, at t0): %+v", c)
+			}
+			// a is released flushed, b dies (its heartbeat lapses at t0+2100).
+			beat(Beat{Member: 11, Slot: 0, Now: t0 + 300, Flushed: true})
+			st := beat(Beat{Member: 13, Slot: 2, Now: t0 + 3000, TTL: 2 * time.Second})
+			if st.Slot != 2 || st.FloorAt != t0+1000 || st.Holding != 0b0111 || st.Live != 1 || len(st.Hot) != 0 {
+				t.Fatalf("after a release and a death: %+v, want slots 1 (dead), 2 (live) and the spare 0", st)
+			}
+			d := beat(Beat{Member: 14, Slot: -1, Now: t0 + 3100, TTL: 2 * time.Second})
+			if d.Slot != 0 || d.FloorAt != t0+3100 {
+				t.Fatalf("a newcomer: %+v, want the released slot 0 at once", d)
+			}
+			e := beat(Beat{Member: 15, Slot: -1, Now: t0 + 3200, TTL: 2 * time.Second})
+			if e.Slot != 3 || e.FloorAt != t0+4000 {
+				t.Fatalf("another: %+v, want slot 3, a view after the beat that left it out", e)
+			}
+			f := beat(Beat{Member: 16, Slot: -1, Now: t0 + 3300, TTL: 2 * time.Second})
+			if f.Slot != 1 || f.FloorAt != t0+2100+10_000 {
+				t.Fatalf("the last: %+v, want the dead slot 1, a keep after its end", f)
+			}
+			if g := beat(Beat{Member: 17, Slot: -1, Now: t0 + 3400, TTL: 2 * time.Second}); g.Slot != -1 || g.Live != 4 {
+				t.Fatalf("past max instances: %+v, want no slot", g)
+			}
+			// A holder whose slot another took has lost it.
+			if st := beat(Beat{Member: 12, Slot: 1, Now: t0 + 3500, TTL: 2 * time.Second}); st.Slot != -1 {
+				t.Fatalf("the dead holder back: %+v, want its slot lost", st)
 			}
 		})
 	}
@@ -212,12 +228,12 @@ func TestRedisStoreSpreadsOverClusterNodes(t *testing.T) {
 	cc := c.Client(t)
 	s := NewRedisStore(cc)
 	z := newZone("spread", "z", 0, mustLimit(t, 10, time.Minute, 0).slots)
-	var steps []Step
+	var calls []Lease
 	for k := 0; k < 50; k++ {
-		steps = append(steps, Step{Key: z.storeKey(hashOf(strconv.Itoa(k))), Oldest: 0, TTL: time.Minute,
-			Adds: [2]SlotCount{{Slot: 1, Count: 1}}})
+		calls = append(calls, Lease{Key: z.storeKey(hashOf(strconv.Itoa(k))), TTL: time.Minute, Events: 10, Slot: -1,
+			Push: []SlotCount{{Slot: 1, Count: 1}}})
 	}
-	syncSteps(t, s, steps)
+	leaseAll(t, s, calls)
 	total, withKeys := 0, 0
 	for _, n := range c.Nodes {
 		nc := redis.NewClient(&redis.Options{Addr: n.Addr()})
@@ -247,7 +263,7 @@ func expiresIn(t testing.TB, s SlotStore, key string) time.Duration {
 		if !ok {
 			return -2 // as Redis answers for a key that does not exist
 		}
-		return k.expires.Sub(s.now())
+		return time.Duration(k.expires-s.now().UnixMilli()) * time.Millisecond
 	case *RedisStore:
 		d, err := s.client.PTTL(context.Background(), key).Result()
 		if err != nil {
@@ -259,88 +275,43 @@ func expiresIn(t testing.TB, s SlotStore, key string) time.Duration {
 	return 0
 }
 
-// TestHeartbeatConformance: every store keeps the fleet's membership and hot
-// keys alike. A record outlives its instance by the longest Keep asked for,
-// with when it joined and when it last learned the fleet; the founding time
-// stays; a hot key keeps when it became hot while it is announced again, and
-// is gone once its announcements stop; a member's floor promise is kept when
-// it sends none, and shown only once it is gone.
-func TestHeartbeatConformance(t *testing.T) {
-	for _, sc := range storeCases() {
-		t.Run(sc.name, func(t *testing.T) {
-			s := sc.setup(t)(t)
-			ctx := context.Background()
-			const members, hot = "hb:members:{fleet}", "hb:hot:{fleet}"
-			beat := func(hb Heartbeat) Fleet {
-				t.Helper()
-				f, err := s.Heartbeat(ctx, members, hot, hb)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return f
+// TestStoreTwinsAgree runs the same random calls on the memory store and on
+// Redis and wants the same answers: the Lua scripts and their Go twins are
+// one semantics.
+func TestStoreTwinsAgree(t *testing.T) {
+	mem, red := NewMemoryStore(), NewRedisStore(redistest.Start(t).Client(t))
+	rng := rand.New(rand.NewPCG(40, 3))
+	ctx := context.Background()
+	now := t0
+	for i := range 3000 {
+		now += rng.Int64N(400)
+		if rng.IntN(10) == 0 {
+			b := Beat{Member: 1 + rng.Int64N(6), Slot: rng.IntN(6) - 2, Now: now, TTL: time.Duration(rng.IntN(3)) * time.Second,
+				Flushed: rng.IntN(2) == 0, Keep: time.Duration(rng.IntN(5000)) * time.Millisecond, View: time.Duration(rng.IntN(2000)) * time.Millisecond,
+				MaxInstances: 5, HotFor: time.Duration(rng.IntN(3000)) * time.Millisecond}
+			for range rng.IntN(3) {
+				b.Hot = append(b.Hot, "h"+strconv.Itoa(rng.IntN(5)))
 			}
-			const t0 = int64(1_800_000_000_000) // Unix ms
-			keep := 10 * time.Second
-			promise := []byte{3, 0, 255, 0, 0, 7}
-			f := beat(Heartbeat{Member: 1 << 52, Now: t0, TTL: 2 * time.Second, Joined: t0, Seen: t0, Keep: keep,
-				Hot: []HotKey{{Key: "p:rl:{z:a}:500x20", Until: t0 + 2000, Room: 7}}, Promise: promise})
-			if r := f.Members; !f.Fresh || f.Founded != t0 || len(r) != 1 || r[0].Member != 1<<52 || r[0].Joined != t0 || r[0].Until != t0+2000 || r[0].Seen != t0 || r[0].Promise != nil {
-				t.Fatalf("first heartbeat: %+v", f)
+			m, err1 := mem.Beat(ctx, "tw:slots:{fleet}", "tw:hot:{fleet}", b)
+			r, err2 := red.Beat(ctx, "tw:slots:{fleet}", "tw:hot:{fleet}", b)
+			slices.Sort(m.Hot)
+			slices.Sort(r.Hot)
+			if err1 != nil || err2 != nil || m.Slot != r.Slot || m.FloorAt != r.FloorAt || m.Holding != r.Holding || m.Live != r.Live || !slices.Equal(m.Hot, r.Hot) {
+				t.Fatalf("call %d, %+v:\nmemory %+v %v\nredis  %+v %v", i, b, m, err1, r, err2)
 			}
-			if len(f.Hot) != 1 || f.Hot[0] != (HotKey{Key: "p:rl:{z:a}:500x20", Until: t0 + 2000, Room: 7, At: t0}) {
-				t.Fatalf("hot keys: %+v", f.Hot)
-			}
-			// A second instance; the first leaves (TTL 0) having last seen
-			// the fleet at t0.
-			f = beat(Heartbeat{Member: 2, Now: t0 + 500, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 500, Keep: time.Second,
-				Hot: []HotKey{{Key: "p:rl:{z:a}:500x20", Until: t0 + 2500, Room: -3}}})
-			if f.Fresh || f.Founded != t0 || len(f.Members) != 2 {
-				t.Fatalf("second instance: %+v", f)
-			}
-			if len(f.Hot) != 1 || f.Hot[0].At != t0 || f.Hot[0].Room != -3 || f.Hot[0].Until != t0+2500 {
-				t.Fatalf("announced again: %+v, want it hot since t0", f.Hot)
-			}
-			beat(Heartbeat{Member: 1 << 52, Now: t0 + 600, Joined: t0, Seen: t0, Keep: keep})
-			// Past the hot key's last announcement, and within the longest
-			// keep of the first instance's end.
-			f = beat(Heartbeat{Member: 2, Now: t0 + 9000, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 9000, Keep: time.Second})
-			if len(f.Hot) != 0 {
-				t.Fatalf("hot keys after their last announcement lapsed: %+v", f.Hot)
-			}
-			var gone *MemberRecord
-			for i := range f.Members {
-				if f.Members[i].Member == 1<<52 {
-					gone = &f.Members[i]
-				}
-			}
-			if len(f.Members) != 2 || gone == nil || gone.Until != t0+600 || gone.Seen != t0 || !bytes.Equal(gone.Promise, promise) {
-				t.Fatalf("the record of an instance that left: %+v", f.Members)
-			}
-			// A gone member's promise the heartbeat holds is not sent again,
-			// unless its record changed since.
-			goneOf := func(f Fleet) MemberRecord {
-				for _, r := range f.Members {
-					if r.Member == 1<<52 {
-						return r
-					}
-				}
-				t.Fatalf("no record of the instance that left: %+v", f.Members)
-				return MemberRecord{}
-			}
-			f = beat(Heartbeat{Member: 2, Now: t0 + 9500, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 9500, Keep: time.Second,
-				Known: []KnownPromise{{Member: 1 << 52, Until: t0 + 600}, {Member: 77, Until: t0}}})
-			if r := goneOf(f); !r.PromiseKnown || r.Promise != nil || r.Until != t0+600 {
-				t.Fatalf("a promise the heartbeat holds: %+v, want it named known and not sent", r)
-			}
-			f = beat(Heartbeat{Member: 2, Now: t0 + 9600, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 9600, Keep: time.Second,
-				Known: []KnownPromise{{Member: 1 << 52, Until: t0 + 500}}})
-			if r := goneOf(f); r.PromiseKnown || !bytes.Equal(r.Promise, promise) {
-				t.Fatalf("a promise the heartbeat holds of another record: %+v, want it sent", r)
-			}
-			f = beat(Heartbeat{Member: 2, Now: t0 + 10_700, TTL: 2 * time.Second, Joined: t0 + 500, Seen: t0 + 10_700, Keep: time.Second})
-			if len(f.Members) != 1 || f.Members[0].Member != 2 {
-				t.Fatalf("past the longest keep: %+v, want only the live instance", f.Members)
-			}
-		})
+			continue
+		}
+		c := Lease{Key: "tw:{k" + strconv.Itoa(rng.IntN(3)) + "}", Now: now, Oldest: now/500 - 20, TTL: time.Hour,
+			Member: 1 + rng.Int64N(4), Slot: rng.IntN(5) - 1, Mark: int8(rng.IntN(3) - 1), MarkUntil: now + rng.Int64N(3000),
+			Floor: rng.Int64N(8), Events: 20 + rng.Int64N(200), Holding: rng.Uint64N(32), Held: rng.Int64N(5), Want: rng.Int64N(30),
+			Until: now + rng.Int64N(12_000)}
+		for range rng.IntN(3) {
+			c.Push = append(c.Push, SlotCount{Slot: now/500 - rng.Int64N(25), Count: 1 + rng.Int64N(9)})
+		}
+		m := leaseAll(t, mem, []Lease{c})[0]
+		r := leaseAll(t, red, []Lease{c})[0]
+		if m.Granted != r.Granted || m.Room != r.Room || !maps.Equal(slotMap(m), slotMap(r)) {
+			t.Fatalf("call %d, %+v:\nmemory %+v\nredis  %+v", i, c, m, r)
+		}
 	}
 }
