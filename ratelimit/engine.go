@@ -431,7 +431,8 @@ func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *V
 		c.Zone.toFloor(s, c.Key, en)
 		return e.judgeFloor(c, s, en, used, now, v)
 	}
-	if en.block*2 <= int64(en.rate*leaseIntervals)+1 {
+	if en.block*2 <= targetOf(en.rate) || en.blockUntil-now < 2*e.interval.Load() {
+		// Half spent, or about to end: the next block is asked for now.
 		e.enqueue(c.Zone, c.Key, en)
 	}
 	if en.block == 0 {

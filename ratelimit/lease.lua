@@ -7,14 +7,15 @@
 -- ARGV[1]  now (Unix ms)          ARGV[2]  the oldest time slot that counts
 -- ARGV[3]  the key's expiry (ms)  ARGV[4]  the member (instance id)
 -- ARGV[5]  its instance slot (-1: none)
--- ARGV[6]  1: mark the slot pushed until ARGV[7]; -1: unmark; 0: leave it
+-- ARGV[6]  1: mark the slot pushed until ARGV[7] (a mark is never shortened:
+--          grants rely on it)
 -- ARGV[8]  the floor F           ARGV[9]  events
 -- ARGV[10] holding: "1" at position j+1 for each instance slot j that may
 --          hold floor admits of any key
 -- ARGV[11] admits of its grant the member still holds
 -- ARGV[12] admits it asks for     ARGV[13] the grant counts until (Unix ms)
 -- ARGV[14…] pairs of time slot and admits to push
--- Returns { granted, room, slot, count, … }: room is what is left after the
+-- Returns { granted, room, marks until, slot, count, … }: room is what is left after the
 -- grant (events − pushed − grants − F per holding slot not pushed); a
 -- negative grant takes back part of what it held.
 local key = KEYS[1]
@@ -27,12 +28,13 @@ for i = 14, #ARGV, 2 do
 	end
 end
 if ARGV[6] == '1' then
-	redis.call('HSET', key, 'p' .. ARGV[5], ARGV[7])
-elseif ARGV[6] == '-1' then
-	redis.call('HDEL', key, 'p' .. ARGV[5])
+	local cur = tonumber(redis.call('HGET', key, 'p' .. ARGV[5]))
+	if not cur or cur < tonumber(ARGV[7]) then
+		redis.call('HSET', key, 'p' .. ARGV[5], ARGV[7])
+	end
 end
 local held = tonumber(ARGV[11])
-local used, old, out, pushed = held, {}, { 0, 0 }, {}
+local used, old, out, pushed = held, {}, { 0, 0, 0 }, {}
 local fields = redis.call('HGETALL', key)
 for i = 1, #fields, 2 do
 	local f, v = fields[i], fields[i + 1]
@@ -48,7 +50,7 @@ for i = 1, #fields, 2 do
 		if tonumber(v) <= now then
 			old[#old + 1] = f
 		else
-			pushed[tonumber(string.sub(f, 2))] = true
+			pushed[tonumber(string.sub(f, 2))] = tonumber(v)
 		end
 	elseif tonumber(f) < oldest then
 		old[#old + 1] = f
@@ -58,10 +60,17 @@ for i = 1, #fields, 2 do
 		out[#out + 1] = tonumber(v)
 	end
 end
-local holding = ARGV[10]
+-- A grant relies on the marks of the other holding slots: it ends with the
+-- first of them (marksUntil, 0: none).
+local holding, floor, marksUntil = ARGV[10], tonumber(ARGV[8]), 0
 for j = 1, #holding do
-	if string.byte(holding, j) == 49 and not pushed[j - 1] then
-		used = used + tonumber(ARGV[8])
+	if string.byte(holding, j) == 49 then
+		local m = pushed[j - 1]
+		if not m then
+			used = used + floor
+		elseif floor > 0 and j - 1 ~= tonumber(ARGV[5]) and (marksUntil == 0 or m < marksUntil) then
+			marksUntil = m
+		end
 	end
 end
 local room = tonumber(ARGV[9]) - used
@@ -74,5 +83,5 @@ if #old > 0 then
 	redis.call('HDEL', key, unpack(old))
 end
 redis.call('PEXPIRE', key, ARGV[3])
-out[1], out[2] = grant, room - grant
+out[1], out[2], out[3] = grant, room - grant, marksUntil
 return out

@@ -25,9 +25,8 @@ type call struct {
 	zone   *Zone
 	hash   keyhash.Hash
 	demand uint32 // requests since the previous call
-	// toFloor: the call unmarks the slot and the key goes back to its
-	// floor when it lands; marked: it marks the slot pushed.
-	toFloor, marked bool
+	// marked: the call marks the slot pushed.
+	marked bool
 }
 
 // Start runs the reconciler in the background until Close. Calling it again
@@ -69,7 +68,7 @@ func (e *Engine) Close(timeout time.Duration) {
 	cancel()
 	ctx, cancel = context.WithTimeout(context.Background(), leaveTime)
 	defer cancel()
-	e.release(ctx, flushed)
+	e.release(ctx, time.Now().UnixNano(), flushed)
 }
 
 // flushKeys bounds the keys a stop pushes: at about 20µs a call, more would
@@ -108,13 +107,13 @@ func (e *Engine) flush(ctx context.Context, now int64) bool {
 	return e.sync(ctx, now, calls, leases) == nil && all
 }
 
-// release gives the instance slot back: at once for the next holder when
-// flushed, else a window on.
-func (e *Engine) release(ctx context.Context, flushed bool) {
+// release gives the instance slot back at now: at once for the next holder
+// when flushed, else a window on.
+func (e *Engine) release(ctx context.Context, now int64, flushed bool) {
 	if e.solo || e.slot.Load() < 0 {
 		return
 	}
-	_, _ = e.store.Beat(ctx, e.slotsKey, e.hotKey, e.beat(time.Now().UnixNano(), 0, flushed))
+	_, _ = e.store.Beat(ctx, e.slotsKey, e.hotKey, e.beat(now, 0, flushed))
 }
 
 func (e *Engine) run() {
@@ -194,11 +193,20 @@ func (e *Engine) beat(now int64, ttl time.Duration, flushed bool) Beat {
 		View:         time.Duration(e.viewFor()),
 		MaxInstances: e.maxInstances,
 		HotFor:       time.Duration(3 * e.beatEvery()),
+		Marks:        time.Duration(e.markTTL()),
 	}
 }
 
-// markTTL is how long a slot's mark of a key lasts unless renewed (ns).
-func (e *Engine) markTTL() int64 { return 2 * e.leaseLife() }
+// markTTL is how long a slot's mark of a key lasts unless renewed (ns):
+// the others' grants end with it, so it outlasts a few of their calls (a
+// quarter of the longest window, two leases' lives at least).
+func (e *Engine) markTTL() int64 {
+	var w int64
+	for _, z := range *e.zones.Load() {
+		w = max(w, z.slots.N*z.slots.Len)
+	}
+	return max(2*e.leaseLife(), w/4)
+}
 
 // heartbeat renews (or takes) this instance's slot, names the keys that
 // went to leases here, and learns the slot table and the fleet's hot keys.
@@ -402,9 +410,9 @@ func (e *Engine) claimMarks(now int64, calls []call, leases []Lease) ([]call, []
 // its floor goes to leases: its floor admits are pushed, the slot marked,
 // and what the floor still allowed is held as a grant, so that it may go
 // on admitting while the call is under way. A key on leases renews its
-// mark and asks for its next block, or, when its demand is under half its
-// floor and it is not hot, goes back to its floor. flush (a stop) gives
-// back the grant and unmarks. The caller holds the key's shard lock.
+// mark (unless its demand here fell under half its floor and it is not
+// hot) and asks for its next block. flush (a stop) gives the grant back.
+// The caller holds the key's shard lock.
 func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32, now int64, flush bool) (call, Lease) {
 	en.advance(ring, z.slots.Of(now))
 	used, _ := en.scan(ring)
@@ -423,21 +431,22 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	if !e.blockLive(en, now) {
 		en.block = 0
 	}
-	switch {
-	case flush || en.flags&flagLease != 0 && f > 0 && !s.isHot(h, now) && used*2 < f:
-		c.toFloor = true
+	if flush {
+		// A stop gives the grant back; the slot's marks lapse by
+		// themselves (grants rely on them), and the slot is not handed
+		// out again before they have.
 		en.block = 0
-		if slot >= 0 {
-			l.Mark = -1
-		}
-	default:
+	} else {
 		if en.flags&flagLease == 0 {
 			z.toLease(s, h, en)
 			en.block = max(f-used, 0)
 		}
-		if slot >= 0 {
+		// The mark is renewed while the key is busy here or hot; one
+		// left to lapse lets the key go back to its floor (see
+		// judgeLease).
+		if slot >= 0 && (f == 0 || used*2 >= f || s.isHot(h, now)) {
 			c.marked = true
-			l.Mark, l.MarkUntil = 1, (now+e.markTTL())/1e6
+			l.Mark, l.MarkUntil = true, (now+e.markTTL())/1e6
 		}
 		l.Held = en.block
 		l.Want = max(e.target(en, now)-en.block, 0)
@@ -446,7 +455,8 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 			l.Want = min(l.Want, max(en.room/2, 1))
 		}
 		// The grant (and what is held, counted again) may be used for a
-		// window, as far as the holding set it was made for stands.
+		// window, as far as the holding set it was made for stands, and
+		// no longer than the marks it relied on (see merge).
 		en.blockUntil, en.blockView = now+window, view
 	}
 	en.demand = 0
@@ -457,11 +467,15 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 // target is the block a key on leases asks for: its demand over a lease's
 // life, and one more.
 func (e *Engine) target(en *entry, now int64) int64 {
-	rate := float64(en.rate)
 	if en.flags&flagRated == 0 {
-		rate = float64(en.demand) * float64(e.interval.Load()) / float64(max(now-en.calledAt, e.interval.Load()))
+		return targetOf(float32(float64(en.demand) * float64(e.interval.Load()) / float64(max(now-en.calledAt, e.interval.Load()))))
 	}
-	return int64(math.Ceil(rate*leaseIntervals)) + 1
+	return targetOf(en.rate)
+}
+
+// targetOf is the block for a demand of rate requests an interval.
+func targetOf(rate float32) int64 {
+	return int64(math.Ceil(float64(rate)*leaseIntervals)) + 1
 }
 
 // merge folds a call's reply into the key: its grant, the room, its mark
@@ -486,13 +500,13 @@ func (e *Engine) merge(c *call, r *LeaseReply, now int64) {
 	}
 	en.calledAt = now
 	en.room = r.Room
-	switch {
-	case c.toFloor:
-		z.toFloor(s, c.hash, en)
-	case en.flags&flagLease != 0:
+	if en.flags&flagLease != 0 {
 		en.block = max(en.block+r.Granted, 0)
+		if r.MarksUntil > 0 {
+			en.blockUntil = min(en.blockUntil, r.MarksUntil*1e6)
+		}
 		if c.marked {
-			en.markUntil = now + e.markTTL()
+			en.markUntil = max(en.markUntil, now+e.markTTL())
 		}
 	}
 }

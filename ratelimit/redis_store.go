@@ -82,8 +82,8 @@ func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (Slot
 	if b.Flushed {
 		flushed = "1"
 	}
-	args := make([]any, 0, 9+len(b.Hot))
-	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.View.Milliseconds(), b.MaxInstances, b.HotFor.Milliseconds())
+	args := make([]any, 0, 10+len(b.Hot))
+	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.View.Milliseconds(), b.MaxInstances, b.HotFor.Milliseconds(), b.Marks.Milliseconds())
 	for _, h := range b.Hot {
 		args = append(args, h)
 	}
@@ -169,7 +169,11 @@ func (r *RedisStore) runPipeline(ctx context.Context, calls []Lease, replies []L
 		for j, i := range todo {
 			c := &calls[i]
 			args := make([]any, 0, 13+2*len(c.Push))
-			args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Slot, int(c.Mark), c.MarkUntil,
+			mark := 0
+			if c.Mark {
+				mark = 1
+			}
+			args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Slot, mark, c.MarkUntil,
 				c.Floor, c.Events, holdingArg(c.Holding), c.Held, c.Want, c.Until)
 			for _, a := range c.Push {
 				args = append(args, a.Slot, a.Count)
@@ -194,7 +198,7 @@ func (r *RedisStore) runPipeline(ctx context.Context, calls []Lease, replies []L
 
 func parseLease(key string, res any) LeaseReply {
 	vals, ok := res.([]any)
-	if !ok || len(vals) < 2 || len(vals)%2 != 0 {
+	if !ok || len(vals) < 3 || len(vals)%2 != 1 {
 		return LeaseReply{Err: fmt.Errorf("leasing %s: unexpected reply %v", key, res)}
 	}
 	ints := make([]int64, len(vals))
@@ -205,8 +209,8 @@ func parseLease(key string, res any) LeaseReply {
 		}
 		ints[i] = n
 	}
-	r := LeaseReply{Granted: ints[0], Room: ints[1]}
-	for i := 2; i < len(ints); i += 2 {
+	r := LeaseReply{Granted: ints[0], Room: ints[1], MarksUntil: ints[2]}
+	for i := 3; i < len(ints); i += 2 {
 		r.Slots = append(r.Slots, SlotCount{Slot: ints[i], Count: ints[i+1]})
 	}
 	return r

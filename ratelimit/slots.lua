@@ -9,7 +9,8 @@
 -- ARGV[6] keep (ms): a dead holder's floor admits and marks count this long
 -- ARGV[7] view (ms): how long an instance acts on a beat's holding set
 -- ARGV[8] max instances     ARGV[9] hot for (ms)
--- ARGV[10…] keys this instance names hot
+-- ARGV[10] marks (ms): how long the marks of keys a holder left may last
+-- ARGV[11…] keys this instance names hot
 -- Returns { slot, floor at, holding, live, hot key, … }.
 local tbl, hot = KEYS[1], KEYS[2]
 local member, now = ARGV[1], tonumber(ARGV[3])
@@ -42,6 +43,9 @@ else
 			local r = recs[j]
 			if not r or r.untl <= now then
 				local at = math.max(now, (outAt[j] or 0) + view)
+				if r then
+					at = math.max(at, r.untl + tonumber(ARGV[10]))
+				end
 				if r and not r.flushed then
 					at = math.max(at, r.untl + keep)
 				end
@@ -79,7 +83,7 @@ end
 redis.call('PEXPIRE', tbl, keep + view + 60000)
 local out = { slot, floorAt, table.concat(holding), live }
 local hotUntil = now + tonumber(ARGV[9])
-for i = 10, #ARGV do
+for i = 11, #ARGV do
 	redis.call('HSET', hot, ARGV[i], hotUntil)
 end
 local old = {}

@@ -27,8 +27,9 @@ type Lease struct {
 	TTL    time.Duration
 	Member int64
 	Slot   int // the member's instance slot, -1 if none
-	// Mark: 1 marks Slot pushed until MarkUntil (Unix ms), -1 unmarks it.
-	Mark      int8
+	// Mark marks Slot pushed until MarkUntil (Unix ms); a mark is never
+	// shortened, as grants rely on it.
+	Mark      bool
 	MarkUntil int64
 	Floor     int64  // F
 	Events    int64  // the limit
@@ -46,6 +47,9 @@ type LeaseReply struct {
 	// Room is what the fleet may still admit of the key past every grant
 	// and every floor held back: can be negative.
 	Room int64
+	// MarksUntil is when the first mark of another holding slot the room
+	// relied on lapses (Unix ms; 0: none): the grant ends then.
+	MarksUntil int64
 	// Slots are the window's pushed admits, in no particular order.
 	Slots []SlotCount
 	// Err is set when the call failed; it may or may not have applied.
@@ -71,7 +75,10 @@ type Beat struct {
 	View         time.Duration
 	MaxInstances int
 	HotFor       time.Duration
-	Hot          []string
+	// Marks is how long the marks a holder left may last: its slot's
+	// floor is usable that long after it, at the earliest.
+	Marks time.Duration
+	Hot   []string
 }
 
 // SlotTable is what a Beat learns.
@@ -157,15 +164,11 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 			h.incr(strconv.FormatInt(p.Slot, 10), p.Count)
 		}
 	}
-	mark := "p" + strconv.Itoa(c.Slot)
-	switch c.Mark {
-	case 1:
+	if mark := "p" + strconv.Itoa(c.Slot); c.Mark && atoi(h.fields[mark]) < c.MarkUntil {
 		h.fields[mark] = strconv.FormatInt(c.MarkUntil, 10)
-	case -1:
-		delete(h.fields, mark)
 	}
 	used := c.Held
-	pushed := uint64(0)
+	var pushed [64]int64 // mark until, by slot
 	var r LeaseReply
 	for f, v := range h.fields {
 		switch f[0] {
@@ -180,7 +183,7 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 			if atoi(v) <= c.Now {
 				delete(h.fields, f)
 			} else if j := atoi(f[1:]); j >= 0 && j < 64 {
-				pushed |= 1 << j
+				pushed[j] = atoi(v)
 			}
 		default:
 			if s := atoi(f); s < c.Oldest {
@@ -192,8 +195,12 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 		}
 	}
 	for j := range 64 {
-		if c.Holding&^pushed&(1<<j) != 0 {
+		switch m := pushed[j]; {
+		case c.Holding&(1<<j) == 0:
+		case m == 0:
 			used += c.Floor
+		case c.Floor > 0 && j != c.Slot && (r.MarksUntil == 0 || m < r.MarksUntil):
+			r.MarksUntil = m
 		}
 	}
 	room := c.Events - used
@@ -257,6 +264,9 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 				continue
 			}
 			at := max(b.Now, atoi(tbl.fields["o"+strconv.Itoa(j)])+view)
+			if r.some {
+				at = max(at, r.until+b.Marks.Milliseconds())
+			}
 			if r.some && !r.flushed {
 				at = max(at, r.until+keep)
 			}

@@ -101,7 +101,7 @@ func TestSlotStoreConformance(t *testing.T) {
 			var calls []Lease
 			for k := range keys {
 				c := base
-				c.Key, c.Member, c.Slot, c.Mark, c.MarkUntil, c.Want = prefix+strconv.Itoa(k), 2, 1, 1, t0+2000, 1000
+				c.Key, c.Member, c.Slot, c.Mark, c.MarkUntil, c.Want = prefix+strconv.Itoa(k), 2, 1, true, t0+2000, 1000
 				c.Push = []SlotCount{{Slot: 5, Count: 40}}
 				calls = append(calls, c)
 			}
@@ -138,14 +138,20 @@ func TestSlotStoreConformance(t *testing.T) {
 				t.Fatalf("past the grants: %+v, want room 20", r)
 			}
 		}},
-		{"an unmark holds the slot's floor back again", func(t *testing.T, s SlotStore, prefix string) {
-			c := Lease{Key: prefix + "u", Now: t0, TTL: time.Minute, Member: 9, Slot: 2, Mark: 1, MarkUntil: t0 + 10_000, Floor: 7, Events: 50, Holding: 0b100}
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 50 {
-				t.Fatalf("marked: %+v", r)
+		{"a mark is never shortened; a grant ends with the first mark it relied on", func(t *testing.T, s SlotStore, prefix string) {
+			c := Lease{Key: prefix + "m", Now: t0, TTL: time.Minute, Member: 9, Slot: 2, Mark: true, MarkUntil: t0 + 10_000, Floor: 7, Events: 50, Holding: 0b1100}
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 43 || r.MarksUntil != 0 {
+				t.Fatalf("marked: %+v, want slot 3's floor held back, and no other's mark relied on", r)
 			}
-			c.Mark = -1
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 43 {
-				t.Fatalf("unmarked: %+v", r)
+			c.MarkUntil = t0 + 5000
+			leaseAll(t, s, []Lease{c})
+			o := Lease{Key: prefix + "m", Now: t0, TTL: time.Minute, Member: 8, Slot: 3, Mark: true, MarkUntil: t0 + 20_000, Floor: 7, Events: 50, Holding: 0b1100, Want: 10, Until: t0 + 60_000}
+			if r := leaseAll(t, s, []Lease{o})[0]; r.Granted != 10 || r.Room != 40 || r.MarksUntil != t0+10_000 {
+				t.Fatalf("the other slot: %+v, want 10 granted until slot 2's mark lapses at t0+10s", r)
+			}
+			o.Now, o.Want = t0+10_000, 0
+			if r := leaseAll(t, s, []Lease{o})[0]; r.Room != 43 || r.MarksUntil != 0 {
+				t.Fatalf("past slot 2's mark: %+v, want its floor held back again", r)
 			}
 		}},
 	}
@@ -174,7 +180,7 @@ func TestSlotTableConformance(t *testing.T) {
 			const tbl, hot = "st:slots:{fleet}", "st:hot:{fleet}"
 			beat := func(b Beat) SlotTable {
 				t.Helper()
-				b.Keep, b.View, b.MaxInstances, b.HotFor = 10*time.Second, time.Second, 4, 1500*time.Millisecond
+				b.Keep, b.View, b.MaxInstances, b.HotFor, b.Marks = 10*time.Second, time.Second, 4, 1500*time.Millisecond, 500*time.Millisecond
 				st, err := s.Beat(context.Background(), tbl, hot, b)
 				if err != nil {
 					t.Fatal(err)
@@ -288,7 +294,7 @@ func TestStoreTwinsAgree(t *testing.T) {
 		if rng.IntN(10) == 0 {
 			b := Beat{Member: 1 + rng.Int64N(6), Slot: rng.IntN(6) - 2, Now: now, TTL: time.Duration(rng.IntN(3)) * time.Second,
 				Flushed: rng.IntN(2) == 0, Keep: time.Duration(rng.IntN(5000)) * time.Millisecond, View: time.Duration(rng.IntN(2000)) * time.Millisecond,
-				MaxInstances: 5, HotFor: time.Duration(rng.IntN(3000)) * time.Millisecond}
+				MaxInstances: 5, HotFor: time.Duration(rng.IntN(3000)) * time.Millisecond, Marks: time.Duration(rng.IntN(3000)) * time.Millisecond}
 			for range rng.IntN(3) {
 				b.Hot = append(b.Hot, "h"+strconv.Itoa(rng.IntN(5)))
 			}
@@ -302,7 +308,7 @@ func TestStoreTwinsAgree(t *testing.T) {
 			continue
 		}
 		c := Lease{Key: "tw:{k" + strconv.Itoa(rng.IntN(3)) + "}", Now: now, Oldest: now/500 - 20, TTL: time.Hour,
-			Member: 1 + rng.Int64N(4), Slot: rng.IntN(5) - 1, Mark: int8(rng.IntN(3) - 1), MarkUntil: now + rng.Int64N(3000),
+			Member: 1 + rng.Int64N(4), Slot: rng.IntN(5) - 1, Mark: rng.IntN(2) == 0, MarkUntil: now + rng.Int64N(3000),
 			Floor: rng.Int64N(8), Events: 20 + rng.Int64N(200), Holding: rng.Uint64N(32), Held: rng.Int64N(5), Want: rng.Int64N(30),
 			Until: now + rng.Int64N(12_000)}
 		for range rng.IntN(3) {
@@ -310,7 +316,7 @@ func TestStoreTwinsAgree(t *testing.T) {
 		}
 		m := leaseAll(t, mem, []Lease{c})[0]
 		r := leaseAll(t, red, []Lease{c})[0]
-		if m.Granted != r.Granted || m.Room != r.Room || !maps.Equal(slotMap(m), slotMap(r)) {
+		if m.Granted != r.Granted || m.Room != r.Room || m.MarksUntil != r.MarksUntil || !maps.Equal(slotMap(m), slotMap(r)) {
 			t.Fatalf("call %d, %+v:\nmemory %+v\nredis  %+v", i, c, m, r)
 		}
 	}
