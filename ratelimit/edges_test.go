@@ -147,8 +147,7 @@ func pickSkewed(rng *rand.Rand, live []*edgeInstance) *edgeInstance {
 
 // TestTheFleetHoldsAtItsEdges: through restarts (graceful and kill -9) every
 // 1.5 s, joins, and 90% of a key's traffic on one instance of 8, no key's
-// worst window passes its limit by more than 2%, and no key offered under
-// 95% of its limit is denied, the window after the first restart included:
+// worst window passes its limit:
 // an instance that stops gracefully pushes its floor admits and releases
 // its slot, and a killed one's slot keeps its floor held back for a window.
 func TestTheFleetHoldsAtItsEdges(t *testing.T) {
@@ -182,24 +181,19 @@ func TestTheFleetHoldsAtItsEdges(t *testing.T) {
 	}
 }
 
-// check judges one run of c.
+// check judges one run of c: no window of any key holds more than its
+// limit. The denials of keys offered under 95% of their limit are logged,
+// not asserted: an instance whose floor is not usable yet (a slot taken
+// from a churned one waits a window) or that holds no grant denies a key's
+// request while it asks for one, a cost bench/fleet and bench/churn
+// measure.
 func (c edgeCase) check(t *testing.T, res edgeResult) {
 	t.Helper()
 	limit := float64(c.events) / 10 // per second
 	for k, rate := range c.rates {
 		t.Logf("key %d at %.0f%% of the limit: worst window %d of %d, denied %d of %d (and %d in the window after the first restart)", k, 100*rate/limit, res.worst[k], c.events, res.denied[k], res.asked[k], res.early[k])
-		most := c.events + c.events/50
-		if c.events < int64(c.instances) {
-			most = c.events
-		}
-		if int64(res.worst[k]) > most {
+		if int64(res.worst[k]) > c.events {
 			t.Errorf("key %d: worst window %d, limit %d", k, res.worst[k], c.events)
-		}
-		if rate < 0.95*limit && res.denied[k] > 0 {
-			t.Errorf("key %d at %.0f%% of its limit: %d of %d denied", k, 100*rate/limit, res.denied[k], res.asked[k])
-		}
-		if rate < 0.95*limit && res.early[k] > 0 {
-			t.Errorf("key %d at %.0f%% of its limit: %d denied in the window after the first restart", k, 100*rate/limit, res.early[k])
 		}
 	}
 }
@@ -230,4 +224,3 @@ func TestLimitsSmallerThanTheFleetHoldExactly(t *testing.T) {
 		}
 	}
 }
-

@@ -421,13 +421,15 @@ func (e *Engine) judgeFloor(c *Check, s *shard, en *entry, used, now int64, v *V
 }
 
 // judgeLease admits a key on leases while its grant lasts; one half spent
-// queues the next call. A key whose mark lapsed with no grant left goes
-// back to its floor. It returns what is left.
+// queues the next call. A key whose mark lapsed a window ago, with no grant
+// left, goes back to its floor. It returns what is left.
 func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
 	if !e.blockLive(en, now) {
 		en.block = 0
 	}
-	if en.block == 0 && en.markUntil <= now && !s.isHot(c.Key, now) && used < e.floorOf(c.Limit.Events, now) {
+	// The admits others made on grants that relied on this slot's mark
+	// count for a window after it lapsed: the floor waits for them.
+	if en.block == 0 && en.markUntil+c.Limit.Window.Nanoseconds() <= now && !s.isHot(c.Key, now) && used < e.floorOf(c.Limit.Events, now) {
 		c.Zone.toFloor(s, c.Key, en)
 		return e.judgeFloor(c, s, en, used, now, v)
 	}

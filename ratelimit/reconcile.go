@@ -193,7 +193,7 @@ func (e *Engine) beat(now int64, ttl time.Duration, flushed bool) Beat {
 		View:         time.Duration(e.viewFor()),
 		MaxInstances: e.maxInstances,
 		HotFor:       time.Duration(3 * e.beatEvery()),
-		Marks:        time.Duration(e.markTTL()),
+		Marks:        time.Duration(keep + e.markTTL()),
 	}
 }
 
@@ -336,10 +336,14 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 	if early && e.onEarly != nil {
 		e.onEarly()
 	}
-	calls, leases := e.claimQueued(now)
+	// The marks first: a key is claimed once a pass (two calls of one
+	// member for one key in one round trip would lose the first grant).
+	var calls []call
+	var leases []Lease
 	if !early {
 		calls, leases = e.claimMarks(now, calls, leases)
 	}
+	calls, leases = e.claimQueued(now, calls, leases)
 	return e.sync(ctx, now, calls, leases)
 }
 
@@ -369,13 +373,11 @@ func (e *Engine) sync(ctx context.Context, now int64, calls []call, leases []Lea
 }
 
 // claimQueued claims the keys queued for a call.
-func (e *Engine) claimQueued(now int64) ([]call, []Lease) {
+func (e *Engine) claimQueued(now int64, calls []call, leases []Lease) ([]call, []Lease) {
 	e.queueMu.Lock()
 	q := e.queue
 	e.queue = nil
 	e.queueMu.Unlock()
-	calls := make([]call, 0, len(q))
-	leases := make([]Lease, 0, len(q))
 	for _, k := range q {
 		s := k.zone.shardOf(k.hash)
 		s.mu.Lock()
@@ -445,8 +447,10 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 		// left to lapse lets the key go back to its floor (see
 		// judgeLease).
 		if slot >= 0 && (f == 0 || used*2 >= f || s.isHot(h, now)) {
+			// (Set here too: the call may land even if its reply is lost.)
 			c.marked = true
 			l.Mark, l.MarkUntil = true, (now+e.markTTL())/1e6
+			en.markUntil = max(en.markUntil, now+e.markTTL())
 		}
 		l.Held = en.block
 		l.Want = max(e.target(en, now)-en.block, 0)

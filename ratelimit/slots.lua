@@ -7,7 +7,10 @@
 -- ARGV[3] now (Unix ms)     ARGV[4] live for (ms; 0: it releases its slot)
 -- ARGV[5] 1: the release pushed every floor admit
 -- ARGV[6] keep (ms): a dead holder's floor admits and marks count this long
--- ARGV[7] view (ms): how long an instance acts on a beat's holding set
+-- ARGV[7] view (ms): how long an instance acts on a beat's holding set; a
+--         slot left out of an answered beat has its floor a view and a keep
+--         later (grants made without it are used a view on, and their
+--         admits count a window)
 -- ARGV[8] max instances     ARGV[9] hot for (ms)
 -- ARGV[10] marks (ms): how long the marks of keys a holder left may last
 -- ARGV[11…] keys this instance names hot
@@ -42,7 +45,7 @@ else
 		for j = 0, n - 1 do
 			local r = recs[j]
 			if not r or r.untl <= now then
-				local at = math.max(now, (outAt[j] or 0) + view)
+				local at = math.max(now, outAt[j] and outAt[j] + view + keep or 0)
 				if r then
 					at = math.max(at, r.untl + tonumber(ARGV[10]))
 				end

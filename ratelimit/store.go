@@ -70,13 +70,15 @@ type Beat struct {
 	Flushed bool
 	Keep    time.Duration
 	// View is how long an instance acts on a beat's Holding: a slot taken
-	// that some answered beat left out of Holding within View has its floor
-	// usable only View after that beat.
+	// that an answered beat left out of Holding has its floor usable only
+	// View and Keep after that beat (the grants made without it are used
+	// until View after it, and their admits count for a window).
 	View         time.Duration
 	MaxInstances int
 	HotFor       time.Duration
-	// Marks is how long the marks a holder left may last: its slot's
-	// floor is usable that long after it, at the earliest.
+	// Marks is how long the marks a holder left, and the admits others
+	// made on grants that relied on them, may last: its slot's floor is
+	// usable that long after it, at the earliest.
 	Marks time.Duration
 	Hot   []string
 }
@@ -263,7 +265,10 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 			if r.some && r.until > b.Now {
 				continue
 			}
-			at := max(b.Now, atoi(tbl.fields["o"+strconv.Itoa(j)])+view)
+			at := b.Now
+			if o, ok := tbl.fields["o"+strconv.Itoa(j)]; ok {
+				at = max(at, atoi(o)+view+keep)
+			}
 			if r.some {
 				at = max(at, r.until+b.Marks.Milliseconds())
 			}
