@@ -59,6 +59,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 //		prefix         <prefix>
 //		sync_interval  <duration>
 //		near_limit     on|off
+//		max_instances  <n>
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the option name
@@ -101,8 +102,18 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if a.NearLimit != "on" && a.NearLimit != "off" {
 				return d.Errf("fleetguard: near_limit %q: want on or off", a.NearLimit)
 			}
+		case "max_instances":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 64 {
+				return d.Errf("fleetguard: max_instances %q: want a number from 1 to 64", v)
+			}
+			a.MaxInstances = n
 		default:
-			return d.Errf("fleetguard: unknown option %q (want redis, redis_cluster, redis_sentinel, prefix, sync_interval or near_limit)", d.Val())
+			return d.Errf("fleetguard: unknown option %q (want redis, redis_cluster, redis_sentinel, prefix, sync_interval, near_limit or max_instances)", d.Val())
 		}
 	}
 	return nil

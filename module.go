@@ -63,12 +63,18 @@ type App struct {
 	Prefix string `json:"prefix,omitempty"`
 	// SyncInterval is the period of the fleet reconciler. Default 250ms.
 	SyncInterval caddy.Duration `json:"sync_interval,omitempty"`
-	// NearLimit switches the fleet limit's near-limit mechanisms: early sync
-	// of a key that has spent half its headroom, each instance admitting only
-	// its share of a small headroom, and a small first-contact share for a key
-	// new to an instance. "on" or "off"; default "on". They matter only on a
-	// shared store (Redis).
+	// NearLimit switches the fleet limit's floors: "on" (default) lets each
+	// instance slot admit its floor of a key with no store call; "off"
+	// admits every request of a shared store (Redis) on leases.
 	NearLimit string `json:"near_limit,omitempty"`
+	// MaxInstances is the number of numbered instance slots of the fleet
+	// limit (1 to 64; default 16): each slot may admit FloorFraction (1/2)
+	// × events / max_instances of a key per window with no store call (its
+	// floor), and the rest goes by leases the store counts. Set it to the
+	// fleet's largest size: below it each floor is smaller than it could be
+	// (more store calls); past it the instances without a slot admit on
+	// leases only. Every instance of a fleet must say the same.
+	MaxInstances int `json:"max_instances,omitempty"`
 
 	engines  *engines
 	acquired bool
@@ -92,10 +98,11 @@ type zoneDef struct {
 
 // storeSettings are the store-wide settings a config applies.
 type storeSettings struct {
-	owner     *App
-	interval  time.Duration
-	nearLimit bool
-	maxKeys   map[*ratelimit.Zone]int64
+	owner        *App
+	interval     time.Duration
+	nearLimit    bool
+	maxInstances int
+	maxKeys      map[*ratelimit.Zone]int64
 }
 
 // CaddyModule returns the Caddy module information.
@@ -122,6 +129,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.NearLimit != "" && a.NearLimit != "on" && a.NearLimit != "off" {
 		return fmt.Errorf("fleetguard: near_limit %q: want on or off", a.NearLimit)
+	}
+	if a.MaxInstances < 0 || a.MaxInstances > 64 {
+		return fmt.Errorf("fleetguard: max_instances %d: must be between 1 and 64", a.MaxInstances)
 	}
 	if a.SyncInterval < 0 {
 		return fmt.Errorf("fleetguard: sync_interval %s: must not be negative", time.Duration(a.SyncInterval))
@@ -178,13 +188,14 @@ func (a *App) Start() error {
 	e.settingsMu.Lock()
 	defer e.settingsMu.Unlock()
 	a.undo = storeSettings{owner: e.settingsOwner, interval: e.limiter.SyncInterval(), nearLimit: e.limiter.NearLimit(),
-		maxKeys: make(map[*ratelimit.Zone]int64, len(a.maxKeys))}
+		maxInstances: e.limiter.MaxInstances(), maxKeys: make(map[*ratelimit.Zone]int64, len(a.maxKeys))}
 	for z, n := range a.maxKeys {
 		a.undo.maxKeys[z] = z.MaxKeys()
 		z.SetMaxKeys(n)
 	}
 	e.limiter.SetSyncInterval(a.interval)
 	e.limiter.SetNearLimit(a.NearLimit != "off")
+	e.limiter.SetMaxInstances(a.MaxInstances)
 	e.settingsOwner, a.applied = a, true
 	return nil
 }
@@ -208,6 +219,7 @@ func (a *App) Stop() error {
 	}
 	e.limiter.SetSyncInterval(a.undo.interval)
 	e.limiter.SetNearLimit(a.undo.nearLimit)
+	e.limiter.SetMaxInstances(a.undo.maxInstances)
 	e.settingsOwner = a.undo.owner
 	return nil
 }

@@ -77,7 +77,7 @@ type Engine struct {
 	onEarly      func()
 	onPanic      safego.Report
 	solo         bool
-	maxInstances int
+	maxInstances atomic.Int64
 	floors       atomic.Bool
 
 	interval atomic.Int64 // nanoseconds
@@ -152,12 +152,12 @@ func NewEngine(o Options) (*Engine, error) {
 		slotsKey:     o.Prefix + ":rl:slots:{fleet}",
 		hotKey:       o.Prefix + ":rl:hot:{fleet}",
 		solo:         o.Solo,
-		maxInstances: o.MaxInstances,
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
 		kick:         make(chan struct{}, 1),
 	}
 	e.slot.Store(-1)
+	e.maxInstances.Store(int64(o.MaxInstances))
 	e.SetSyncInterval(o.SyncInterval)
 	e.SetNearLimit(!o.FixedInterval)
 	e.healthy.Store(true)
@@ -173,6 +173,19 @@ func (e *Engine) SetSyncInterval(d time.Duration) {
 	d = max(d, minSyncInterval)
 	e.interval.Store(int64(d))
 }
+
+// SetMaxInstances changes the number of instance slots (1 to 64; 0:
+// DefaultMaxInstances) from the next heartbeat on. Every instance of a fleet
+// must say the same: the floors of a fleet that disagrees do not add up.
+func (e *Engine) SetMaxInstances(n int) {
+	if n <= 0 {
+		n = DefaultMaxInstances
+	}
+	e.maxInstances.Store(int64(min(n, 64)))
+}
+
+// MaxInstances is the number of instance slots.
+func (e *Engine) MaxInstances() int { return int(e.maxInstances.Load()) }
 
 // SetNearLimit turns the floors on or off (see Options.FixedInterval).
 func (e *Engine) SetNearLimit(on bool) { e.floors.Store(on) }
@@ -196,7 +209,7 @@ func (e *Engine) floorOf(events, now int64) int64 {
 	if !e.floors.Load() || e.slot.Load() < 0 || now < e.floorAt.Load() {
 		return 0
 	}
-	return floorSize(events, e.maxInstances)
+	return floorSize(events, int(e.maxInstances.Load()))
 }
 
 // floorSize is F, a slot's floor of a key of events.
@@ -243,7 +256,7 @@ func (e *Engine) holdingAt(now int64) (uint64, int64) {
 	if at := e.viewAt.Load(); now-at < e.viewFor()-e.beatEvery() {
 		return e.holding.Load(), at
 	}
-	return 1<<e.maxInstances - 1, allSlots
+	return 1<<e.maxInstances.Load() - 1, allSlots
 }
 
 // Zone returns the zone called name with the window and precision of l,

@@ -191,7 +191,7 @@ func (e *Engine) beat(now int64, ttl time.Duration, flushed bool) Beat {
 		Member: e.member, Slot: int(e.slot.Load()), Now: now / 1e6, TTL: ttl, Flushed: flushed,
 		Keep:         time.Duration(keep + e.markTTL()),
 		View:         time.Duration(e.viewFor()),
-		MaxInstances: e.maxInstances,
+		MaxInstances: e.MaxInstances(),
 		HotFor:       time.Duration(3 * e.beatEvery()),
 		Marks:        time.Duration(keep + e.markTTL()),
 	}
@@ -425,7 +425,7 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	c := call{zone: z, hash: h, demand: en.demand}
 	l := Lease{
 		Key: z.storeKey(h), Now: now / 1e6, Oldest: z.slots.Oldest(now), TTL: time.Duration(2 * window),
-		Member: e.member, Slot: int(slot), Floor: floorSize(events, e.maxInstances), Events: events,
+		Member: e.member, Slot: int(slot), Floor: floorSize(events, e.MaxInstances()), Events: events,
 		Until: (now + 2*window) / 1e6, Push: en.takeUnpushed(ring),
 	}
 	var view int64
