@@ -141,20 +141,20 @@ func NewEngine(o Options) (*Engine, error) {
 		o.Logger = zap.NewNop()
 	}
 	e := &Engine{
-		store:        o.Store,
-		prefix:       o.Prefix,
-		idleTTL:      o.IdleTTL,
-		log:          o.Logger,
-		onPass:       o.OnPass,
-		onEarly:      o.OnEarlySync,
-		onPanic:      o.OnPanic,
-		member:       1 + rand.Int64N(1<<53-1),
-		slotsKey:     o.Prefix + ":rl:slots:{fleet}",
-		hotKey:       o.Prefix + ":rl:hot:{fleet}",
-		solo:         o.Solo,
-		stop:         make(chan struct{}),
-		done:         make(chan struct{}),
-		kick:         make(chan struct{}, 1),
+		store:    o.Store,
+		prefix:   o.Prefix,
+		idleTTL:  o.IdleTTL,
+		log:      o.Logger,
+		onPass:   o.OnPass,
+		onEarly:  o.OnEarlySync,
+		onPanic:  o.OnPanic,
+		member:   1 + rand.Int64N(1<<53-1),
+		slotsKey: o.Prefix + ":rl:slots:{fleet}",
+		hotKey:   o.Prefix + ":rl:hot:{fleet}",
+		solo:     o.Solo,
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+		kick:     make(chan struct{}, 1),
 	}
 	e.slot.Store(-1)
 	e.maxInstances.Store(int64(o.MaxInstances))
