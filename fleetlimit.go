@@ -261,13 +261,25 @@ func (h *FleetLimit) gateMany(w http.ResponseWriter, r *http.Request) error {
 	return h.decide(w, r, c[:n], v[:n])
 }
 
+// leaseWait bounds how long a request waits for its key's first grant.
+const leaseWait = 100 * time.Millisecond
+
 // decide checks every zone, filling checks and verdicts (one per zone).
 func (h *FleetLimit) decide(w http.ResponseWriter, r *http.Request, checks []ratelimit.Check, verdicts []ratelimit.Verdict) error {
 	for i := range h.zones {
 		z := &h.zones[i]
 		checks[i] = ratelimit.Check{Zone: z.zone, Limit: &z.limit, Key: z.key.hash(r)}
 	}
-	denied := h.engines.limiter.Allow(time.Now().UnixNano(), checks, verdicts)
+	lim := h.engines.limiter
+	denied := lim.Allow(time.Now().UnixNano(), checks, verdicts)
+	for try := 0; try < 2 && denied >= 0 && verdicts[denied].Leasing; try++ {
+		// The key waits for its first grant (a limit with no floor, or an
+		// instance whose floor is not usable yet): the reconciler asks for
+		// it at once; wait for that pass rather than refuse a request the
+		// fleet has room for.
+		lim.AwaitPass(leaseWait / 2)
+		denied = lim.Allow(time.Now().UnixNano(), checks, verdicts)
+	}
 	// A dry-run denial is an admitted response.
 	if refused := denied >= 0 && !h.DryRun; refused && h.headersOnDeny || !refused && h.headersOnAdmit {
 		h.setZoneHeaders(w.Header(), verdicts)

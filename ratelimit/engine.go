@@ -112,6 +112,9 @@ type Engine struct {
 	lastBeat         atomic.Int64 // Unix ns
 	slotsKey, hotKey string
 
+	// passed is closed, and replaced, when a pass ends (see AwaitPass).
+	passed atomic.Pointer[chan struct{}]
+
 	// Keys queued for a call; kick wakes the reconciler for them.
 	queueMu sync.Mutex
 	queue   []queued
@@ -157,6 +160,8 @@ func NewEngine(o Options) (*Engine, error) {
 		kick:     make(chan struct{}, 1),
 	}
 	e.slot.Store(-1)
+	passed := make(chan struct{})
+	e.passed.Store(&passed)
 	e.maxInstances.Store(int64(o.MaxInstances))
 	e.SetSyncInterval(o.SyncInterval)
 	e.SetNearLimit(!o.FixedInterval)
@@ -324,6 +329,10 @@ type Verdict struct {
 	RetryAfter time.Duration
 	// Fleet is true when the window (not the local cap) denied the request.
 	Fleet bool
+	// Leasing is true when the request was denied for want of a grant the
+	// key has asked for and has had none yet: the next pass may bring it
+	// (see Engine.AwaitPass).
+	Leasing bool
 }
 
 // MaxChecks bounds the zones of one request so the request path can keep its
@@ -427,7 +436,7 @@ func (e *Engine) judgeFloor(c *Check, s *shard, en *entry, used, now int64, v *V
 		e.enqueue(c.Zone, c.Key, en)
 	}
 	if used >= f {
-		v.Fleet = true
+		v.Fleet, v.Leasing = true, en.flags&flagRated == 0
 		v.RetryAfter = time.Duration(e.interval.Load())
 	}
 	return f - used - 1
@@ -451,7 +460,7 @@ func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *V
 		e.enqueue(c.Zone, c.Key, en)
 	}
 	if en.block == 0 {
-		v.Fleet = true
+		v.Fleet, v.Leasing = true, en.room > 0 || en.flags&flagRated == 0
 		v.RetryAfter = time.Duration(e.interval.Load())
 	}
 	return en.block - 1 + max(en.room, 0)
@@ -499,6 +508,16 @@ func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, 
 	// The oldest counted request (this one, if it is the only one) leaves the
 	// window when its slot does.
 	v.Reset = time.Duration(max(l.slots.LeavesAt(oldest)-now, 0))
+}
+
+// AwaitPass waits until the reconciler ends a pass, at most timeout.
+func (e *Engine) AwaitPass(timeout time.Duration) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-*e.passed.Load():
+	case <-t.C:
+	}
 }
 
 // enqueue asks the reconciler for a call for the key, once until it runs.

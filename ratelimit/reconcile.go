@@ -326,13 +326,24 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 // on leases whose hot mark is half spent: claim under the shard lock, one
 // call per key in one round trip, merge the replies under the lock again.
 func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
-	if e.solo || !e.healthy.Load() {
+	if e.solo {
+		// The embedded store needs no call; a pass with keys reached it.
+		for _, z := range *e.zones.Load() {
+			if z.Keys() > 0 {
+				e.storeOK()
+				break
+			}
+		}
+		return nil
+	}
+	if !e.healthy.Load() {
 		// With the store down the queue waits: a heartbeat finds it back,
 		// and the admits not pushed are pushed then.
 		return nil
 	}
 	e.passMu.Lock()
 	defer e.passMu.Unlock()
+	defer e.passEnded()
 	if early && e.onEarly != nil {
 		e.onEarly()
 	}
@@ -345,6 +356,12 @@ func (e *Engine) pass(ctx context.Context, now int64, early bool) error {
 	}
 	calls, leases = e.claimQueued(now, calls, leases)
 	return e.sync(ctx, now, calls, leases)
+}
+
+// passEnded wakes the requests waiting for a pass (see AwaitPass).
+func (e *Engine) passEnded() {
+	next := make(chan struct{})
+	close(*e.passed.Swap(&next))
 }
 
 // sync runs the calls of a pass in one round trip and merges their replies.
