@@ -19,27 +19,19 @@
 -- grant (events − pushed − grants − F per holding slot not pushed); a
 -- negative grant takes back part of what it held.
 local key = KEYS[1]
-local now, oldest = tonumber(ARGV[1]), tonumber(ARGV[2])
-local me = 'g' .. ARGV[4]
-redis.call('HDEL', key, me)
-for i = 14, #ARGV, 2 do
-	if tonumber(ARGV[i]) >= oldest then
-		redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
-	end
-end
-if ARGV[6] == '1' then
-	local cur = tonumber(redis.call('HGET', key, 'p' .. ARGV[5]))
-	if not cur or cur < tonumber(ARGV[7]) then
-		redis.call('HSET', key, 'p' .. ARGV[5], ARGV[7])
-	end
-end
+local now, oldest, slot = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
+local me, mine = 'g' .. ARGV[4], 'p' .. ARGV[5]
 local held = tonumber(ARGV[11])
-local used, old, out, pushed = held, {}, { 0, 0, 0 }, {}
+-- One read, then one write of every field that changes (and one delete).
+local counts, pushed, old, set = {}, {}, {}, {}
+local used = held
 local fields = redis.call('HGETALL', key)
 for i = 1, #fields, 2 do
 	local f, v = fields[i], fields[i + 1]
 	local kind = string.sub(f, 1, 1)
-	if kind == 'g' then
+	if f == me then
+		old[#old + 1] = f -- given back; set again below if it holds anything
+	elseif kind == 'g' then
 		local n, u = string.match(v, '^(%d+) (%d+)$')
 		if tonumber(u) <= now then
 			old[#old + 1] = f
@@ -55,10 +47,33 @@ for i = 1, #fields, 2 do
 	elseif tonumber(f) < oldest then
 		old[#old + 1] = f
 	else
-		used = used + tonumber(v)
-		out[#out + 1] = tonumber(f)
-		out[#out + 1] = tonumber(v)
+		counts[tonumber(f)] = tonumber(v)
 	end
+end
+for i = 14, #ARGV, 2 do
+	local s, n = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+	if s >= oldest then
+		counts[s] = (counts[s] or 0) + n
+		set[#set + 1] = s
+		set[#set + 1] = counts[s]
+	end
+end
+if ARGV[6] == '1' and (pushed[slot] or 0) < tonumber(ARGV[7]) then
+	-- A mark is never shortened: grants rely on it.
+	pushed[slot] = tonumber(ARGV[7])
+	set[#set + 1] = mine
+	set[#set + 1] = ARGV[7]
+	for i = #old, 1, -1 do
+		if old[i] == mine then
+			table.remove(old, i)
+		end
+	end
+end
+local out = { 0, 0, 0 }
+for s, n in pairs(counts) do
+	used = used + n
+	out[#out + 1] = s
+	out[#out + 1] = n
 end
 -- A grant relies on the marks of the other holding slots: it ends with the
 -- first of them (marksUntil, 0: none).
@@ -68,7 +83,7 @@ for j = 1, #holding do
 		local m = pushed[j - 1]
 		if not m then
 			used = used + floor
-		elseif floor > 0 and j - 1 ~= tonumber(ARGV[5]) and (marksUntil == 0 or m < marksUntil) then
+		elseif floor > 0 and j - 1 ~= slot and (marksUntil == 0 or m < marksUntil) then
 			marksUntil = m
 		end
 	end
@@ -77,11 +92,22 @@ local room = tonumber(ARGV[9]) - used
 -- Past the room, what it holds is cut back (a negative grant).
 local grant = math.max(math.min(tonumber(ARGV[12]), room), -held)
 if grant + held > 0 then
-	redis.call('HSET', key, me, (grant + held) .. ' ' .. ARGV[13])
+	set[#set + 1] = me
+	set[#set + 1] = (grant + held) .. ' ' .. ARGV[13]
+	for i = #old, 1, -1 do
+		if old[i] == me then
+			table.remove(old, i)
+		end
+	end
+end
+if #set > 0 then
+	redis.call('HSET', key, unpack(set))
 end
 if #old > 0 then
 	redis.call('HDEL', key, unpack(old))
 end
-redis.call('PEXPIRE', key, ARGV[3])
+if #set > 0 or #fields > 0 then
+	redis.call('PEXPIRE', key, ARGV[3])
+end
 out[1], out[2], out[3] = grant, room - grant, marksUntil
 return out
