@@ -107,6 +107,8 @@ type Engine struct {
 	slot             atomic.Int64
 	floorAt, viewAt  atomic.Int64
 	holding          atomic.Uint64
+	viewLeasing      atomic.Bool  // the last heartbeat said this instance leases
+	leased           atomic.Bool  // a lease call since the last heartbeat
 	grownAt          atomic.Int64 // Unix ns: the last heartbeat whose holding set gained a slot
 	live             atomic.Int64
 	lastBeat         atomic.Int64 // Unix ns
@@ -256,9 +258,10 @@ func (e *Engine) staleAfter() int64 {
 
 // holdingAt is the slots a lease call holds floors back for at now, and
 // the heartbeat they are of (allSlots: every slot, the last heartbeat being
-// too old to act on).
+// too old to act on, or one that did not say this instance leases, and so
+// recorded nothing of the slots out of it).
 func (e *Engine) holdingAt(now int64) (uint64, int64) {
-	if at := e.viewAt.Load(); now-at < e.viewFor()-e.beatEvery() {
+	if at := e.viewAt.Load(); e.viewLeasing.Load() && now-at < e.viewFor()-e.beatEvery() {
 		return e.holding.Load(), at
 	}
 	return 1<<e.maxInstances.Load() - 1, allSlots
@@ -432,6 +435,9 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 // it is queued to go to leases. It returns what is left.
 func (e *Engine) judgeFloor(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
 	f := e.floorOf(c.Limit.Events, now)
+	if len(s.noFloor) > 0 && s.noFloor[c.Key] > now {
+		f = 0 // handed over by the slot's last holder
+	}
 	if (used+1)*4 >= 3*f || s.isHot(c.Key, now) {
 		e.enqueue(c.Zone, c.Key, en)
 	}

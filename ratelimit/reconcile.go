@@ -108,12 +108,28 @@ func (e *Engine) flush(ctx context.Context, now int64) bool {
 }
 
 // release gives the instance slot back at now: at once for the next holder
-// when flushed, else a window on.
+// when flushed, but for the keys on leases whose marks may still count,
+// which it hands over; else a window on.
 func (e *Engine) release(ctx context.Context, now int64, flushed bool) {
 	if e.solo || e.slot.Load() < 0 {
 		return
 	}
-	_, _ = e.store.Beat(ctx, e.slotsKey, e.hotKey, e.beat(now, 0, flushed))
+	b := e.beat(now, 0, flushed)
+	for _, z := range *e.zones.Load() {
+		window := z.slots.N * z.slots.Len
+		z.eachShard(func(s *shard) {
+			for h, idx := range s.active {
+				if en, _ := z.arena.at(idx); en.markUntil > now {
+					b.Handed = append(b.Handed, z.storeKey(h))
+					b.HandedUntil = max(b.HandedUntil, (en.markUntil+window)/1e6)
+				}
+			}
+		})
+	}
+	if len(b.Handed) > flushKeys {
+		b.Flushed, b.Handed = false, nil
+	}
+	_, _ = e.store.Beat(ctx, e.slotsKey, e.hotKey, b)
 }
 
 func (e *Engine) run() {
@@ -193,7 +209,6 @@ func (e *Engine) beat(now int64, ttl time.Duration, flushed bool) Beat {
 		View:         time.Duration(e.viewFor()),
 		MaxInstances: e.MaxInstances(),
 		HotFor:       time.Duration(3 * e.beatEvery()),
-		Marks:        time.Duration(keep + e.markTTL()),
 	}
 }
 
@@ -220,7 +235,9 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 	defer e.beatMu.Unlock()
 	e.lastBeat.Store(now)
 	b := e.beat(now, time.Duration(e.staleAfter()), false)
-	b.Hot = e.announce(now)
+	var active bool
+	b.Hot, active = e.announce(now)
+	b.Leasing = e.leased.Swap(false) || active
 	t, err := e.store.Beat(ctx, e.slotsKey, e.hotKey, b)
 	if err != nil {
 		e.storeFailed(err)
@@ -233,18 +250,21 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 		e.grownAt.Store(now)
 	}
 	e.holding.Store(t.Holding)
+	e.viewLeasing.Store(b.Leasing)
 	e.viewAt.Store(now)
+	e.inherit(t.Handed, t.HandedUntil*1e6)
 	e.live.Store(int64(t.Live))
 	e.learnHot(t.Hot, now+int64(b.HotFor))
 }
 
 // announce names the keys on leases that were asked for since the last
-// heartbeat: the others push their floor admits of them.
-func (e *Engine) announce(now int64) []string {
-	var hot []string
+// heartbeat: the others push their floor admits of them. active says some
+// key is on leases here.
+func (e *Engine) announce(now int64) (hot []string, active bool) {
 	since := now - e.beatEvery()
 	for _, z := range *e.zones.Load() {
 		z.eachShard(func(s *shard) {
+			active = active || len(s.active) > 0
 			for h, idx := range s.active {
 				if en, _ := z.arena.at(idx); en.lastSeen >= since {
 					hot = append(hot, z.storeKey(h))
@@ -252,7 +272,26 @@ func (e *Engine) announce(now int64) []string {
 			}
 		})
 	}
-	return hot
+	return hot, active
+}
+
+// inherit keeps the keys a slot's last holder handed over off this
+// instance's floor until then (Unix ns).
+func (e *Engine) inherit(keys []string, until int64) {
+	for _, k := range keys {
+		for _, z := range *e.zones.Load() {
+			if h, ok := z.keyOf(k); ok {
+				s := z.shardOf(h)
+				s.mu.Lock()
+				if s.noFloor == nil {
+					s.noFloor = make(map[keyhash.Hash]int64)
+				}
+				s.noFloor[h] = until
+				s.mu.Unlock()
+				break
+			}
+		}
+	}
 }
 
 // learnHot takes the fleet's hot keys, hot until then (Unix ns). A key this
@@ -440,6 +479,7 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	slot := e.slot.Load()
 	window := z.slots.N * z.slots.Len
 	c := call{zone: z, hash: h, demand: en.demand}
+	e.leased.Store(true)
 	l := Lease{
 		Key: z.storeKey(h), Now: now / 1e6, Oldest: z.slots.Oldest(now), TTL: time.Duration(2 * window),
 		Member: e.member, Slot: int(slot), Floor: floorSize(events, e.MaxInstances()), Events: events,

@@ -82,8 +82,16 @@ func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (Slot
 	if b.Flushed {
 		flushed = "1"
 	}
-	args := make([]any, 0, 10+len(b.Hot))
-	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.View.Milliseconds(), b.MaxInstances, b.HotFor.Milliseconds(), b.Marks.Milliseconds())
+	leasing := 0
+	if b.Leasing {
+		leasing = 1
+	}
+	args := make([]any, 0, 12+len(b.Handed)+len(b.Hot))
+	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.View.Milliseconds(), b.MaxInstances, b.HotFor.Milliseconds(),
+		leasing, b.HandedUntil, len(b.Handed))
+	for _, h := range b.Handed {
+		args = append(args, h)
+	}
 	for _, h := range b.Hot {
 		args = append(args, h)
 	}
@@ -91,23 +99,33 @@ func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (Slot
 	if err != nil {
 		return SlotTable{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
-	if len(res) < 4 {
+	if len(res) < 6 {
 		return SlotTable{}, fmt.Errorf("fleet heartbeat: unexpected reply %v", res)
 	}
 	slot, err1 := toInt(res[0])
 	at, err2 := toInt(res[1])
 	holding, ok := res[2].(string)
 	live, err3 := toInt(res[3])
-	if err := errors.Join(err1, err2, err3); err != nil || !ok {
+	handedUntil, err4 := toInt(res[4])
+	handed, err5 := toInt(res[5])
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil || !ok || handed < 0 || int(handed) > len(res)-6 {
 		return SlotTable{}, fmt.Errorf("fleet heartbeat: unexpected reply %v", res)
 	}
 	t := SlotTable{Slot: int(slot), FloorAt: at, Live: int(live)}
+	if handed > 0 {
+		t.HandedUntil = handedUntil
+	}
+	for _, k := range res[6 : 6+handed] {
+		if s, ok := k.(string); ok {
+			t.Handed = append(t.Handed, s)
+		}
+	}
 	for j := range min(len(holding), 64) {
 		if holding[j] == '1' {
 			t.Holding |= 1 << j
 		}
 	}
-	for _, h := range res[4:] {
+	for _, h := range res[6+handed:] {
 		if s, ok := h.(string); ok {
 			t.Hot = append(t.Hot, s)
 		}

@@ -12,9 +12,17 @@
 --         later (grants made without it are used a view on, and their
 --         admits count a window)
 -- ARGV[8] max instances     ARGV[9] hot for (ms)
--- ARGV[10] marks (ms): how long the marks of keys a holder left may last
--- ARGV[11…] keys this instance names hot
--- Returns { slot, floor at, holding, live, hot key, … }.
+-- ARGV[10] 1: this instance makes lease calls with the holding set it is
+--          answered (the slots out of it are recorded), 0: it makes none
+-- ARGV[11] on a release, until when (Unix ms) the keys it hands over may
+--          not go on the slot's floor
+-- ARGV[12] how many keys follow that it hands over (marked on leases)
+-- ARGV[13…] those keys, then the keys this instance names hot
+-- A slot released flushed keeps the keys handed over in "m<j>" = "<until>
+-- <key> <key> …"; the next holder is answered them and its floor is usable
+-- at once for every other key.
+-- Returns { slot, floor at, holding, live, until, n, n keys handed over,
+-- hot key, … }.
 local tbl, hot = KEYS[1], KEYS[2]
 local member, now = ARGV[1], tonumber(ARGV[3])
 local ttl, keep, view, n = tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -22,10 +30,11 @@ local recs, outAt = {}, {}
 local fields = redis.call('HGETALL', tbl)
 for i = 1, #fields, 2 do
 	local j = tonumber(string.sub(fields[i], 2))
-	if string.sub(fields[i], 1, 1) == 's' then
+	local kind = string.sub(fields[i], 1, 1)
+	if kind == 's' then
 		local m, u, fl, at = string.match(fields[i + 1], '^(%d+) (%d+) (%d) (%d+)$')
 		recs[j] = { m = m, untl = tonumber(u), flushed = fl == '1', at = tonumber(at) }
-	else
+	elseif kind == 'o' then
 		outAt[j] = tonumber(fields[i + 1])
 	end
 end
@@ -33,11 +42,21 @@ local slot = tonumber(ARGV[2])
 if slot >= 0 and (not recs[slot] or recs[slot].m ~= member) then
 	slot = -1 -- lost: its record lapsed and another took it
 end
-local floorAt = 0
+local floorAt, handed = 0, {}
+local nHanded = tonumber(ARGV[12])
 if ttl == 0 then
 	if slot >= 0 then
 		recs[slot] = { m = member, untl = now, flushed = ARGV[5] == '1', at = recs[slot].at }
 		redis.call('HSET', tbl, 's' .. slot, member .. ' ' .. now .. ' ' .. ARGV[5] .. ' ' .. recs[slot].at)
+		if ARGV[5] == '1' and nHanded > 0 then
+			local m = { ARGV[11] }
+			for i = 13, 12 + nHanded do
+				m[#m + 1] = ARGV[i]
+			end
+			redis.call('HSET', tbl, 'm' .. slot, table.concat(m, ' '))
+		else
+			redis.call('HDEL', tbl, 'm' .. slot)
+		end
 	end
 	slot = -1
 else
@@ -46,14 +65,24 @@ else
 			local r = recs[j]
 			if not r or r.untl <= now then
 				local at = math.max(now, outAt[j] and outAt[j] + view + keep or 0)
-				if r then
-					at = math.max(at, r.untl + tonumber(ARGV[10]))
-				end
 				if r and not r.flushed then
 					at = math.max(at, r.untl + keep)
 				end
 				if slot < 0 or at < floorAt then
 					slot, floorAt = j, at
+				end
+			end
+		end
+		if slot >= 0 then
+			-- The keys its last holder handed over, if their time is not up.
+			local m = redis.call('HGET', tbl, 'm' .. slot)
+			if m then
+				redis.call('HDEL', tbl, 'm' .. slot)
+				for w in string.gmatch(m, '%S+') do
+					handed[#handed + 1] = w
+				end
+				if tonumber(handed[1]) <= now then
+					handed = {}
 				end
 			end
 		end
@@ -78,15 +107,18 @@ for j = 0, n - 1 do
 	elseif not spare then
 		h, spare = '1', true
 	end
-	if h == '0' then
+	if h == '0' and ARGV[10] == '1' then
 		redis.call('HSET', tbl, 'o' .. j, now)
 	end
 	holding[j + 1] = h
 end
 redis.call('PEXPIRE', tbl, keep + view + 60000)
-local out = { slot, floorAt, table.concat(holding), live }
+local out = { slot, floorAt, table.concat(holding), live, handed[1] or 0, math.max(#handed - 1, 0) }
+for i = 2, #handed do
+	out[#out + 1] = handed[i]
+end
 local hotUntil = now + tonumber(ARGV[9])
-for i = 11, #ARGV do
+for i = 13 + nHanded, #ARGV do
 	redis.call('HSET', hot, ARGV[i], hotUntil)
 end
 local old = {}

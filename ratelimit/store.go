@@ -76,11 +76,16 @@ type Beat struct {
 	View         time.Duration
 	MaxInstances int
 	HotFor       time.Duration
-	// Marks is how long the marks a holder left, and the admits others
-	// made on grants that relied on them, may last: its slot's floor is
-	// usable that long after it, at the earliest.
-	Marks time.Duration
-	Hot   []string
+	// Leasing says the instance makes lease calls with the Holding it is
+	// answered: the slots out of it are recorded (see View). An instance
+	// that makes none holds every slot's floor back in its next call.
+	Leasing bool
+	// Handed, on a flushed release, are the keys whose slot marks may still
+	// count (keys on leases), until HandedUntil (Unix ms): the slot's next
+	// holder is answered them, and keeps them off its floor until then.
+	Handed      []string
+	HandedUntil int64
+	Hot         []string
 }
 
 // SlotTable is what a Beat learns.
@@ -93,6 +98,10 @@ type SlotTable struct {
 	Holding uint64
 	Live    int
 	Hot     []string
+	// Handed are the keys the slot's last holder handed over (see
+	// Beat.Handed): off the floor until HandedUntil (Unix ms).
+	Handed      []string
+	HandedUntil int64
 }
 
 // SlotStore holds the fleet's counts and its slot table.
@@ -251,10 +260,16 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 		}
 		tbl.fields["s"+strconv.Itoa(j)] = member + " " + strconv.FormatInt(r.until, 10) + " " + fl + " " + strconv.FormatInt(r.at, 10)
 	}
+	var handed []string
 	switch {
 	case ttl == 0:
 		if slot >= 0 {
 			set(slot, rec{member: member, until: b.Now, flushed: b.Flushed, at: recs[slot].at, some: true})
+			m := "m" + strconv.Itoa(slot)
+			delete(tbl.fields, m)
+			if b.Flushed && len(b.Handed) > 0 {
+				tbl.fields[m] = strconv.FormatInt(b.HandedUntil, 10) + " " + strings.Join(b.Handed, " ")
+			}
 		}
 		slot = -1
 	case slot >= 0:
@@ -269,9 +284,6 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 			if o, ok := tbl.fields["o"+strconv.Itoa(j)]; ok {
 				at = max(at, atoi(o)+view+keep)
 			}
-			if r.some {
-				at = max(at, r.until+b.Marks.Milliseconds())
-			}
 			if r.some && !r.flushed {
 				at = max(at, r.until+keep)
 			}
@@ -280,10 +292,20 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 			}
 		}
 		if slot >= 0 {
+			m := "m" + strconv.Itoa(slot)
+			if v, ok := tbl.fields[m]; ok {
+				delete(tbl.fields, m)
+				if handed = strings.Fields(v); atoi(handed[0]) <= b.Now {
+					handed = nil
+				}
+			}
 			set(slot, rec{member: member, until: b.Now + ttl, at: floorAt, some: true})
 		}
 	}
 	t := SlotTable{Slot: slot, FloorAt: floorAt}
+	if len(handed) > 0 {
+		t.HandedUntil, t.Handed = atoi(handed[0]), handed[1:]
+	}
 	spare := false
 	for j, r := range recs {
 		switch {
@@ -293,7 +315,9 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 		case !spare:
 			spare = true
 		default:
-			tbl.fields["o"+strconv.Itoa(j)] = strconv.FormatInt(b.Now, 10)
+			if b.Leasing {
+				tbl.fields["o"+strconv.Itoa(j)] = strconv.FormatInt(b.Now, 10)
+			}
 			continue
 		}
 		t.Holding |= 1 << j

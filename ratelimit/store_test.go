@@ -181,7 +181,7 @@ func TestSlotTableConformance(t *testing.T) {
 			const tbl, hot = "st:slots:{fleet}", "st:hot:{fleet}"
 			beat := func(b Beat) SlotTable {
 				t.Helper()
-				b.Keep, b.View, b.MaxInstances, b.HotFor, b.Marks = 10*time.Second, time.Second, 4, 1500*time.Millisecond, 500*time.Millisecond
+				b.Keep, b.View, b.MaxInstances, b.HotFor, b.Leasing = 10*time.Second, time.Second, 4, 1500*time.Millisecond, true
 				st, err := s.Beat(context.Background(), tbl, hot, b)
 				if err != nil {
 					t.Fatal(err)
@@ -201,14 +201,14 @@ func TestSlotTableConformance(t *testing.T) {
 				t.Fatalf("third (out of the first answer, at t0: a view and a keep later): %+v", c)
 			}
 			// a is released flushed, b dies (its heartbeat lapses at t0+2100).
-			beat(Beat{Member: 11, Slot: 0, Now: t0 + 300, Flushed: true})
+			beat(Beat{Member: 11, Slot: 0, Now: t0 + 300, Flushed: true, Handed: []string{"p:rl:{z:k}:500x20"}, HandedUntil: t0 + 20_000})
 			st := beat(Beat{Member: 13, Slot: 2, Now: t0 + 3000, TTL: 2 * time.Second})
 			if st.Slot != 2 || st.FloorAt != t0+11_000 || st.Holding != 0b0111 || st.Live != 1 || len(st.Hot) != 0 {
 				t.Fatalf("after a release and a death: %+v, want slots 1 (dead), 2 (live) and the spare 0", st)
 			}
 			d := beat(Beat{Member: 14, Slot: -1, Now: t0 + 3100, TTL: 2 * time.Second})
-			if d.Slot != 0 || d.FloorAt != t0+3100 {
-				t.Fatalf("a newcomer: %+v, want the released slot 0 at once", d)
+			if d.Slot != 0 || d.FloorAt != t0+3100 || !slices.Equal(d.Handed, []string{"p:rl:{z:k}:500x20"}) || d.HandedUntil != t0+20_000 {
+				t.Fatalf("a newcomer: %+v, want the released slot 0 at once, with the key handed over", d)
 			}
 			e := beat(Beat{Member: 15, Slot: -1, Now: t0 + 3200, TTL: 2 * time.Second})
 			if e.Slot != 1 || e.FloorAt != t0+2100+10_000 {
@@ -295,7 +295,10 @@ func TestStoreTwinsAgree(t *testing.T) {
 		if rng.IntN(10) == 0 {
 			b := Beat{Member: 1 + rng.Int64N(6), Slot: rng.IntN(6) - 2, Now: now, TTL: time.Duration(rng.IntN(3)) * time.Second,
 				Flushed: rng.IntN(2) == 0, Keep: time.Duration(rng.IntN(5000)) * time.Millisecond, View: time.Duration(rng.IntN(2000)) * time.Millisecond,
-				MaxInstances: 5, HotFor: time.Duration(rng.IntN(3000)) * time.Millisecond, Marks: time.Duration(rng.IntN(3000)) * time.Millisecond}
+				MaxInstances: 5, HotFor: time.Duration(rng.IntN(3000)) * time.Millisecond, Leasing: rng.IntN(2) == 0}
+			if b.TTL == 0 && b.Flushed && rng.IntN(2) == 0 {
+				b.Handed, b.HandedUntil = []string{"h1", "h2"}, now+rng.Int64N(3000)
+			}
 			for range rng.IntN(3) {
 				b.Hot = append(b.Hot, "h"+strconv.Itoa(rng.IntN(5)))
 			}
@@ -303,7 +306,8 @@ func TestStoreTwinsAgree(t *testing.T) {
 			r, err2 := red.Beat(ctx, "tw:slots:{fleet}", "tw:hot:{fleet}", b)
 			slices.Sort(m.Hot)
 			slices.Sort(r.Hot)
-			if err1 != nil || err2 != nil || m.Slot != r.Slot || m.FloorAt != r.FloorAt || m.Holding != r.Holding || m.Live != r.Live || !slices.Equal(m.Hot, r.Hot) {
+			if err1 != nil || err2 != nil || m.Slot != r.Slot || m.FloorAt != r.FloorAt || m.Holding != r.Holding || m.Live != r.Live || !slices.Equal(m.Hot, r.Hot) ||
+				!slices.Equal(m.Handed, r.Handed) || m.HandedUntil != r.HandedUntil {
 				t.Fatalf("call %d, %+v:\nmemory %+v %v\nredis  %+v %v", i, b, m, err1, r, err2)
 			}
 			continue

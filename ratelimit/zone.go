@@ -46,6 +46,10 @@ type shard struct {
 	// hot are the shard's keys some instance named hot at the last
 	// heartbeat (until when, Unix ns); nil while there are none.
 	hot map[keyhash.Hash]int64
+	// noFloor are the keys this slot's last holder handed over (until
+	// when, Unix ns): their marks may still count, so they stay off the
+	// floor. Nil while there are none.
+	noFloor map[keyhash.Hash]int64
 }
 
 // eachShard calls fn with each shard of z locked. The unlock is deferred, so
