@@ -510,11 +510,16 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 			en.markUntil = max(en.markUntil, now+e.markTTL())
 		}
 		l.Held = en.block
-		l.Want = max(e.target(en, now)-en.block, 0)
+		want := e.target(en, now)
 		if en.flags&flagRated != 0 {
-			// Near the limit a block leaves room for the others' next.
-			l.Want = min(l.Want, max(en.room/2, 1))
+			// Far from the limit a block covers a quarter window of this
+			// instance's demand, as far as a quarter of the room allows,
+			// so that calls follow risk; near it, half the room at most,
+			// down to one.
+			long := int64(float64(en.rate) * float64(window) / float64(e.interval.Load()) / 4)
+			want = min(max(want, min(long, en.room/4)), max(en.room/2, 1))
 		}
+		l.Want = max(want-en.block, 0)
 		// The grant (and what is held, counted again) may be used for a
 		// window, as far as the holding set it was made for stands, and
 		// no longer than the marks it relied on (see merge).
