@@ -18,6 +18,12 @@
 -- Returns { granted, room, marks until, slot, count, … }: room is what is left after the
 -- grant (events − pushed − grants − F per holding slot not pushed); a
 -- negative grant takes back part of what it held.
+-- Field lists go in chunks: unpack has a limit.
+local function each(cmd, key, args)
+	for i = 1, #args, 1000 do
+		redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
+	end
+end
 local key = KEYS[1]
 local now, oldest, slot = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
 local me, mine = 'g' .. ARGV[4], 'p' .. ARGV[5]
@@ -101,10 +107,10 @@ if grant + held > 0 then
 	end
 end
 if #set > 0 then
-	redis.call('HSET', key, unpack(set))
+	each('HSET', key, set)
 end
 if #old > 0 then
-	redis.call('HDEL', key, unpack(old))
+	each('HDEL', key, old)
 end
 if #set > 0 or #fields > 0 then
 	redis.call('PEXPIRE', key, ARGV[3])

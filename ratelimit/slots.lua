@@ -23,6 +23,12 @@
 -- at once for every other key.
 -- Returns { slot, floor at, holding, live, until, n, n keys handed over,
 -- hot key, … }.
+-- Field lists go in chunks: unpack has a limit.
+local function each(cmd, key, args)
+	for i = 1, #args, 1000 do
+		redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
+	end
+end
 local tbl, hot = KEYS[1], KEYS[2]
 local member, now = ARGV[1], tonumber(ARGV[3])
 local ttl, keep, view, n = tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -96,7 +102,7 @@ else
 end
 -- Holding: live slots, dead ones whose admits may still count, and the
 -- spare (the lowest other free slot), which a newcomer takes at once.
-local holding, live, spare = {}, 0, false
+local holding, live, spare, outs = {}, 0, false, {}
 for j = 0, n - 1 do
 	local r = recs[j]
 	local h = '0'
@@ -108,9 +114,13 @@ for j = 0, n - 1 do
 		h, spare = '1', true
 	end
 	if h == '0' and ARGV[10] == '1' then
-		redis.call('HSET', tbl, 'o' .. j, now)
+		outs[#outs + 1] = 'o' .. j
+		outs[#outs + 1] = now
 	end
 	holding[j + 1] = h
+end
+if #outs > 0 then
+	each('HSET', tbl, outs)
 end
 redis.call('PEXPIRE', tbl, keep + view + 60000)
 local out = { slot, floorAt, table.concat(holding), live, handed[1] or 0, math.max(#handed - 1, 0) }
@@ -118,8 +128,13 @@ for i = 2, #handed do
 	out[#out + 1] = handed[i]
 end
 local hotUntil = now + tonumber(ARGV[9])
+local named = {}
 for i = 13 + nHanded, #ARGV do
-	redis.call('HSET', hot, ARGV[i], hotUntil)
+	named[#named + 1] = ARGV[i]
+	named[#named + 1] = hotUntil
+end
+if #named > 0 then
+	each('HSET', hot, named)
 end
 local old = {}
 fields = redis.call('HGETALL', hot)
@@ -131,7 +146,7 @@ for i = 1, #fields, 2 do
 	end
 end
 if #old > 0 then
-	redis.call('HDEL', hot, unpack(old))
+	each('HDEL', hot, old)
 end
 if #fields > 0 then
 	redis.call('PEXPIRE', hot, tonumber(ARGV[9]) + 60000)
