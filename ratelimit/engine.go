@@ -461,13 +461,15 @@ func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *V
 		c.Zone.toFloor(s, c.Key, en)
 		return e.judgeFloor(c, s, en, used, now, v)
 	}
-	if en.block*2 <= targetOf(en.rate) || en.blockUntil-now < 2*e.interval.Load() {
-		// Half spent, or about to end: the next block is asked for now.
+	interval := e.interval.Load()
+	if (en.block*2 <= targetOf(en.rate) || en.blockUntil-now < 2*interval) && (en.room > 0 || now-en.calledAt >= interval) {
+		// Half spent, or about to end: the next block is asked for now;
+		// with no room at the last call, once an interval.
 		e.enqueue(c.Zone, c.Key, en)
 	}
 	if en.block == 0 {
 		v.Fleet, v.Leasing = true, en.room > 0 || en.flags&flagRated == 0
-		v.RetryAfter = time.Duration(e.interval.Load())
+		v.RetryAfter = time.Duration(interval)
 	}
 	return en.block - 1 + max(en.room, 0)
 }

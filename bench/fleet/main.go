@@ -38,6 +38,9 @@ import (
 	"github.com/fleetguard/fleetguard/window"
 )
 
+// maxInstances is the -max-instances flag: every engine's slots.
+var maxInstances *int
+
 // scenario is one load against one fleet.
 type scenario struct {
 	Name      string
@@ -138,6 +141,7 @@ const sampleEvery = 100 * time.Millisecond
 func main() {
 	var s scenario
 	flag.IntVar(&s.Instances, "instances", 4, "limiter instances")
+	maxInstances = flag.Int("max-instances", 0, "the fleet's instance slots (0: ratelimit.DefaultMaxInstances)")
 	flag.Int64Var(&s.Events, "events", 1000, "limit: events per window")
 	flag.DurationVar(&s.Window, "window", 10*time.Second, "limit: window")
 	flag.IntVar(&s.Precision, "precision", 0, "slots per window (0: the default)")
@@ -243,7 +247,7 @@ type fleet struct {
 func (f *fleet) up(n int) error {
 	c := f.b.client()
 	e, err := ratelimit.NewEngine(ratelimit.Options{Store: ratelimit.NewRedisStore(c), Prefix: f.prefix,
-		SyncInterval: f.sc.Sync, FixedInterval: f.sc.Fixed, OnEarlySync: func() { f.early.Add(1) }})
+		SyncInterval: f.sc.Sync, FixedInterval: f.sc.Fixed, MaxInstances: *maxInstances, OnEarlySync: func() { f.early.Add(1) }})
 	if err != nil {
 		_ = c.Close()
 		return err
