@@ -40,7 +40,7 @@ func observedCaddyfile(port int, redisURL, upstream, logPath string) string {
 		redis %s
 		prefix obs
 		sync_interval 50ms
-		near_limit off # exact counts for the test: no first-contact share
+		near_limit off # exact counts for the test: every admit leased
 	}
 }
 :%d {

@@ -39,9 +39,9 @@ const (
 	flagRated                    // rate holds a measurement
 )
 
-// demandHorizon is the time constant of the demand rates, in sync intervals:
-// long enough to smooth early syncs a few milliseconds apart, short enough to
-// follow a shift of load between instances.
+// demandHorizon is the time constant of a key's demand rate, in sync
+// intervals: long enough to smooth calls a few milliseconds apart, short
+// enough to follow a shift of load between instances.
 const demandHorizon = 2
 
 func (e *entry) init(now int64, s window.Slots) {
