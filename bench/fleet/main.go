@@ -62,7 +62,10 @@ type scenario struct {
 	// nothing and leaves no word).
 	Restart      []int
 	RestartEvery time.Duration
-	Kill         bool
+	// Rolling restarts one instance of Restart at a time, in turn, as a
+	// deploy does, instead of all of them at every RestartEvery.
+	Rolling bool
+	Kill    bool
 }
 
 func (s scenario) mode() string {
@@ -357,10 +360,14 @@ func (f *fleet) start() ([]change, error) {
 			changes = append(changes, change{At: l.Down, Inst: n})
 		}
 	}
+	turn := 0
 	for at := sc.RestartEvery; sc.RestartEvery > 0 && at < sc.Duration; at += sc.RestartEvery {
-		for _, n := range sc.Restart {
-			changes = append(changes, change{At: at, Inst: n, Restart: true})
+		for i, n := range sc.Restart {
+			if !sc.Rolling || i == turn%len(sc.Restart) {
+				changes = append(changes, change{At: at, Inst: n, Restart: true})
+			}
 		}
+		turn++
 	}
 	sort.SliceStable(changes, func(i, j int) bool { return changes[i].At < changes[j].At })
 	return changes, nil

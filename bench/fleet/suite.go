@@ -56,6 +56,11 @@ func suiteScenarios() []scenario {
 	leave := load("4 -> 2 instances at 10 s: 1 key at 4x, 1 at 95%, 1,000 at 3.5%", changing...)
 	leave.Fleet = []life{{}, {}, {Down: d / 2}, {Down: d / 2}}
 	random := load("95% of the limit, random balancer", flow{Keys: 1, Rate: 95, Random: true})
+	// A deploy: each instance stopped and started again in turn, 5 s apart.
+	rolling := load("rolling restart every 5 s: 10,000 keys at 0.2% of the limit", flow{Keys: 10_000, Rate: 2000})
+	rolling.Restart, rolling.RestartEvery, rolling.Rolling = []int{0, 1, 2, 3}, 5*time.Second, true
+	rolling40 := load("rolling restart every 5 s: 100 keys at 40% of the limit", flow{Keys: 100, Rate: 4000})
+	rolling40.Restart, rolling40.RestartEvery, rolling40.Rolling = []int{0, 1, 2, 3}, 5*time.Second, true
 	out = append(out,
 		load("1,000 keys at 4% of the limit", flow{Keys: 1000, Rate: 4000}),
 		load("10,000 keys at 0.4% of the limit", flow{Keys: 10_000, Rate: 4000}),
@@ -67,7 +72,7 @@ func suiteScenarios() []scenario {
 			flow{Keys: 1, Rate: 1, On: []int{3}},
 			flow{Keys: 1, Rate: 3, On: []int{0, 1, 2}, To: d / 2},
 			flow{Keys: 1, Rate: 400, On: []int{0, 1, 2}, From: d / 2}),
-		join, leave, random,
+		join, leave, random, rolling, rolling40,
 	)
 	return append(out, edgeScenarios()...)
 }
