@@ -71,13 +71,20 @@ func (e *Engine) Close(timeout time.Duration) {
 	e.release(ctx, time.Now().UnixNano(), flushed)
 }
 
-// flushKeys bounds the keys a stop pushes: at about 20µs a call, more would
-// not fit the shutdown's time; the slot is then released as a dead one's
-// (its floor held back for a window).
-const flushKeys = 50_000
+// flushKeys bounds the keys on leases a stop pushes (about 20µs a call), and
+// flushFloorKeys those on the floor: a stop that would push more floor keys
+// pushes none of them and leaves its slot held back a window, as a dead
+// one's (a rolling restart of instances with 10,000 keys each pushed 2,500
+// keys a stop: 1.4 Redis commands a request).
+const (
+	flushKeys      = 50_000
+	flushFloorKeys = 1_000
+)
 
-// flush pushes every key with something the store has not seen or holds
-// for it, and reports whether all of them landed.
+// flush gives back every grant and pushes every admit of the keys on
+// leases, and of the keys on the floor if they are few, and reports
+// whether every floor admit was pushed (the slot may then go to the next
+// holder at once).
 func (e *Engine) flush(ctx context.Context, now int64) bool {
 	if e.solo {
 		return true
@@ -86,23 +93,35 @@ func (e *Engine) flush(ctx context.Context, now int64) bool {
 	defer e.passMu.Unlock()
 	var calls []call
 	var leases []Lease
-	all := true
+	var floorKeys []keyhash.Hash
+	var floorZones []*Zone
 	for _, z := range *e.zones.Load() {
 		z.eachShard(func(s *shard) {
 			for h, idx := range s.entries {
 				en, ring := z.arena.at(idx)
 				en.advance(ring, z.slots.Of(now))
-				if used, _ := en.scan(ring); used == 0 && en.flags&flagLease == 0 {
-					continue
+				switch used, _ := en.scan(ring); {
+				case en.flags&flagLease != 0 && len(calls) < flushKeys:
+					c, l := e.claim(z, s, h, en, ring, now, true)
+					calls, leases = append(calls, c), append(leases, l)
+				case en.flags&flagLease == 0 && used > 0:
+					floorKeys, floorZones = append(floorKeys, h), append(floorZones, z)
 				}
-				if len(calls) >= flushKeys {
-					all = false
-					return
-				}
+			}
+		})
+	}
+	all := len(floorKeys) <= flushFloorKeys && len(calls) < flushKeys
+	if all {
+		for i, h := range floorKeys {
+			z := floorZones[i]
+			s := z.shardOf(h)
+			s.mu.Lock()
+			if en, ring := z.lookup(s, h); en != nil {
 				c, l := e.claim(z, s, h, en, ring, now, true)
 				calls, leases = append(calls, c), append(leases, l)
 			}
-		})
+			s.mu.Unlock()
+		}
 	}
 	return e.sync(ctx, now, calls, leases) == nil && all
 }
