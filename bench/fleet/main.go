@@ -410,6 +410,8 @@ func (l *traffic) replay(f *fleet, r *result, reqs []req, changes []change, star
 	checks := make([]ratelimit.Check, 1)
 	out := make([]ratelimit.Verdict, 1)
 	trace := os.Getenv("FLEET_TRACE") != ""
+	var mu sync.Mutex
+	var waiting sync.WaitGroup
 	for _, q := range reqs {
 		if wait := q.At - time.Since(start); wait > 200*time.Microsecond {
 			time.Sleep(wait - 100*time.Microsecond)
@@ -421,20 +423,53 @@ func (l *traffic) replay(f *fleet, r *result, reqs []req, changes []change, star
 		}
 		checks[0] = ratelimit.Check{Zone: f.zones[q.Inst], Limit: f.limit, Key: l.keys[q.Key]}
 		now := time.Now().UnixNano()
+		mu.Lock()
 		r.Offered++
 		l.offered[q.Key] = append(l.offered[q.Key], now)
-		if f.engines[q.Inst].Allow(now, checks, out) < 0 {
-			r.Admitted++
-			l.admits[q.Key] = append(l.admits[q.Key], now)
-			if trace {
-				fmt.Printf("trace %d %d\n", (now-start.UnixNano())/1e7, q.Inst)
-			}
-		} else {
-			r.Denied++
-			l.denied[q.Key]++
+		mu.Unlock()
+		e := f.engines[q.Inst]
+		if e.Allow(now, checks, out) >= 0 && out[0].Leasing {
+			// As the fleetlimit handler does: a request denied for want of
+			// its key's first grant waits for the reconciler's pass (at
+			// most 100 ms) and is decided again, off the schedule.
+			waiting.Add(1)
+			go func(c ratelimit.Check, key int) {
+				defer waiting.Done()
+				checks, out := []ratelimit.Check{c}, make([]ratelimit.Verdict, 1)
+				for try := 0; try < 2; try++ {
+					e.AwaitPass(50 * time.Millisecond)
+					if e.Allow(time.Now().UnixNano(), checks, out) < 0 {
+						l.count(r, &mu, key, time.Now().UnixNano(), true)
+						return
+					}
+					if !out[0].Leasing {
+						break
+					}
+				}
+				l.count(r, &mu, key, 0, false)
+			}(checks[0], q.Key)
+			continue
 		}
+		if out[0].Allowed && trace {
+			fmt.Printf("trace %d %d\n", (now-start.UnixNano())/1e7, q.Inst)
+		}
+		l.count(r, &mu, q.Key, now, out[0].Allowed)
 	}
+	waiting.Wait()
 	return nil
+}
+
+// count records one request's answer.
+func (l *traffic) count(r *result, mu *sync.Mutex, key int, at int64, admitted bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	if admitted {
+		r.Admitted++
+		l.admits[key] = append(l.admits[key], at)
+	} else {
+		r.Denied++
+		l.denied[key]++
+	}
 }
 
 // figures fills in r's worst window, false denials, overshoot and series.
