@@ -84,6 +84,9 @@ type Engine struct {
 
 	zonesMu sync.Mutex
 	zones   atomic.Pointer[[]*Zone] // copy-on-write: the reconciler reads it without the lock
+	// inherited are the keys handed over with this instance's slot (store
+	// key -> off the floor until, Unix ns), for the zones made later.
+	inherited map[string]int64
 
 	healthy atomic.Bool
 	stop    chan struct{}
@@ -283,6 +286,19 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 		z.events.Store(l.Events)
 		return z
 	}
+	z := e.addZone(name, l, find)
+	if e.started.Load() && e.healthy.Load() && e.slot.Load() < 0 {
+		// The first zone of a running engine takes its slot now, so that
+		// its first requests have their floors.
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		e.heartbeat(ctx, time.Now().UnixNano())
+		cancel()
+	}
+	return z
+}
+
+// addZone finds or makes the zone called name under zonesMu.
+func (e *Engine) addZone(name string, l *Limit, find func([]*Zone) *Zone) *Zone {
 	e.zonesMu.Lock()
 	defer e.zonesMu.Unlock()
 	cur := *e.zones.Load()
@@ -292,15 +308,9 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 	}
 	z := newZone(e.prefix, name, len(cur), l.slots)
 	z.events.Store(l.Events)
+	z.inherit(e.inherited)
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
-	if e.started.Load() && e.healthy.Load() && e.slot.Load() < 0 {
-		// The first zone of a running engine takes its slot now, so that
-		// its first requests have their floors.
-		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		e.heartbeat(ctx, time.Now().UnixNano())
-		cancel()
-	}
 	return z
 }
 

@@ -138,7 +138,8 @@ func (e *Engine) release(ctx context.Context, now int64, flushed bool) {
 		window := z.slots.N * z.slots.Len
 		z.eachShard(func(s *shard) {
 			for h, idx := range s.active {
-				if en, _ := z.arena.at(idx); en.markUntil > now {
+				// A mark counts a window past its end: grants relied on it.
+				if en, _ := z.arena.at(idx); en.markUntil+window > now {
 					b.Handed = append(b.Handed, z.storeKey(h))
 					b.HandedUntil = max(b.HandedUntil, (en.markUntil+window)/1e6)
 				}
@@ -295,20 +296,37 @@ func (e *Engine) announce(now int64) (hot []string, active bool) {
 }
 
 // inherit keeps the keys a slot's last holder handed over off this
-// instance's floor until then (Unix ns).
+// instance's floor until then (Unix ns), those of zones not made yet too
+// (see Engine.Zone).
 func (e *Engine) inherit(keys []string, until int64) {
+	if len(keys) == 0 {
+		return
+	}
+	e.zonesMu.Lock()
+	defer e.zonesMu.Unlock()
+	if e.inherited == nil {
+		e.inherited = make(map[string]int64)
+	}
 	for _, k := range keys {
-		for _, z := range *e.zones.Load() {
-			if h, ok := z.keyOf(k); ok {
-				s := z.shardOf(h)
-				s.mu.Lock()
-				if s.noFloor == nil {
-					s.noFloor = make(map[keyhash.Hash]int64)
-				}
-				s.noFloor[h] = until
-				s.mu.Unlock()
-				break
+		e.inherited[k] = until
+	}
+	for _, z := range *e.zones.Load() {
+		z.inherit(e.inherited)
+	}
+}
+
+// inherit takes the keys of z among those handed over (store key -> until
+// when, Unix ns). The caller holds the engine's zonesMu.
+func (z *Zone) inherit(keys map[string]int64) {
+	for k, until := range keys {
+		if h, ok := z.keyOf(k); ok {
+			s := z.shardOf(h)
+			s.mu.Lock()
+			if s.noFloor == nil {
+				s.noFloor = make(map[keyhash.Hash]int64)
 			}
+			s.noFloor[h] = max(s.noFloor[h], until)
+			s.mu.Unlock()
 		}
 	}
 }
