@@ -40,8 +40,8 @@ type Options struct {
 	FixedInterval bool
 	Logger        *zap.Logger
 	// OnPass, when set, is told how long the store took to answer every
-	// reconcile pass that had calls, and its error (nil: the store was
-	// reached), for metrics.
+	// reconcile pass that had calls and every heartbeat, and its error
+	// (nil: the store was reached), for metrics.
 	OnPass func(took time.Duration, err error)
 	// OnEarlySync, when set, is told of every early pass, for metrics.
 	OnEarlySync func()

@@ -258,7 +258,13 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 	var active bool
 	b.Hot, active = e.announce(now)
 	b.Leasing = e.leased.Swap(false) || active
+	start := time.Now()
 	t, err := e.store.Beat(ctx, e.slotsKey, e.hotKey, b)
+	if e.onPass != nil {
+		// With every key on its floor the heartbeat is the only call: the
+		// store's metrics are told of it as of a pass.
+		e.onPass(time.Since(start), err)
+	}
 	if err != nil {
 		e.storeFailed(err)
 		return
