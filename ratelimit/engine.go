@@ -158,7 +158,7 @@ func NewEngine(o Options) (*Engine, error) {
 		onPanic:  o.OnPanic,
 		member:   1 + rand.Int64N(1<<53-1),
 		slotsKey: o.Prefix + ":rl:slots:{fleet}",
-		hotKey:   o.Prefix + ":rl:hot:{fleet}",
+		hotKey:   o.Prefix + ":rl:hot3:{fleet}",
 		solo:     o.Solo,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -330,8 +330,8 @@ type Verdict struct {
 	// Remaining is how many more requests the fleet can admit of the key
 	// after this one as far as this instance knows, never more (0 when
 	// denied): on a floor, what is left of it; on leases, what is left of
-	// the grant and the room the store last reported; with the store down
-	// or alone, the window's room on this instance's count.
+	// the grant; with the store down or alone, the window's room on this
+	// instance's count.
 	Remaining int64
 	// Reset is, for an admitted request, the time until the oldest request
 	// that counts leaves the window (when Remaining next grows).
@@ -481,7 +481,9 @@ func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *V
 		v.Fleet, v.Leasing = true, en.room > 0 || en.flags&flagRated == 0
 		v.RetryAfter = time.Duration(interval)
 	}
-	return en.block - 1 + max(en.room, 0)
+	// What the fleet can surely still admit, as this instance knows it:
+	// its grant (the room last seen may have gone to others since).
+	return en.block - 1
 }
 
 // settle completes a verdict the fleet did not refuse by the key's GCRA

@@ -50,8 +50,8 @@ for i = 1, #fields, 2 do
 		else
 			pushed[tonumber(string.sub(f, 2))] = tonumber(v)
 		end
-	elseif tonumber(f) < oldest then
-		old[#old + 1] = f
+	elseif not tonumber(f) or tonumber(f) < oldest then
+		old[#old + 1] = f -- left the window, or not ours (another version's)
 	else
 		counts[tonumber(f)] = tonumber(v)
 	end
