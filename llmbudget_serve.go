@@ -32,13 +32,13 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	budgeted, ref := h.screen(r, &c)
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	var res *budget.Reservation
-	if budgeted && !c.socket {
+	if budgeted && c.socket == notSocket {
 		res, ref = h.gate(w, r, repl, &c)
 	}
 	switch {
 	case ref != nil:
 		return h.refuse(w, r, repl, next, &c, ref)
-	case c.socket:
+	case c.socket != notSocket:
 		return h.serveSocket(w, r, repl, next, &c)
 	case res == nil:
 		return next.ServeHTTP(w, r) // not an LLM call: a read, or an unknown path passed
@@ -99,7 +99,7 @@ type call struct {
 	proxy bool
 	// socket: the request opens a WebSocket session whose messages are
 	// budgeted one response at a time (llmbudget_socket.go).
-	socket bool
+	socket socketKind
 }
 
 // gate runs the phases of a budgeted request before its forward: readBody,

@@ -39,9 +39,38 @@ func (h *LLMBudget) serveSocket(w http.ResponseWriter, r *http.Request, repl *ca
 	h.identify(r, repl, c)
 	// The messages must be readable: no permessage-deflate.
 	r.Header.Del("Sec-WebSocket-Extensions")
-	s := &socket{h: h, r: r, repl: repl, identity: *c}
+	var s socketSession
+	if c.socket == socketRealtime {
+		s = h.newRealtime(r, repl, c)
+	} else {
+		s = &socket{h: h, r: r, repl: repl, identity: *c}
+	}
 	defer s.end()
-	return next.ServeHTTP(&socketWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s}, r)
+	return next.ServeHTTP(&socketWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s, maxClientMessage: h.maxRequestBody}, r)
+}
+
+// socketKind is the protocol of a budgeted WebSocket session.
+type socketKind uint8
+
+const (
+	notSocket       socketKind = iota
+	socketResponses            // the Responses API's WebSocket mode
+	socketRealtime             // the Realtime API
+)
+
+// socketSession is a protocol's reading of a budgeted session: what of each
+// client message goes up, the metering of each server message, and what
+// the session keeps when it ends.
+type socketSession interface {
+	// clientMessage is what of a client message goes up, framed: the
+	// message (possibly rewritten) or nothing.
+	clientMessage(op byte, payload []byte) []byte
+	// serverEvent meters one message of the upstream.
+	serverEvent(payload []byte)
+	// attach gives the session its connection once the proxy has it, and
+	// returns frames of the session's own to send up before the client's.
+	attach(conn *socketConn) []byte
+	end()
 }
 
 // socket is one budgeted session.
@@ -69,13 +98,15 @@ type socketResponse struct {
 	res     *budget.Reservation
 	meter   *usage.Meter
 	id      string
-	created bool // the server announced it (response.created)
+	created bool   // the server announced it (response.created)
+	eventID string // the client event that asked for it (Realtime)
 }
 
 // socketWriter hands reverse_proxy a connection whose messages are read.
 type socketWriter struct {
 	*caddyhttp.ResponseWriterWrapper
-	s *socket
+	s                socketSession
+	maxClientMessage int64 // max_request_body
 }
 
 // Hijack takes the client's connection, with the bytes the server had read
@@ -86,7 +117,8 @@ func (w *socketWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	sc := &socketConn{Conn: conn, s: w.s}
-	sc.in.Max, sc.out.Max = int(w.s.h.maxRequestBody), maxSocketMessage
+	sc.in.Max, sc.out.Max = int(w.maxClientMessage), maxSocketMessage
+	sc.ready = w.s.attach(sc)
 	if n := brw.Reader.Buffered(); n > 0 {
 		early, _ := brw.Peek(n)
 		if err := sc.fromClient(append([]byte(nil), early...)); err != nil {
@@ -94,9 +126,6 @@ func (w *socketWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 			return nil, nil, err
 		}
 	}
-	w.s.mu.Lock()
-	w.s.conn = sc
-	w.s.mu.Unlock()
 	return sc, bufio.NewReadWriter(bufio.NewReader(sc), bufio.NewWriter(sc)), nil
 }
 
@@ -109,7 +138,7 @@ const maxSocketMessage = 16 << 20
 // proxy writes to it is metered.
 type socketConn struct {
 	net.Conn
-	s *socket
+	s socketSession
 
 	// client → upstream, read by the proxy's goroutine
 	in    wsframe.Parser
@@ -238,6 +267,14 @@ func (c *socketConn) event(payload []byte) {
 	_, _ = c.Conn.Write(frame)
 }
 
+// attach keeps the connection, for the error events of refusals.
+func (s *socket) attach(conn *socketConn) []byte {
+	s.mu.Lock()
+	s.conn = conn
+	s.mu.Unlock()
+	return nil
+}
+
 // clientMessage is what of a client message goes up: a response.create
 // reserved, with its cap, or nothing (a refusal's error event goes back).
 func (s *socket) clientMessage(op byte, payload []byte) []byte {
@@ -324,26 +361,28 @@ func (s *socket) continuation(c *call) {
 	}
 }
 
-// refuseMessage counts a refusal and answers it with an error event in the
-// API's shape: {"type":"error","status":429,"error":{...}}.
+// refuseMessage counts a refusal and answers it with an error event.
 func (s *socket) refuseMessage(ref *refusal, c *call) {
+	s.mu.Lock()
+	conn := s.conn
+	s.mu.Unlock()
+	refuseOnSocket(s.h, s.repl, conn, ref, c)
+}
+
+// refuseOnSocket counts a refusal of a client event and answers it with an
+// error event in the API's shape: {"type":"error","status":429,"error":{...}}.
+func refuseOnSocket(h *LLMBudget, repl *caddy.Replacer, conn *socketConn, ref *refusal, c *call) {
 	if ref.kind == refusedBudget {
 		ref.now = time.Now()
 	}
 	rec := &bufferedAnswer{hdr: http.Header{}}
-	_ = s.h.answer(rec, s.repl, c, ref)
+	_ = h.answer(rec, repl, c, ref)
 	body := bytes.TrimSpace(rec.body.Bytes())
-	if len(body) < 2 || body[0] != '{' {
+	if len(body) < 2 || body[0] != '{' || conn == nil {
 		return
 	}
 	ev := fmt.Appendf(nil, `{"type":"error","status":%d,`, rec.status)
-	ev = append(ev, body[1:]...)
-	s.mu.Lock()
-	conn := s.conn
-	s.mu.Unlock()
-	if conn != nil {
-		conn.event(ev)
-	}
+	conn.event(append(ev, body[1:]...))
 }
 
 // serverEvent meters one event of the upstream: it belongs to the oldest
@@ -400,13 +439,17 @@ func (s *socket) serverEvent(payload []byte) {
 	s.settle(resp, out)
 }
 
-// settle settles one response of the socket off the socket's path (one
-// forwarded unbudgeted, in shadow mode or fail_open, has nothing to settle).
-func (s *socket) settle(resp *socketResponse, out outcome) {
+// settle settles one response of the socket off the socket's path.
+func (s *socket) settle(resp *socketResponse, out outcome) { settleSocketResponse(s.h, resp, out) }
+
+// settleSocketResponse settles one response of a session off the session's
+// path (one forwarded unbudgeted, in shadow mode or fail_open, has nothing
+// to settle).
+func settleSocketResponse(h *LLMBudget, resp *socketResponse, out outcome) {
 	if resp.res == nil {
 		return
 	}
-	h, c := s.h, &resp.c
+	c := &resp.c
 	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {
 		metrics.llmInvalidUsage.Inc()

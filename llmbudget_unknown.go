@@ -58,8 +58,9 @@ func isUpgrade(r *http.Request) bool {
 // generates as much as its client asks, event after event, through a
 // handshake that looks like a read. A path in PassUpgrades is forwarded
 // unbudgeted; a session llmbudget meters (the Responses API's WebSocket
-// mode over HTTP/1.1) is budgeted a response at a time (c.socket); any other
-// (OpenAI's Realtime API, Gemini Live, a CONNECT) is refused.
+// mode and the Realtime API, over HTTP/1.1) is budgeted a response at a
+// time (c.socket); any other (Gemini Live, a CONNECT, a WebSocket over
+// HTTP/2) is refused.
 func (h *LLMBudget) screenUpgrade(r *http.Request, c *call) (budgeted bool, ref *refusal) {
 	p := usage.NormalizePath(r.URL.Path)
 	for _, pattern := range h.PassUpgrades {
@@ -72,7 +73,12 @@ func (h *LLMBudget) screenUpgrade(r *http.Request, c *call) (budgeted bool, ref 
 	}
 	if c.format == usage.OpenAIResponses && r.ProtoMajor == 1 && strings.EqualFold(r.Method, http.MethodGet) &&
 		strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		c.socket = true
+		c.socket = socketResponses
+		return true, nil
+	}
+	if isRealtimePath(p) && r.ProtoMajor == 1 && strings.EqualFold(r.Method, http.MethodGet) &&
+		strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		c.socket, c.format = socketRealtime, usage.OpenAIChat
 		return true, nil
 	}
 	return false, &refusal{kind: refusedRequest, status: http.StatusForbidden, code: "unbudgeted_upgrade", noRetry: true,
@@ -111,6 +117,12 @@ func (h *LLMBudget) boundUnknown(c *call) *refusal {
 	req.PromptTokens = max(req.PromptTokens, h.contextWindow)
 	c.holdNote = fmt.Sprintf("(the request has field %q, which llmbudget does not know, so it is held at its worst case: context_window, %d tokens, and its whole output cap)", field, h.contextWindow)
 	return nil
+}
+
+// isRealtimePath reports whether p is the Realtime API's WebSocket
+// endpoint: /v1/realtime (Azure: /openai/realtime), under any prefix.
+func isRealtimePath(p string) bool {
+	return strings.HasSuffix(p, "/realtime")
 }
 
 // unknownField is the first of fields the operator did not name neutral.

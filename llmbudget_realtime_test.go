@@ -1,0 +1,137 @@
+package fleetguard
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/fakellm"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+)
+
+// realtimeBudget is Caddy with a budget of limit tokens in front of a
+// fakellm.Realtime whose model reads a window of 20,000 tokens and answers
+// answer tokens of audio; counter reads the budget's counter.
+func realtimeBudget(t *testing.T, prefix string, limit, answer int) (url string, up *fakellm.Realtime, counter func() int64) {
+	t.Helper()
+	up = &fakellm.Realtime{Tokens: answer, Window: 20000, AudioBytesPerToken: 1}
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	srv := redistest.Start(t)
+	port := freePort(t)
+	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
+		fmt.Sprintf("budget g {\n limit %d\n window 1h\n }\n context_window 20000", limit)))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rc.Close() })
+	return fmt.Sprintf("http://127.0.0.1:%d", port), up, func() int64 { return budgetCounter(t, rc, prefix, "g") }
+}
+
+// errorCode is an error event's status and code.
+func errorCode(t *testing.T, payload []byte) (int, string) {
+	t.Helper()
+	var ev struct {
+		Status int
+		Error  struct{ Code string }
+	}
+	if json.Unmarshal(payload, &ev) != nil {
+		t.Fatalf("an error event that is not JSON: %s", payload)
+	}
+	return ev.Status, ev.Error.Code
+}
+
+// A Realtime session through llmbudget is served a response at a time, each
+// held at its worst case (the window of 20,000 tokens and the cap of 4,096
+// llmbudget forwards in place of the session's "inf") and settled to the
+// usage its response.done reports, until the budget is spent; then
+// response.create gets an error event (429), is not forwarded, and the
+// session stays open. What llmbudget does not know is refused with an
+// error event and not forwarded: another client event, a session field,
+// input audio transcription.
+func TestARealtimeSessionIsBudgetedAResponseAtATime(t *testing.T) {
+	url, up, counter := realtimeBudget(t, "realtime", 60000, 3000)
+	c := dialSocket(t, url, "/v1/realtime?model=gpt-realtime")
+	c.until("session.created")
+	c.send(`{"type":"session.update","session":{"type":"realtime","max_output_tokens":"inf","audio":{"input":{"turn_detection":null}}}}`)
+	c.until("session.updated")
+	for _, refused := range []struct{ event, code string }{
+		{`{"type":"transcription_session.update","session":{}}`, "unbudgeted_event"},
+		{`{"type":"session.update","session":{"type":"realtime","n":4}}`, "unknown_field"},
+		{`{"type":"session.update","session":{"type":"realtime","audio":{"input":{"transcription":{"model":"whisper-1"}}}}}`, "unbudgeted_transcription"},
+	} {
+		c.send(refused.event)
+		if _, payload := c.until("error"); !strings.Contains(string(payload), refused.code) {
+			t.Fatalf("%s: %s, want an error event with code %s", refused.event, payload, refused.code)
+		}
+	}
+	var completed, refused int
+	for range 8 {
+		c.send(`{"type":"conversation.item.create","item":{"type":"message","role":"user","content":[{"type":"input_text","text":"tell me a long story"}]}}`)
+		c.send(`{"type":"response.create","response":{"max_output_tokens":"inf"}}`)
+		switch typ, payload := c.until("response.done", "error"); typ {
+		case "response.done":
+			completed++
+		default:
+			if status, code := errorCode(t, payload); status != http.StatusTooManyRequests || code != "token_budget_exceeded" {
+				t.Fatalf("a refusal reads %s, want status 429 and code token_budget_exceeded", payload)
+			}
+			refused++
+		}
+	}
+	got, billed := counter(), up.Billed()
+	t.Logf("%d completed, %d refused; counter %d, billed %d; upstream caps: max %d, uncapped %d", completed, refused, got, billed, up.MaxCap(), up.Uncapped())
+	if completed == 0 || refused == 0 || got > 60000 || billed > got {
+		t.Fatalf("%d completed, %d refused; counter %d of 60,000, billed %d: want both, the counter within the limit and the bill within it", completed, refused, got, billed)
+	}
+	if up.Responses() != int64(completed) || up.Uncapped() != 0 || up.MaxCap() != realtimeCap {
+		t.Fatalf("the upstream ran %d responses for %d admitted, %d uncapped, caps up to %d: want only the admitted, each capped at %d",
+			up.Responses(), completed, up.Uncapped(), up.MaxCap(), realtimeCap)
+	}
+	// An upstream's error about a response.create releases its hold.
+	before := counter()
+	c.send(`{"type":"response.create","response":{"metadata":{"model":"` + fakellm.UnavailableModel + `"}}}`)
+	if typ, payload := c.until("response.done", "error"); typ != "error" {
+		t.Fatalf("a response the upstream refuses: %s", payload)
+	}
+	if after := counter(); after != before {
+		t.Fatalf("counter %d → %d after a response.create the upstream refused: its hold must be released", before, after)
+	}
+}
+
+// With turn detection on (the session's default), the server starts a
+// response from the audio it hears, with no response.create: each turn is
+// held before its audio goes up, and audio that finds no room is refused
+// with an error event, not forwarded.
+func TestRealtimeAudioIsHeldBeforeItGoesUp(t *testing.T) {
+	url, up, counter := realtimeBudget(t, "rtaudio", 60000, 2000)
+	c := dialSocket(t, url, "/v1/realtime?model=gpt-realtime")
+	c.until("session.created")
+	audio := base64.StdEncoding.EncodeToString(make([]byte, 2_000)) // 2,000 tokens of the fake's audio
+	var answered, refused int
+	for range 8 {
+		c.send(`{"type":"input_audio_buffer.append","audio":"` + audio + `"}`)
+		switch typ, payload := c.until("response.done", "error"); typ {
+		case "response.done":
+			answered++
+		default:
+			if status, code := errorCode(t, payload); status != http.StatusTooManyRequests || code != "token_budget_exceeded" {
+				t.Fatalf("audio refused with %s, want status 429 and code token_budget_exceeded", payload)
+			}
+			refused++
+		}
+	}
+	got, billed := counter(), up.Billed()
+	t.Logf("%d turns answered, %d appends refused; counter %d, billed %d", answered, refused, got, billed)
+	if answered == 0 || refused == 0 || got > 60000 || billed > got {
+		t.Fatalf("%d answered, %d refused; counter %d of 60,000, billed %d: want both, the counter within the limit and the bill within it", answered, refused, got, billed)
+	}
+	if up.Appends() != int64(answered) || up.Uncapped() != 0 {
+		t.Fatalf("the upstream heard %d appends for %d held, and ran %d responses uncapped: want refused audio not forwarded, every response capped (the session's default is inf)",
+			up.Appends(), answered, up.Uncapped())
+	}
+}
