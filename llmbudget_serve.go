@@ -606,6 +606,14 @@ func (h *LLMBudget) relearn(c *call) {
 		return
 	}
 	h.chooseLease(c)
+	if c.leaseSize > 0 && c.tokens != nil && !c.history.countsTokens() {
+		// Its tokenizer has not proven its count yet: leased now, the
+		// stream would be counted a token a byte, and a cut at a budget's
+		// end charged about four times what English bills. An answer
+		// counted by the tokenizer proves it soon; wait for that.
+		c.leaseSize, c.learned = 0, false
+		return
+	}
 	if c.leaseSize > 0 {
 		_ = h.priceEstimate(c) // priced before: the same price, a smaller output
 	}
