@@ -2,13 +2,11 @@ package fleetguard
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -50,28 +48,16 @@ const realtimeCap = 4096
 
 // realtime is one budgeted Realtime session.
 type realtime struct {
-	h        *LLMBudget
-	r        *http.Request
-	repl     *caddy.Replacer
-	identity call // the principal, team and model of the handshake
+	*turns
+	repl *caddy.Replacer
 	// beta: the session speaks the beta protocol (OpenAI-Beta:
 	// realtime=v1), whose cap field is max_response_output_tokens.
 	beta bool
 	cap  int64 // every response's output cap, forwarded and held
 
-	mu   sync.Mutex
-	conn *socketConn
-	// auto: turn detection may start responses (the default).
-	auto bool
-	// pending are the responses asked for and not yet created, in order;
-	// standing is the hold for the next response the server starts.
-	pending  []*socketResponse
-	standing *socketResponse
-	live     map[string]*socketResponse // created, by response id
-	// committed: the server committed an input turn after its last
-	// response.created, so a response may be on its way.
-	committed bool
-	events    int // client events given an id of ours
+	conn   *socketConn
+	live   map[string]*socketResponse // created, by response id (under turns.mu)
+	events int                        // client events given an id of ours
 }
 
 // newRealtime reads a Realtime handshake: the model from its query
@@ -87,12 +73,13 @@ func (h *LLMBudget) newRealtime(r *http.Request, repl *caddy.Replacer, c *call) 
 	}
 	c.req.Model, c.dims.Model = model, model
 	capped, _ := h.outputCap(c.req)
+	capped = min(max(capped, 1), realtimeCap)
 	return &realtime{
-		h: h, r: r, repl: repl, identity: *c,
+		turns: &turns{h: h, r: r, identity: *c, output: capped, audioRates: true, auto: true},
+		repl:  repl,
 		beta: strings.Contains(r.Header.Get("OpenAI-Beta"), "realtime=v1") ||
 			strings.Contains(r.Header.Get("Sec-WebSocket-Protocol"), "openai-beta.realtime-v1"),
-		cap:  min(max(capped, 1), realtimeCap),
-		auto: true,
+		cap:  capped,
 		live: map[string]*socketResponse{},
 	}
 }
@@ -133,7 +120,7 @@ func (s *realtime) clientMessage(op byte, payload []byte) []byte {
 	case "response.create":
 		return s.responseCreate(ev)
 	case "input_audio_buffer.append":
-		if ref := s.holdForTurn(); ref != nil {
+		if ref := s.holdForAudio(); ref != nil {
 			s.refuseWith(ref, &s.identity)
 			return nil
 		}
@@ -186,19 +173,16 @@ func (s *realtime) sessionUpdate(ev map[string]json.RawMessage) []byte {
 	if typ == "transcription" || (transcription != "" && transcription != "null") {
 		return s.refuse("unbudgeted_transcription", "llmbudget does not budget input audio transcription (a model billed apart from the session's responses): send the session without it")
 	}
-	turns := input.TurnDetection
-	if turns == nil {
-		turns = session["turn_detection"]
+	detection := input.TurnDetection
+	if detection == nil {
+		detection = session["turn_detection"]
 	}
-	if turns != nil {
+	if detection != nil {
 		var td struct {
 			CreateResponse *bool `json:"create_response"`
 		}
-		isNull := string(turns) == "null"
-		_ = json.Unmarshal(turns, &td)
-		s.mu.Lock()
-		s.auto = !isNull && (td.CreateResponse == nil || *td.CreateResponse)
-		s.mu.Unlock()
+		_ = json.Unmarshal(detection, &td)
+		s.setAuto(string(detection) != "null" && (td.CreateResponse == nil || *td.CreateResponse))
 	}
 	for _, f := range []string{"max_output_tokens", "max_response_output_tokens"} {
 		if _, ok := session[f]; ok {
@@ -231,9 +215,9 @@ func (s *realtime) responseCreate(ev map[string]json.RawMessage) []byte {
 			return s.refuse("unknown_field", fmt.Sprintf("response field %q is not one llmbudget knows, so it cannot bound what the response bills for it; remove it (or list it in neutral_fields if it changes nothing billed)", field))
 		}
 	}
-	resp, ref := s.hold()
-	if ref != nil && s.h.enforced(ref) {
-		s.refuseWith(ref, &resp.c)
+	resp, ref := s.ask()
+	if ref != nil {
+		s.refuseWith(ref, &s.identity)
 		return nil
 	}
 	for _, f := range []string{"max_output_tokens", "max_response_output_tokens"} {
@@ -247,7 +231,6 @@ func (s *realtime) responseCreate(ev map[string]json.RawMessage) []byte {
 	s.mu.Lock()
 	s.events++
 	resp.eventID = cmp.Or(jsonString(ev["event_id"]), "fleetguard_"+strconv.Itoa(s.events))
-	s.pending = append(s.pending, resp)
 	s.mu.Unlock()
 	ev["event_id"], _ = json.Marshal(resp.eventID)
 	out, _ := json.Marshal(ev)
@@ -261,59 +244,6 @@ func (s *realtime) capped(v json.RawMessage) json.RawMessage {
 		n = s.cap
 	}
 	return strconv.AppendInt(nil, n, 10)
-}
-
-// holdForTurn makes sure, before audio goes up while turn detection may
-// start responses from it, that the next such response is held.
-func (s *realtime) holdForTurn() *refusal {
-	s.mu.Lock()
-	need := s.auto && s.standing == nil
-	s.mu.Unlock()
-	if !need {
-		return nil
-	}
-	resp, ref := s.hold()
-	if ref != nil && s.h.enforced(ref) {
-		return ref
-	}
-	s.mu.Lock()
-	if s.standing == nil {
-		s.standing, resp = resp, nil
-	}
-	s.mu.Unlock()
-	if resp != nil { // another turn's hold came first
-		s.settle(resp, outcome{source: sourceReleased})
-	}
-	return nil
-}
-
-// hold reserves one response at its worst case: the model's context
-// window of input and the whole cap of output, priced at the dearer of the
-// text and audio rates. Its reservation is nil when a refusal was not
-// enforced (shadow, fail_open): it goes up unbudgeted.
-func (s *realtime) hold() (*socketResponse, *refusal) {
-	h := s.h
-	c := s.identity
-	c.req.N, c.outputCap, c.wholeCap = 1, s.cap, "realtime audio"
-	c.req.PromptTokens = h.contextWindow
-	if _, price, ok := h.prices.Find(h.priceName(&c)); ok && price.MaxInputTokens > 0 {
-		// The session truncates its conversation to the model's window.
-		c.req.PromptTokens = min(c.req.PromptTokens, price.MaxInputTokens)
-	}
-	resp := &socketResponse{c: c}
-	if ref := h.priceEstimate(&resp.c); ref != nil {
-		return resp, ref
-	}
-	if h.hasUSD {
-		spoken := budget.Usage{InputTokens: c.req.PromptTokens, AudioInputTokens: c.req.PromptTokens, OutputTokens: s.cap, AudioOutputTokens: s.cap}
-		resp.c.spend.CostMicros = max(resp.c.spend.CostMicros, resp.c.price.CostMicros(spoken))
-	}
-	res, ref := h.reserve(s.r, &resp.c)
-	if ref == nil {
-		h.countAll(decisionAdmitted)
-	}
-	resp.res = res
-	return resp, ref
 }
 
 // serverEvent meters one server event: a response created takes the hold
@@ -334,11 +264,12 @@ func (s *realtime) serverEvent(payload []byte) {
 	}
 	switch ev.Type {
 	case "input_audio_buffer.committed":
-		s.mu.Lock()
-		s.committed = true
-		s.mu.Unlock()
+		s.inputTaken()
 	case "response.created":
-		s.created(ev.Response.ID)
+		resp := s.begin()
+		s.mu.Lock()
+		s.live[ev.Response.ID] = resp
+		s.mu.Unlock()
 	case "response.done":
 		s.mu.Lock()
 		resp := s.live[ev.Response.ID]
@@ -353,83 +284,25 @@ func (s *realtime) serverEvent(payload []byte) {
 		}
 		s.settle(resp, out)
 	case "error":
-		s.mu.Lock()
-		for i, resp := range s.pending {
-			if resp.eventID != "" && resp.eventID == ev.Error.EventID {
-				// The upstream refused the response.create: nothing began.
-				s.pending = append(s.pending[:i], s.pending[i+1:]...)
-				s.mu.Unlock()
-				s.settle(resp, outcome{source: sourceReleased})
-				return
-			}
-		}
-		s.mu.Unlock()
+		// The upstream refused a response.create: nothing began.
+		s.drop(func(resp *socketResponse) bool { return resp.eventID != "" && resp.eventID == ev.Error.EventID })
 	}
-}
-
-// created gives a response the server created its hold: the first asked
-// for, else the standing one, else (a turn started from audio that went up
-// before the standing hold it used was taken) one past the limit.
-func (s *realtime) created(id string) {
-	s.mu.Lock()
-	var resp *socketResponse
-	switch {
-	case len(s.pending) > 0:
-		resp, s.pending = s.pending[0], s.pending[1:]
-	case s.standing != nil:
-		resp, s.standing = s.standing, nil
-	}
-	s.committed = false
-	s.mu.Unlock()
-	if resp == nil {
-		resp = s.overLimit()
-	}
-	s.mu.Lock()
-	s.live[id] = resp
-	s.mu.Unlock()
-}
-
-// overLimit holds a response nothing held, past the limit: the upstream
-// bills it whatever the budget says.
-func (s *realtime) overLimit() *socketResponse {
-	h := s.h
-	resp := &socketResponse{c: s.identity}
-	c := &resp.c
-	c.req.N, c.outputCap, c.req.PromptTokens = 1, s.cap, h.contextWindow
-	if h.priceEstimate(c) != nil {
-		return resp
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), h.storeTimeout)
-	defer cancel()
-	resp.res, _ = h.engines.budgets.ReserveOverLimit(ctx, h.budgets, c.dims, c.spend)
-	return resp
 }
 
 // settle settles one response of the session off the session's path.
 func (s *realtime) settle(resp *socketResponse, out outcome) { settleSocketResponse(s.h, resp, out) }
 
-// end keeps what every response asked for or created holds (the upstream
-// may bill it), and the standing hold if the server committed a turn it
-// has not answered yet; it releases the standing hold otherwise.
+// end keeps what every response created holds (the upstream bills it),
+// and what the turns keep.
 func (s *realtime) end() {
 	s.mu.Lock()
-	left := s.pending
-	for _, resp := range s.live {
-		left = append(left, resp)
-	}
-	standing, committed := s.standing, s.committed
-	s.pending, s.live, s.standing = nil, map[string]*socketResponse{}, nil
+	live := s.live
+	s.live = map[string]*socketResponse{}
 	s.mu.Unlock()
-	for _, resp := range left {
+	for _, resp := range live {
 		s.settle(resp, outcome{source: sourceAbandoned})
 	}
-	if standing != nil {
-		out := outcome{source: sourceReleased}
-		if committed {
-			out.source = sourceAbandoned
-		}
-		s.settle(standing, out)
-	}
+	s.turns.end()
 }
 
 // refuse answers a client event with an error event and forwards nothing.
