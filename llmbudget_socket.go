@@ -40,9 +40,12 @@ func (h *LLMBudget) serveSocket(w http.ResponseWriter, r *http.Request, repl *ca
 	// The messages must be readable: no permessage-deflate.
 	r.Header.Del("Sec-WebSocket-Extensions")
 	var s socketSession
-	if c.socket == socketRealtime {
+	switch c.socket {
+	case socketRealtime:
 		s = h.newRealtime(r, repl, c)
-	} else {
+	case socketLive:
+		s = h.newLive(r, repl, c)
+	default:
 		s = &socket{h: h, r: r, repl: repl, identity: *c}
 	}
 	defer s.end()
@@ -56,6 +59,7 @@ const (
 	notSocket       socketKind = iota
 	socketResponses            // the Responses API's WebSocket mode
 	socketRealtime             // the Realtime API
+	socketLive                 // Gemini Live
 )
 
 // socketSession is a protocol's reading of a budgeted session: what of each
@@ -257,7 +261,12 @@ func (c *socketConn) fromUpstream(b []byte) error {
 // event sends an event of ours to the client, at a frame boundary of the
 // upstream's stream.
 func (c *socketConn) event(payload []byte) {
-	frame := wsframe.Append(nil, wsframe.OpText, payload, false)
+	c.send(wsframe.Append(nil, wsframe.OpText, payload, false))
+}
+
+// send sends a frame of ours to the client, at a frame boundary of the
+// upstream's stream.
+func (c *socketConn) send(frame []byte) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.out.Pending() > 0 {

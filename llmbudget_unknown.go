@@ -58,8 +58,8 @@ func isUpgrade(r *http.Request) bool {
 // generates as much as its client asks, event after event, through a
 // handshake that looks like a read. A path in PassUpgrades is forwarded
 // unbudgeted; a session llmbudget meters (the Responses API's WebSocket
-// mode and the Realtime API, over HTTP/1.1) is budgeted a response at a
-// time (c.socket); any other (Gemini Live, a CONNECT, a WebSocket over
+// mode, the Realtime API, Gemini Live, over HTTP/1.1) is budgeted a
+// response at a time (c.socket); any other (a CONNECT, a WebSocket over
 // HTTP/2) is refused.
 func (h *LLMBudget) screenUpgrade(r *http.Request, c *call) (budgeted bool, ref *refusal) {
 	p := usage.NormalizePath(r.URL.Path)
@@ -76,10 +76,15 @@ func (h *LLMBudget) screenUpgrade(r *http.Request, c *call) (budgeted bool, ref 
 		c.socket = socketResponses
 		return true, nil
 	}
-	if isRealtimePath(p) && r.ProtoMajor == 1 && strings.EqualFold(r.Method, http.MethodGet) &&
-		strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		c.socket, c.format = socketRealtime, usage.OpenAIChat
-		return true, nil
+	if r.ProtoMajor == 1 && strings.EqualFold(r.Method, http.MethodGet) && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		switch {
+		case isRealtimePath(p):
+			c.socket, c.format = socketRealtime, usage.OpenAIChat
+			return true, nil
+		case isLivePath(p):
+			c.socket, c.format = socketLive, usage.Gemini
+			return true, nil
+		}
 	}
 	return false, &refusal{kind: refusedRequest, status: http.StatusForbidden, code: "unbudgeted_upgrade", noRetry: true,
 		message: fmt.Sprintf("llmbudget does not meter this protocol upgrade (Upgrade: %q, %s %s), so it does not forward it: a session bills what it generates, unbudgeted; use the HTTP API or the Responses API's WebSocket mode, or list the path in pass_upgrades to forward it unbudgeted",
@@ -123,6 +128,13 @@ func (h *LLMBudget) boundUnknown(c *call) *refusal {
 // endpoint: /v1/realtime (Azure: /openai/realtime), under any prefix.
 func isRealtimePath(p string) bool {
 	return strings.HasSuffix(p, "/realtime")
+}
+
+// isLivePath reports whether p is Gemini Live's WebSocket endpoint
+// (…GenerativeService.BidiGenerateContent, its Constrained form for
+// ephemeral tokens, Vertex AI's …LlmBidiService/BidiGenerateContent).
+func isLivePath(p string) bool {
+	return strings.HasSuffix(p, "bidigeneratecontent") || strings.HasSuffix(p, "bidigeneratecontentconstrained")
 }
 
 // unknownField is the first of fields the operator did not name neutral.

@@ -50,14 +50,15 @@ func (s *closedWorldSite) held(t *testing.T, resp *http.Response, before int64) 
 
 // A protocol upgrade on a budgeted handler is never a read: a WebSocket
 // session generates what its events ask for. One llmbudget does not meter
-// (the Responses API's WebSocket mode and the Realtime API are:
-// llmbudget_socket_test.go, llmbudget_realtime_test.go) is
+// (the Responses API's WebSocket mode, the Realtime API and Gemini Live
+// are: llmbudget_socket_test.go, llmbudget_realtime_test.go,
+// llmbudget_live_test.go) is
 // refused, on a path llmbudget budgets or not, and nothing reaches the
 // upstream, unless its path is listed in pass_upgrades.
 func TestUpgradesAreRefusedUnlessPassed(t *testing.T) {
 	s := newClosedWorldSite(t, 100_000, "pass_upgrades /ws/passed/*")
 	for _, path := range []string{
-		"/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent", // Gemini Live
+		"/v1/audio/stream", // a WebSocket API llmbudget does not know
 		"/v1/chat/completions",
 	} {
 		hits := s.up.Hits()

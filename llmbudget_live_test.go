@@ -1,0 +1,154 @@
+package fleetguard
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetguard/fleetguard/internal/fakellm"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wsframe"
+)
+
+const livePath = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent"
+
+// liveBudget is Caddy with a budget of limit tokens in front of a
+// fakellm.Live whose model reads a window of 20,000 tokens.
+func liveBudget(t *testing.T, prefix string, limit int, up *fakellm.Live) (url string, counter func() int64) {
+	t.Helper()
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	srv := redistest.Start(t)
+	port := freePort(t)
+	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
+		fmt.Sprintf("budget g {\n limit %d\n window 1h\n }\n context_window 20000\n default_max_tokens 3000", limit)))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rc.Close() })
+	return fmt.Sprintf("http://127.0.0.1:%d", port), func() int64 { return budgetCounter(t, rc, prefix, "g") }
+}
+
+// frame is the next frame's opcode and payload.
+func (c *socketClient) frame() (byte, []byte) {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 32<<10)
+	for {
+		f, ok, err := c.p.Next()
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if ok {
+			return f.Opcode, append([]byte(nil), f.Payload...)
+		}
+		c.p.Keep()
+		n, err := c.br.Read(buf)
+		if err != nil {
+			c.t.Fatalf("reading the socket: %v", err)
+		}
+		c.p.Feed(append([]byte(nil), buf[:n]...))
+	}
+}
+
+// untilTurnOrClose reads up to a turn's end (true) or a close frame
+// (false, its code and reason).
+func (c *socketClient) untilTurnOrClose() (bool, uint16, string) {
+	c.t.Helper()
+	for {
+		op, payload := c.frame()
+		switch {
+		case op == wsframe.OpClose && len(payload) >= 2:
+			return false, binary.BigEndian.Uint16(payload), string(payload[2:])
+		case op == wsframe.OpClose:
+			return false, 0, ""
+		case strings.Contains(string(payload), `"turnComplete":true`):
+			return true, 0, ""
+		}
+	}
+}
+
+// A Gemini Live session through llmbudget is answered a turn at a time,
+// each held at its worst case (the window, the cap forwarded as
+// maxOutputTokens, the thinking the setup allows) and settled to its
+// usageMetadata; the turn that does not fit ends the session with a close
+// frame naming the budget, and is not forwarded.
+func TestAGeminiLiveSessionIsBudgetedATurnAtATime(t *testing.T) {
+	up := &fakellm.Live{Tokens: 2000, Thinking: 800, Window: 20000, AudioBytesPerToken: 1}
+	url, counter := liveBudget(t, "live", 60000, up)
+	c := dialSocket(t, url, livePath+"?key=k1")
+	c.send(`{"setup":{"model":"models/gemini-2.0-flash-live-001","generationConfig":{"responseModalities":["AUDIO"],"thinkingConfig":{"thinkingBudget":500}},"realtimeInputConfig":{"automaticActivityDetection":{"disabled":true}}}}`)
+	if op, payload := c.frame(); !strings.Contains(string(payload), "setupComplete") {
+		t.Fatalf("the setup: %d %s", op, payload)
+	}
+	var answered int
+	var code uint16
+	var reason string
+	for range 10 {
+		c.send(`{"clientContent":{"turns":[{"role":"user","parts":[{"text":"tell me a story"}]}],"turnComplete":true}}`)
+		var ok bool
+		if ok, code, reason = c.untilTurnOrClose(); !ok {
+			break
+		}
+		answered++
+	}
+	got, billed := counter(), up.Billed()
+	t.Logf("%d turns answered, then close %d %q; counter %d, billed %d", answered, code, reason, got, billed)
+	if answered == 0 || code != 1008 || !strings.Contains(reason, "RESOURCE_EXHAUSTED (token_budget_exceeded)") || got > 60000 || billed > got {
+		t.Fatalf("%d answered, close %d %q; counter %d of 60,000, billed %d: want turns answered, then a 1008 close naming RESOURCE_EXHAUSTED, the counter within the limit and the bill within it",
+			answered, code, reason, got, billed)
+	}
+	if up.Turns() != int64(answered) || up.Uncapped() != 0 {
+		t.Fatalf("the upstream ran %d turns for %d held, %d uncapped: want only the held, each capped", up.Turns(), answered, up.Uncapped())
+	}
+}
+
+// A setup llmbudget cannot bound is refused before it goes up: audio
+// transcription, a field it does not know.
+func TestAGeminiLiveSetupItCannotBoundIsRefused(t *testing.T) {
+	up := &fakellm.Live{Tokens: 10}
+	url, _ := liveBudget(t, "livesetup", 60000, up)
+	for _, setup := range []struct{ body, want string }{
+		{`{"setup":{"model":"models/m","outputAudioTranscription":{}}}`, "unbudgeted_transcription"},
+		{`{"setup":{"model":"models/m","frobnicate":true}}`, "unknown_field"},
+		{`{"clientContent":{"turnComplete":true}}`, "setup"},
+	} {
+		c := dialSocket(t, url, livePath)
+		c.send(setup.body)
+		if ok, code, reason := c.untilTurnOrClose(); ok || code != 1008 || !strings.Contains(reason, setup.want) {
+			t.Errorf("%s: close %d %q, want 1008 naming %s", setup.body, code, reason, setup.want)
+		}
+	}
+	if up.Turns() != 0 {
+		t.Fatalf("the upstream answered %d turns of refused setups", up.Turns())
+	}
+}
+
+// With automatic activity detection on (the default), the server answers
+// the audio it hears: each turn is held before its audio goes up.
+func TestGeminiLiveAudioIsHeldBeforeItGoesUp(t *testing.T) {
+	up := &fakellm.Live{Tokens: 1000, Window: 20000, AudioBytesPerToken: 1}
+	url, counter := liveBudget(t, "liveaudio", 60000, up)
+	c := dialSocket(t, url, livePath)
+	c.send(`{"setup":{"model":"models/gemini-2.0-flash-live-001","generationConfig":{"thinkingConfig":{"thinkingBudget":0}}}}`)
+	c.frame()
+	audio := base64.StdEncoding.EncodeToString(make([]byte, 2000))
+	var answered int
+	for range 10 {
+		c.send(`{"realtimeInput":{"audio":{"mimeType":"audio/pcm;rate=16000","data":"` + audio + `"}}}`)
+		if ok, _, _ := c.untilTurnOrClose(); !ok {
+			break
+		}
+		answered++
+	}
+	got, billed := counter(), up.Billed()
+	t.Logf("%d turns answered; counter %d, billed %d", answered, got, billed)
+	if answered == 0 || answered == 10 || got > 60000 || billed > got || up.Inputs() != int64(answered) {
+		t.Fatalf("%d answered (upstream heard %d inputs); counter %d of 60,000, billed %d: want some answered, then the session ended, refused audio not forwarded, the counter within the limit and the bill within it",
+			answered, up.Inputs(), got, billed)
+	}
+}
