@@ -23,7 +23,7 @@ import (
 // session loops until its first refusal, an error event on the open
 // session.
 
-var transports = flag.String("transports", "socket,realtime,realtime-audio", "WebSocket cases, comma-separated: socket (the Responses API's WebSocket mode), realtime (Realtime text turns), realtime-audio (Realtime audio turns answered by its turn detection); empty for none")
+var transports = flag.String("transports", "socket,realtime,realtime-audio,live,live-audio", "WebSocket cases, comma-separated: socket (the Responses API's WebSocket mode), realtime (Realtime text turns), realtime-audio (Realtime audio turns answered by its turn detection), live (Gemini Live text turns), live-audio (Gemini Live audio turns answered by its activity detection); empty for none")
 
 // socketWindow is the context window the transports' llmbudget holds for
 // a Realtime response's input.
@@ -31,21 +31,23 @@ const socketWindow = 32000
 
 // socketUpstreams are the stand-ins the transports run against.
 type socketUpstreams struct {
-	socket             *fakellm.Socket
-	realtime           *fakellm.Realtime
-	socketAddr, rtAddr string
-	servers            []*http.Server
+	socket                       *fakellm.Socket
+	realtime                     *fakellm.Realtime
+	live                         *fakellm.Live
+	socketAddr, rtAddr, liveAddr string
+	servers                      []*http.Server
 }
 
 func startSocketUpstreams() (*socketUpstreams, func(), error) {
 	s := &socketUpstreams{
 		socket:   &fakellm.Socket{Tokens: *tokens},
 		realtime: &fakellm.Realtime{Tokens: *tokens, Window: socketWindow, AudioBytesPerToken: 100},
+		live:     &fakellm.Live{Tokens: *tokens, Thinking: 100, Window: socketWindow, AudioBytesPerToken: 100},
 	}
 	for _, h := range []struct {
 		handler http.Handler
 		addr    *string
-	}{{s.socket, &s.socketAddr}, {s.realtime, &s.rtAddr}} {
+	}{{s.socket, &s.socketAddr}, {s.realtime, &s.rtAddr}, {s.live, &s.liveAddr}} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, nil, err
@@ -63,13 +65,14 @@ func startSocketUpstreams() (*socketUpstreams, func(), error) {
 }
 
 func (s *socketUpstreams) addrs() map[string]string {
-	return map[string]string{"socket": s.socketAddr, "realtime": s.rtAddr}
+	return map[string]string{"socket": s.socketAddr, "realtime": s.rtAddr, "live": s.liveAddr}
 }
 
 // socketRoutes are the site's routes to the transports' stand-ins, budgeted.
 func socketRoutes(addrs map[string]string) string {
 	return fmt.Sprintf(`		@upgrade header Upgrade websocket
 		@realtime path /v1/realtime
+		@live path_regexp BidiGenerateContent$
 		llmbudget @upgrade {
 			budget sockets {
 				scope model
@@ -79,7 +82,8 @@ func socketRoutes(addrs map[string]string) string {
 			context_window %d
 		}
 		reverse_proxy @realtime %s
-		reverse_proxy @upgrade %s`, *limit, socketWindow, addrs["realtime"], addrs["socket"])
+		reverse_proxy @live %s
+		reverse_proxy @upgrade %s`, *limit, socketWindow, addrs["realtime"], addrs["live"], addrs["socket"])
 }
 
 // transportCase is one transport's case: a session's path and model, and
@@ -122,6 +126,24 @@ func (s *socketUpstreams) cases() []transportCase {
 				turn: func(ss *session) (bool, error) {
 					ss.send(`{"type":"input_audio_buffer.append","audio":"` + audio + `"}`)
 					return ss.until("response.done")
+				}})
+		case "live", "live-audio":
+			model, setup, input := "gemini-live-text", `{"setup":{"model":"models/gemini-live-text","generationConfig":{"thinkingConfig":{"thinkingBudget":200}},"realtimeInputConfig":{"automaticActivityDetection":{"disabled":true}}}}`,
+				`{"clientContent":{"turns":[{"role":"user","parts":[{"text":"go on"}]}],"turnComplete":true}}`
+			if name == "live-audio" {
+				model, setup, input = "gemini-live-audio", `{"setup":{"model":"models/gemini-live-audio","generationConfig":{"thinkingConfig":{"thinkingBudget":200}}}}`,
+					`{"realtimeInput":{"audio":{"mimeType":"audio/pcm;rate=16000","data":"`+audio+`"}}}`
+			}
+			cases = append(cases, transportCase{name: name, text: map[bool]string{true: "audio", false: "english"}[name == "live-audio"], model: model,
+				path: "/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent", billed: s.live.Billed,
+				open: func(ss *session) error {
+					ss.send(setup)
+					_, err := ss.until("setupComplete")
+					return err
+				},
+				turn: func(ss *session) (bool, error) {
+					ss.send(input)
+					return ss.until("turnComplete")
 				}})
 		default:
 			fmt.Printf("-transports: unknown case %q\n", name)
@@ -226,8 +248,8 @@ func (s *session) send(event string) {
 	_, _ = s.conn.Write(wsframe.Append(nil, wsframe.OpText, []byte(event), true))
 }
 
-// until reads events up to one of type done (true) or an error event
-// (false).
+// until reads events up to one of type done (true; a Live message that
+// has the member done) or an error event or a close frame (false).
 func (s *session) until(done string) (bool, error) {
 	_ = s.conn.SetReadDeadline(time.Now().Add(60 * time.Second))
 	for {
@@ -244,15 +266,18 @@ func (s *session) until(done string) (bool, error) {
 			s.p.Feed(append([]byte(nil), s.buf[:n]...))
 			continue
 		}
+		if f.Opcode == wsframe.OpClose {
+			return false, nil // Gemini Live ends the session to refuse
+		}
 		if f.IsControl() {
 			continue
 		}
 		var ev struct{ Type string }
 		_ = json.Unmarshal(f.Payload, &ev)
-		switch ev.Type {
-		case done:
+		switch {
+		case ev.Type == done || ev.Type == "" && strings.Contains(string(f.Payload), `"`+done+`"`):
 			return true, nil
-		case "error":
+		case ev.Type == "error":
 			return false, nil
 		}
 	}
