@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -321,8 +322,10 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	seen := make(map[string]bool)
+	lines := make(map[string]string) // what compile's errors name -> its line
 	for d.NextBlock(0) {
 		field := d.Val()
+		noteLine(d, lines)
 		parse, ok := llmBudgetOptions[field]
 		if !ok {
 			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, provider, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, unknown_fields, neutral_fields, pass_upgrades, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
@@ -337,12 +340,53 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	// Check now, for an error with a Caddyfile line. compile fills in only
+	// Check now, for an error with a Caddyfile line: the line of the option
+	// or budget it names, else the block's. compile fills in only
 	// unexported state, so the adapted JSON stays as written.
 	if err := h.compile(); err != nil {
+		if at := lineOfError(err, lines); at != "" {
+			return fmt.Errorf("%w, at %s", err, at)
+		}
 		return d.Err(err.Error())
 	}
 	return nil
+}
+
+// noteLine keeps the line of the subdirective at the cursor under the name
+// compile's errors give it: `budget "<name>"`, `price "<model>"`,
+// `deployment "<name>"`, or the option (its JSON name where that differs).
+func noteLine(d *caddyfile.Dispenser, lines map[string]string) {
+	key := d.Val()
+	switch key {
+	case "budget", "price", "deployment":
+		if d.NextArg() {
+			key += " " + strconv.Quote(d.Val())
+			d.Prev() // back to the subdirective, for its parser
+		}
+	case "tokenizer", "proxy_tokenizer":
+		key += "s"
+	}
+	lines[key] = position(d) // the last: a budget defined twice is wrong at its second
+	if key == "max_output_tokens" {
+		lines["over_max_output_tokens"] = position(d)
+	}
+}
+
+// lineOfError is the line of what a compile error names after its
+// "llmbudget: " ("" when it names nothing the block holds).
+func lineOfError(err error, lines map[string]string) string {
+	msg := strings.TrimPrefix(err.Error(), "llmbudget: ")
+	best := ""
+	for key := range lines {
+		rest, ok := strings.CutPrefix(msg, key)
+		if ok && (rest == "" || rest[0] == ':' || rest[0] == ' ') && len(key) > len(best) {
+			best = key
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return lines[best]
 }
 
 // llmBudgetOptions parse each subdirective of llmbudget into h; field is
@@ -373,7 +417,17 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 		h.Prices[model] = pc
 		return nil
 	},
-	"prices_file": stringOption(func(h *LLMBudget) *string { return &h.PricesFile }, "one path"),
+	"prices_file": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.PricesFile) {
+			return d.Errf("llmbudget: prices_file takes one path")
+		}
+		// Read here too (Provision reads it again), so that a file that is
+		// missing or does not parse names this line.
+		if _, err := loadPricesFile(h.PricesFile); err != nil {
+			return d.Errf("llmbudget: prices_file: %v", err)
+		}
+		return nil
+	},
 	"deployment": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		var name, model string
 		if !d.AllArgs(&name, &model) {
@@ -629,13 +683,9 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 				return bc, err
 			}
 			limitFor = append(limitFor, lf)
-		case "scope":
-			if !d.AllArgs(&bc.Scope) {
-				return bc, d.Errf("llmbudget: budget %q: scope takes one value", bc.Name)
-			}
-		case "unit":
-			if !d.AllArgs(&bc.Unit) {
-				return bc, d.Errf("llmbudget: budget %q: unit takes one value", bc.Name)
+		case "scope", "unit":
+			if err := parseBudgetWord(d, &bc); err != nil {
+				return bc, err
 			}
 		case "limit":
 			if decimalLimit, err = parseBudgetLimit(d, &bc); err != nil {
@@ -666,16 +716,44 @@ func finishBudget(bc *BudgetConfig, seen map[string]bool, limitFor []limitForLin
 		}
 		bc.LimitFor = append(bc.LimitFor, lf.LimitForConfig)
 	}
-	for _, required := range []string{"limit", "window"} {
-		if !seen[required] {
-			return fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
-		}
-	}
 	// "limit 25.00" reads as 25 once adapted to JSON: a token budget of 25
 	// that denies everything. Written with a decimal point, it was meant in
 	// dollars.
-	if decimalLimit != "" && !strings.EqualFold(bc.Unit, "usd") {
-		return fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
+	if decimalLimit != "" && !strings.EqualFold(bc.Unit, "usd") && seen["unit"] {
+		return fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: write `unit usd` for a dollar budget, or a whole number of tokens, at %s", bc.Name, decimalLimit)
+	}
+	for _, required := range []string{"unit", "limit", "window"} {
+		if seen[required] {
+			continue
+		}
+		if required == "unit" {
+			return fmt.Errorf("llmbudget: budget %q: %s, at %s", bc.Name, errUnitRequired, at)
+		}
+		return fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
+	}
+	// The rest is checked as the JSON config is: an error of a limit_for
+	// line names that line, any other the budget's.
+	if _, err := bc.compile(); err != nil {
+		if lfe := (*limitForError)(nil); errors.As(err, &lfe) {
+			return fmt.Errorf("llmbudget: budget %q: limit_for: %w, at %s", bc.Name, lfe.err, limitFor[lfe.i].at)
+		}
+		return fmt.Errorf("%w, at %s", err, at)
+	}
+	return nil
+}
+
+// parseBudgetWord reads a budget's scope or unit, checked here so that a
+// bad one names its own line.
+func parseBudgetWord(d *caddyfile.Dispenser, bc *BudgetConfig) error {
+	field, dst, check := d.Val(), &bc.Scope, func(s string) error { _, err := budget.ParseScope(s); return err }
+	if field == "unit" {
+		dst, check = &bc.Unit, func(s string) error { _, err := budget.ParseUnit(s); return err }
+	}
+	if !d.AllArgs(dst) {
+		return d.Errf("llmbudget: budget %q: %s takes one value", bc.Name, field)
+	}
+	if err := check(*dst); err != nil {
+		return d.Errf("llmbudget: budget %q: %v", bc.Name, err)
 	}
 	return nil
 }

@@ -300,7 +300,9 @@ type BudgetConfig struct {
 	Name string `json:"name,omitempty"`
 	// Scope: global (default), key (per principal), model or team.
 	Scope string `json:"scope,omitempty"`
-	// Unit: tokens (default) or usd.
+	// Unit is what the budget counts: tokens or usd. Required: a limit
+	// read in the wrong unit (`limit 5` meant as dollars, counted as
+	// tokens) would refuse every request, so there is no default.
 	Unit string `json:"unit,omitempty"`
 	// Limit in tokens (an integer) or dollars.
 	Limit float64 `json:"limit,omitempty"`
@@ -633,10 +635,11 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 		}
 	}
-	if bc.Unit != "" {
-		if b.Unit, err = budget.ParseUnit(bc.Unit); err != nil {
-			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
-		}
+	if bc.Unit == "" {
+		return b, fmt.Errorf("llmbudget: budget %q: %s", bc.Name, errUnitRequired)
+	}
+	if b.Unit, err = budget.ParseUnit(bc.Unit); err != nil {
+		return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 	}
 	if bc.Limit == 0 {
 		return b, fmt.Errorf("llmbudget: budget %q: limit is required (a number > 0)", bc.Name)
@@ -668,6 +671,9 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 	return b, nil
 }
 
+// errUnitRequired is the error of a budget that says no unit.
+const errUnitRequired = "unit is required: tokens or usd (a limit counted in the wrong unit refuses every request, so there is no default)"
+
 // limitIn is a limit of the config in the store's unit u: tokens, or
 // micro-dollars for dollars. Its error completes "limit ...".
 func limitIn(u budget.Unit, v float64) (int64, error) {
@@ -687,8 +693,19 @@ func limitIn(u budget.Unit, v float64) (int64, error) {
 	return int64(v), nil
 }
 
+// limitForError is an error of the limit_for entry at index i, so the
+// Caddyfile reader can name that entry's line.
+type limitForError struct {
+	i   int
+	err error
+}
+
+func (e *limitForError) Error() string { return fmt.Sprintf("limit_for[%d]: %v", e.i, e.err) }
+func (e *limitForError) Unwrap() error { return e.err }
+
 // compileLimitFor turns LimitFor into b's Fixed limits and the Names of the
-// values it names (a key's is not kept: it is a secret), by scope id.
+// values it names (a key's is not kept: it is a secret), by scope id. An
+// error about one entry is a *limitForError.
 func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, map[string]string, error) {
 	if len(bc.LimitFor) == 0 {
 		return nil, nil, nil
@@ -700,20 +717,20 @@ func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, map
 	for i, lf := range bc.LimitFor {
 		hash := lf.ValueHash
 		if (lf.Value == "") == (hash == "") {
-			return nil, nil, fmt.Errorf("limit_for[%d]: give value or value_hash, one of them", i)
+			return nil, nil, &limitForError{i, errors.New("give value or value_hash, one of them")}
 		}
 		if lf.Value != "" {
 			hash = keyhash.Of(lf.Value).String()
 		}
 		id, err := budget.HashedScopeID(b.Scope, hash)
 		if err != nil {
-			return nil, nil, fmt.Errorf("limit_for[%d]: value_hash: %w", i, err)
+			return nil, nil, &limitForError{i, fmt.Errorf("value_hash: %w", err)}
 		}
 		if _, dup := fixed[id]; dup {
-			return nil, nil, fmt.Errorf("limit_for[%d]: the value is given a limit twice", i)
+			return nil, nil, &limitForError{i, errors.New("the value is given a limit twice")}
 		}
 		if fixed[id], err = limitIn(b.Unit, lf.Limit); err != nil {
-			return nil, nil, fmt.Errorf("limit_for[%d]: limit %w", i, err)
+			return nil, nil, &limitForError{i, fmt.Errorf("limit %w", err)}
 		}
 		if lf.Value != "" && b.Scope != budget.PerKey {
 			names[id] = lf.Value

@@ -20,8 +20,8 @@ import (
 // (Caddy's events app logs each event at debug) to logPath.
 func alertsCaddyfile(adminPort, port int, redisURL, upstream, logPath string) string {
 	c := fleetInstance(adminPort, port, redisURL, "alerts", upstream,
-		"budget per_team {\n\t\t\tscope team\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\t}",
-		"budget all {\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\t}",
+		"budget per_team {\n\t\t\tscope team\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\tunit tokens\n\t\t}",
+		"budget all {\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\tunit tokens\n\t\t}",
 	)
 	c.Global = append([]string{logTo(logPath)}, c.Global...)
 	return c.String()
