@@ -141,7 +141,7 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			}
 			waitSettles()
 			for _, key := range []string{aliceKey, bobKey} {
-				if resp, body := chat(t, llm, chatBody, "Authorization: "+key); resp.StatusCode != http.StatusTooManyRequests {
+				if resp, body := chat(t, llm, chatBody, "Authorization: "+key, "X-Team: red"); resp.StatusCode != http.StatusTooManyRequests {
 					t.Fatalf("9th request: %d %s, want 429", resp.StatusCode, body)
 				}
 			}
@@ -198,7 +198,7 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if bob := budgetWindowAt(t, http.MethodGet, admin+"per_key?key="+url.QueryEscape(bobKey)); bob.Used != "800" {
 				t.Fatalf("bob's window after alice's reset: %+v", bob)
 			}
-			if resp, body := chat(t, llm, chatBody, "Authorization: "+aliceKey); resp.StatusCode != http.StatusOK {
+			if resp, body := chat(t, llm, chatBody, "Authorization: "+aliceKey, "X-Team: red"); resp.StatusCode != http.StatusOK {
 				t.Fatalf("alice after the reset: %d %s, want 200", resp.StatusCode, body)
 			}
 			waitSettles()
@@ -209,7 +209,7 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key="+url.QueryEscape(bobKey)); reset.ScopeHash != bob.ScopeHash {
 				t.Fatalf("bob's reset answer %+v, want scope_hash %s", reset, bob.ScopeHash)
 			}
-			if resp, body := chat(t, llm, chatBody, "Authorization: "+bobKey); resp.StatusCode != http.StatusOK {
+			if resp, body := chat(t, llm, chatBody, "Authorization: "+bobKey, "X-Team: red"); resp.StatusCode != http.StatusOK {
 				t.Fatalf("bob after the reset: %d %s, want 200", resp.StatusCode, body)
 			}
 

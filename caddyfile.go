@@ -283,7 +283,9 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			limit  <number>
 //			limit_for <scope>|<scope>_hash <value> <number>
 //			alert_at <percent>...
-//			window <duration>
+//			window <duration>|day|week|month
+//			timezone <IANA zone>
+//			missing_scope refuse|shared
 //		}
 //		price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>]
 //			[audio <input> <output>] [long_context <above_tokens> <input> <output>]
@@ -695,12 +697,16 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 			if err := parseBudgetWindow(d, &bc); err != nil {
 				return bc, err
 			}
+		case "missing_scope":
+			if !d.AllArgs(&bc.MissingScope) || bc.MissingScope != missingScopeRefuse && bc.MissingScope != missingScopeShared {
+				return bc, d.Errf("llmbudget: budget %q: missing_scope takes refuse or shared", bc.Name)
+			}
 		case "timezone":
 			if !d.AllArgs(&bc.Timezone) {
 				return bc, d.Errf("llmbudget: budget %q: timezone takes an IANA zone name (America/New_York)", bc.Name)
 			}
 		default:
-			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, alert_at, window or timezone)", bc.Name, field)
+			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, alert_at, window, timezone or missing_scope)", bc.Name, field)
 		}
 	}
 	return bc, finishBudget(&bc, seen, limitFor, at, decimalLimit)

@@ -261,6 +261,12 @@ type LLMBudget struct {
 	// budgets' items would show it every other tenant's traffic, so they
 	// are named only when listed here. An empty list names none (and the
 	// headers are left out). Default ["key", "team"].
+	//
+	// An item's quota (q) and remaining (r) are in the budget's counting
+	// unit, which the headers' integer fields can carry exactly: tokens for
+	// a token budget, micro-dollars for a usd budget ("team_usd";q=250000000
+	// is $250, r=1500000 is $1.50 left). The denial's message and the admin
+	// API say dollars; t and w are seconds.
 	RateLimitScopes []string `json:"ratelimit_scopes,omitzero"`
 
 	budgets          []budget.Budget
@@ -287,6 +293,9 @@ type LLMBudget struct {
 	logger           *zap.Logger
 	events           emitter
 	registered       bool // its budgets are in the store's registry (admin_registry.go)
+	// required are the scopes a request must name a value of, each with
+	// the first budget that requires it (missing_scope refuse).
+	required []requiredScope
 
 	// requests_total by budget (the index in budgets) and decision.
 	decisions      [][numDecisions]prometheus.Counter
@@ -326,7 +335,23 @@ type BudgetConfig struct {
 	// the llmbudget_threshold event and
 	// fleetguard_llmbudget_threshold_crossings_total. Default: none.
 	AlertAt []int `json:"alert_at,omitempty"`
+	// MissingScope is what happens to a request whose scope value for this
+	// budget is missing: a key budget's principal, or a team budget's team,
+	// that resolves to "" (the team header the request lacks, say).
+	// "refuse" answers 400 in the API's error shape (code missing_team or
+	// missing_principal) and forwards nothing; "shared" budgets every such
+	// request as one scope value, the empty one, with its own limit. Not for
+	// a global or model budget (a request always names its model). Default
+	// "refuse": a request must not escape its team's budget by leaving the
+	// team out.
+	MissingScope string `json:"missing_scope,omitempty"`
 }
+
+// Values of BudgetConfig.MissingScope.
+const (
+	missingScopeRefuse = "refuse"
+	missingScopeShared = "shared"
+)
 
 // LimitForConfig is the limit of one scope value of a budget.
 type LimitForConfig struct {
@@ -566,6 +591,7 @@ func (h *LLMBudget) compileBudgets() error {
 		}
 	}
 	h.policy = joinItems(policies)
+	h.required = requiredScopes(h.Budgets, h.budgets)
 	if h.hasUSD && len(h.Prices) == 0 && h.PricesFile == "" {
 		// Every request would be refused as unpriced.
 		return errors.New("llmbudget: price: a usd budget needs the price of each model it admits (price <model>[*] <input> <output> [<cached_input>], USD per 1M tokens, or prices_file <path>)")
@@ -664,6 +690,12 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 		return b, fmt.Errorf("llmbudget: budget %q: timezone applies to a calendar window (window day, week or month)", bc.Name)
 	case bc.Window == 0:
 		return b, fmt.Errorf("llmbudget: budget %q: window is required", bc.Name)
+	}
+	switch {
+	case bc.MissingScope != "" && bc.MissingScope != missingScopeRefuse && bc.MissingScope != missingScopeShared:
+		return b, fmt.Errorf("llmbudget: budget %q: missing_scope %q: want refuse or shared", bc.Name, bc.MissingScope)
+	case bc.MissingScope != "" && b.Scope != budget.PerKey && b.Scope != budget.PerTeam:
+		return b, fmt.Errorf("llmbudget: budget %q: missing_scope applies to a key or team budget (a %s budget's value is never missing)", bc.Name, b.Scope)
 	}
 	if err := b.Validate(); err != nil {
 		return b, fmt.Errorf("llmbudget: %w", err)
@@ -950,6 +982,9 @@ func (h *LLMBudget) bindCounters() {
 	// The series a dashboard queries, at 0 until the first settle.
 	for _, b := range h.budgets {
 		metrics.llmCharged.WithLabelValues(b.Name, b.Unit.String())
+		if b.Unit == budget.USD {
+			metrics.llmChargedUSD.WithLabelValues(b.Name)
+		}
 		if b.Scope == budget.PerKey {
 			metrics.llmKeysDenied.WithLabelValues(b.Name)
 		}

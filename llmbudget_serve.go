@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -112,6 +113,9 @@ func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	}
 	c.body = body
 	h.identify(r, repl, c)
+	if ref := h.requireScopes(c); ref != nil {
+		return nil, ref
+	}
 	if ref := h.estimate(c); ref != nil {
 		return nil, ref
 	}
@@ -622,9 +626,9 @@ func (h *LLMBudget) shadowDenied(d *budget.Denial, c *call) {
 	h.logger.Info("shadow: request would be denied by budget",
 		zap.String("budget", d.Budget.Name),
 		zap.String("scope", d.Budget.Scope.String()),
-		zap.Int64("requested", d.Amount),
-		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Limit))
+		zapAmount("requested", d.Budget.Unit, d.Amount),
+		zapAmount("used", d.Budget.Unit, d.Used),
+		zapAmount("limit", d.Budget.Unit, d.Limit))
 	h.emitDenied(d, c, true)
 }
 
@@ -707,4 +711,45 @@ func (h *LLMBudget) countAll(d decision) {
 	for i := range h.decisions {
 		h.decisions[i][d].Inc()
 	}
+}
+
+// requiredScope is a scope whose value a request must name, and the first
+// budget that requires it.
+type requiredScope struct {
+	scope  budget.Scope
+	budget string
+}
+
+// requiredScopes are the key and team scopes whose budgets refuse a
+// request without a value (missing_scope refuse, the default), once each.
+func requiredScopes(configs []BudgetConfig, budgets []budget.Budget) []requiredScope {
+	var req []requiredScope
+	var seen scopeSet
+	for i, b := range budgets {
+		if (b.Scope != budget.PerKey && b.Scope != budget.PerTeam) || configs[i].MissingScope == missingScopeShared || seen.has(b.Scope) {
+			continue
+		}
+		seen |= 1 << b.Scope
+		req = append(req, requiredScope{b.Scope, b.Name})
+	}
+	return req
+}
+
+// requireScopes refuses a request that names no value for a scope one of
+// its budgets is kept per (a team budget's request without its team): it
+// would otherwise be budgeted as the empty value, a budget no team owns.
+func (h *LLMBudget) requireScopes(c *call) *refusal {
+	for _, rs := range h.required {
+		if c.dims.Value(rs.scope) != "" {
+			continue
+		}
+		code, what, from := "missing_team", "team", h.Team
+		if rs.scope == budget.PerKey {
+			code, what, from = "missing_principal", "principal", cmp.Or(h.Principal, "its API credential")
+		}
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, noRetry: true, body: c.body,
+			message: fmt.Sprintf("budget %q is kept per %s, and this request names no %s (%s is empty): it is refused rather than charged to no one's budget",
+				rs.budget, rs.scope, what, from)}
+	}
+	return nil
 }

@@ -208,6 +208,9 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 			amount = hold.Budget.Amount(spend)
 		}
 		metrics.llmCharged.WithLabelValues(hold.Budget.Name, hold.Budget.Unit.String()).Add(float64(amount))
+		if hold.Budget.Unit == budget.USD {
+			metrics.llmChargedUSD.WithLabelValues(hold.Budget.Name).Add(dollars(amount))
+		}
 	}
 	if out.source.charged() {
 		observeUsage(model, out.usage, spend)

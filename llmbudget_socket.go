@@ -37,6 +37,9 @@ import (
 // reservation of every response still in flight when the session ends.
 func (h *LLMBudget) serveSocket(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, c *call) error {
 	h.identify(r, repl, c)
+	if ref := h.requireScopes(c); ref != nil {
+		return h.refuse(w, r, repl, next, c, ref)
+	}
 	// The messages must be readable: no permessage-deflate.
 	r.Header.Del("Sec-WebSocket-Extensions")
 	s := &socket{h: h, r: r, repl: repl, identity: *c}

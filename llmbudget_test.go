@@ -180,8 +180,9 @@ func TestLLMBudgetUSDBudget(t *testing.T) {
 		// fit, which is not "exhausted".
 		if e := decodeError(t, lastBody); e.Error.Code != tt.code ||
 			!strings.Contains(e.Error.Message, "$0.001675 of $0.004 left") || !strings.Contains(e.Error.Message, "does not fit") ||
-			strings.Contains(e.Error.Message, "micro") || strings.Contains(e.Error.Message, "exhausted") {
-			t.Fatalf("%q: code %q, message %q: want %s, dollars and \"does not fit\"", tt.option, e.Error.Code, e.Error.Message, tt.code)
+			strings.Contains(e.Error.Message, "micro") || strings.Contains(e.Error.Message, "exhausted") ||
+			!strings.Contains(e.Error.Message, "the window resets at ") || strings.Contains(e.Error.Message, "in flight") {
+			t.Fatalf("%q: code %q, message %q: want %s, dollars, \"does not fit\", the reset as a time and no word of requests in flight (none is)", tt.option, e.Error.Code, e.Error.Message, tt.code)
 		}
 		if last.Header.Get("Retry-After") == "" {
 			t.Fatalf("%q: the denial carries no Retry-After", tt.option)
