@@ -32,8 +32,13 @@ const (
 	// eventLLMBudgetThreshold: a scope value of a budget reached a
 	// threshold of its alert_at, emitted once per window for the whole
 	// fleet (by the instance whose settle reached it first). Data: budget,
-	// scope, scope_hash (absent for a global budget), threshold (percent of
-	// the limit), used, limit, unit, window_end.
+	// scope, value (the team or model by name: its limit_for or price
+	// entry's, else as the request named it; absent for a key, whose value
+	// is a credential, and for a global budget), scope_hash (absent for a
+	// global budget), threshold (percent of the limit), used and limit (in
+	// the budget's unit: tokens, or dollars as a float for usd), unit,
+	// window_end (RFC 3339). The same is logged, at Info below 100% and at
+	// Warn at 100%.
 	eventLLMBudgetThreshold = "llmbudget_threshold"
 )
 

@@ -416,7 +416,8 @@ func (s *socket) settle(resp *socketResponse, out outcome) {
 		out, spend = outcome{source: sourceReserved}, budget.Spend{}
 	}
 	reserved := c.req.PromptTokens + c.outputCap*c.req.N
-	h.engines.settleLater(func() { h.settle(resp.res, out, spend, reserved, c.model) })
+	dims := c.dims
+	h.engines.settleLater(func() { h.settle(resp.res, out, spend, reserved, c.model, dims) })
 }
 
 // end keeps the reservation of every response still in flight when the
