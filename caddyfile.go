@@ -858,54 +858,67 @@ func position(d *caddyfile.Dispenser) string {
 	return d.File() + ":" + strconv.Itoa(d.Line())
 }
 
-// parseIntArg reads the one integer argument of the option at the cursor.
-// Its errors name the option and its position; callers add only their own
-// context, never a second position.
+// priceSyntax is the price line's syntax, for its errors.
+const priceSyntax = "price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>] [audio <input> <output>] [long_context <above_tokens> <input> <output>] [flex|priority|batch <input> <output>] [web_search <usd_per_call>] (USD per 1M tokens)"
+
+// priceWordValues is how many values each keyword of a price line takes.
+var priceWordValues = map[string]int{"cache_write": 1, "cache_write_1h": 1, "web_search": 1, "audio": 2, "flex": 2, "priority": 2, "batch": 2, "long_context": 3}
+
 // parsePrice reads a price line: the model, input and output (and cached
 // input) prices in USD per 1M tokens, then, each at most once, a keyword
 // and its prices.
 func parsePrice(d *caddyfile.Dispenser) (string, PriceConfig, error) {
-	const syntax = "price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>] [audio <input> <output>] [long_context <above_tokens> <input> <output>] [flex|priority|batch <input> <output>] [web_search <usd_per_call>] (USD per 1M tokens)"
 	args := d.RemainingArgs()
 	if len(args) < 3 {
-		return "", PriceConfig{}, d.Errf("llmbudget: price takes %s", syntax)
+		return "", PriceConfig{}, d.Errf("llmbudget: price takes %s", priceSyntax)
 	}
 	model := args[0]
-	num := func(what, a string) (float64, error) {
-		v, err := strconv.ParseFloat(a, 64)
-		if err != nil || v < 0 || math.IsInf(v, 0) {
-			return 0, d.Errf("llmbudget: price %q: %s: %q is not a price >= 0", model, what, a)
-		}
-		return v, nil
-	}
 	var pc PriceConfig
 	var err error
-	if pc.Input, err = num("input", args[1]); err != nil {
+	if pc.Input, err = priceNumber(d, model, "input", args[1]); err != nil {
 		return "", pc, err
 	}
-	if pc.Output, err = num("output", args[2]); err != nil {
+	if pc.Output, err = priceNumber(d, model, "output", args[2]); err != nil {
 		return "", pc, err
 	}
 	rest := args[3:]
 	if len(rest) > 0 {
 		if _, isNum := strconv.ParseFloat(rest[0], 64); isNum == nil {
-			if pc.CachedInput, err = num("cached_input", rest[0]); err != nil {
+			if pc.CachedInput, err = priceNumber(d, model, "cached_input", rest[0]); err != nil {
 				return "", pc, err
 			}
 			rest = rest[1:]
 		}
 	}
+	if err := parsePriceWords(d, model, rest, &pc); err != nil {
+		return "", pc, err
+	}
+	return model, pc, nil
+}
+
+// priceNumber reads the price a of what (a field of model's price line).
+func priceNumber(d *caddyfile.Dispenser, model, what, a string) (float64, error) {
+	v, err := strconv.ParseFloat(a, 64)
+	if err != nil || v < 0 || math.IsInf(v, 0) {
+		return 0, d.Errf("llmbudget: price %q: %s: %q is not a price >= 0", model, what, a)
+	}
+	return v, nil
+}
+
+// parsePriceWords reads the keywords of a price line, and their values,
+// into pc: each keyword at most once.
+func parsePriceWords(d *caddyfile.Dispenser, model string, rest []string, pc *PriceConfig) error {
 	seen := make(map[string]bool)
 	for len(rest) > 0 {
 		word := rest[0]
-		n := map[string]int{"cache_write": 1, "cache_write_1h": 1, "web_search": 1, "audio": 2, "flex": 2, "priority": 2, "batch": 2, "long_context": 3}[word]
+		n := priceWordValues[word]
 		switch {
 		case n == 0:
-			return "", pc, d.Errf("llmbudget: price %q: unknown word %q (want %s)", model, word, syntax)
+			return d.Errf("llmbudget: price %q: unknown word %q (want %s)", model, word, priceSyntax)
 		case seen[word]:
-			return "", pc, d.Errf("llmbudget: price %q: %s is set twice", model, word)
+			return d.Errf("llmbudget: price %q: %s is set twice", model, word)
 		case len(rest) < n+1:
-			return "", pc, d.Errf("llmbudget: price %q: %s takes %d values (%s)", model, word, n, syntax)
+			return d.Errf("llmbudget: price %q: %s takes %d values (%s)", model, word, n, priceSyntax)
 		}
 		seen[word] = true
 		vals := make([]float64, n)
@@ -913,38 +926,47 @@ func parsePrice(d *caddyfile.Dispenser) (string, PriceConfig, error) {
 			if word == "long_context" && i == 0 {
 				above, err := strconv.ParseInt(a, 10, 64)
 				if err != nil || above < 1 {
-					return "", pc, d.Errf("llmbudget: price %q: long_context: %q is not a token count above 0", model, a)
+					return d.Errf("llmbudget: price %q: long_context: %q is not a token count above 0", model, a)
 				}
 				pc.LongContextAbove = above
 				continue
 			}
-			if vals[i], err = num(word, a); err != nil {
-				return "", pc, err
+			var err error
+			if vals[i], err = priceNumber(d, model, word, a); err != nil {
+				return err
 			}
 		}
-		switch word {
-		case "cache_write":
-			pc.CacheWrite = vals[0]
-		case "cache_write_1h":
-			pc.CacheWrite1h = vals[0]
-		case "web_search":
-			pc.WebSearch = vals[0]
-		case "audio":
-			pc.AudioInput, pc.AudioOutput = vals[0], vals[1]
-		case "flex":
-			pc.Flex = &TierPriceConfig{Input: vals[0], Output: vals[1]}
-		case "priority":
-			pc.Priority = &TierPriceConfig{Input: vals[0], Output: vals[1]}
-		case "batch":
-			pc.Batch = &TierPriceConfig{Input: vals[0], Output: vals[1]}
-		case "long_context":
-			pc.LongContext = &TierPriceConfig{Input: vals[1], Output: vals[2]}
-		}
+		setPriceWord(pc, word, vals)
 		rest = rest[n+1:]
 	}
-	return model, pc, nil
+	return nil
 }
 
+// setPriceWord sets the prices of a price line's keyword.
+func setPriceWord(pc *PriceConfig, word string, vals []float64) {
+	switch word {
+	case "cache_write":
+		pc.CacheWrite = vals[0]
+	case "cache_write_1h":
+		pc.CacheWrite1h = vals[0]
+	case "web_search":
+		pc.WebSearch = vals[0]
+	case "audio":
+		pc.AudioInput, pc.AudioOutput = vals[0], vals[1]
+	case "flex":
+		pc.Flex = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+	case "priority":
+		pc.Priority = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+	case "batch":
+		pc.Batch = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+	case "long_context":
+		pc.LongContext = &TierPriceConfig{Input: vals[1], Output: vals[2]}
+	}
+}
+
+// parseIntArg reads the one integer argument of the option at the cursor.
+// Its errors name the option and its position; callers add only their own
+// context, never a second position.
 func parseIntArg(d *caddyfile.Dispenser) (int64, error) {
 	option := d.Val()
 	var s string
