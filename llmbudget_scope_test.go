@@ -1,8 +1,11 @@
 package fleetguard
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -89,5 +92,31 @@ func TestMissingScopeConfig(t *testing.T) {
 	bc.Window = 3600e9
 	if _, err := provisionHandler(t, &LLMBudget{Budgets: []BudgetConfig{bc}}, nil); err == nil || !strings.Contains(err.Error(), `budget "b": missing_scope applies`) {
 		t.Fatalf("JSON missing_scope on a global budget: %v", err)
+	}
+}
+
+// TestASocketWithoutItsTeamIsRefusedAtTheHandshake: a Responses WebSocket
+// session under a team budget whose handshake names no team is refused
+// before the upgrade, with 400 missing_team, and never reaches the upstream.
+func TestASocketWithoutItsTeamIsRefusedAtTheHandshake(t *testing.T) {
+	up := newSocketUpstream(t, 50)
+	port := freePort(t)
+	startCaddy(t, llmCaddyfile(port, up.url, "", "budget b {\n scope team\n unit tokens\n limit 10000\n window 1h\n }"))
+	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer k1\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"code":"missing_team"`) {
+		t.Fatalf("handshake without a team: %s %s, want 400 missing_team", resp.Status, body)
+	}
+	if up.Events() != 0 {
+		t.Fatalf("the upstream received %d events", up.Events())
 	}
 }
