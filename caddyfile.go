@@ -219,12 +219,14 @@ func (h *FleetLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 	z := new(ZoneConfig)
 	seen := make(map[string]bool)
+	lines := map[string]string{"": position(d)} // by field; "": the zone's
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
 		if seen[field] {
 			return nil, d.Errf("fleetlimit: zone %q: %s is set twice", name, field)
 		}
 		seen[field] = true
+		lines[field] = position(d)
 		switch field {
 		case "key":
 			if !d.AllArgs(&z.Key) {
@@ -259,7 +261,14 @@ func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 		}
 	}
 	if err := z.validate(name); err != nil {
-		return nil, d.Err(err.Error())
+		// The line of the field the error names, else the zone's.
+		msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("fleetlimit: zone %q: ", name))
+		field, _, _ := strings.Cut(msg, " ")
+		at, ok := lines[field]
+		if !ok {
+			at = lines[""]
+		}
+		return nil, fmt.Errorf("%w, at %s", err, at)
 	}
 	return z, nil
 }

@@ -75,6 +75,18 @@ func TestFleetLimitCaddyfileErrors(t *testing.T) {
 			}
 		})
 	}
+	// A zone's error names the line of the field it is about, or the zone's
+	// for a field it lacks.
+	for zone, at := range map[string]string{
+		key + "events 5\nburst -2\nwindow 1m": "Caddyfile:6", // burst
+		key + "events 0\nwindow 1m":           "Caddyfile:5", // events
+		key + "window 1m":                     "Caddyfile:3", // no events: the zone's line
+	} {
+		_, _, err := adaptCaddyfile(":0 {\n fleetlimit {\n zone z {\n" + zone + "\n}\n }\n}")
+		if err == nil || strings.Count(err.Error(), at) != 1 || strings.Count(err.Error(), "Caddyfile:") != 1 {
+			t.Errorf("zone %q: error %v, want the position %s once", zone, err, at)
+		}
+	}
 	for _, global := range []string{"near_limit maybe", "prefix a\n prefix b"} {
 		if _, _, err := adaptCaddyfile("{\n fleetguard {\n " + global + "\n }\n}\n:0 {\n respond ok\n}"); err == nil {
 			t.Fatalf("global option %q: want an error", global)
