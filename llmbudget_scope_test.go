@@ -120,3 +120,27 @@ func TestASocketWithoutItsTeamIsRefusedAtTheHandshake(t *testing.T) {
 		t.Fatalf("the upstream received %d events", up.Events())
 	}
 }
+
+// TestATeamSetServerSideByMap: a team the server sets from the client's key
+// (Caddy's map) is the one budgeted, whatever X-Team the client sends, and
+// a key the map does not know has no team: it is refused.
+func TestATeamSetServerSideByMap(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	tc := startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
+		Directives: []string{"map {http.request.header.Authorization} {team} {\n\t\t\"Bearer sk-research-1\" research\n\t}"},
+		LLMBudget:  []string{"team {team}", "budget per_team {\n scope team\n unit tokens\n limit 100000\n window 1h\n }", "settle_wait 0"},
+	}.String())
+	if resp, body := chat(t, url, chatBody, "Authorization: Bearer sk-research-1", "X-Team: marketing"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a known key: %d %s", resp.StatusCode, body)
+	}
+	resp, body := chat(t, url, chatBody, "Authorization: Bearer sk-unknown", "X-Team: research")
+	if resp.StatusCode != http.StatusBadRequest || decodeError(t, body).Error.Code != "missing_team" {
+		t.Fatalf("a key the map does not know: %d %s, want 400 missing_team", resp.StatusCode, body)
+	}
+	waitSettles()
+	if w := budgetWindowAt(t, http.MethodGet, "http://"+tc.admin+budgetsPath+"per_team?team=research"); w.Used.String() != "100" {
+		t.Fatalf("research used %s, want the 100 tokens of the known key's request", w.Used)
+	}
+}
