@@ -53,9 +53,16 @@ type LLMBudget struct {
 	// e.g. {http.request.header.X-User}. Default: the credential of the API
 	// being called (Authorization; Anthropic's x-api-key; Gemini's
 	// x-goog-api-key or key query parameter). It is hashed before it reaches
-	// a store key or a log. Requests where it resolves to "" share one budget.
+	// a store key or a log. A request where it resolves to "" is refused
+	// by a key budget, or shares one budget with the others like it (the
+	// budget's MissingScope).
 	Principal string `json:"principal,omitempty"`
-	// Team identifies the team of a `team` budget, with placeholders.
+	// Team identifies the team of a `team` budget, with placeholders:
+	// {http.request.header.X-Team} lets the client name any team; a team
+	// set on the server (a `map` from the key, an auth layer's header) is
+	// one the client cannot choose. A request where it resolves to "" is
+	// refused by a team budget, or budgeted as one shared empty team (the
+	// budget's MissingScope). Required by a team budget.
 	Team string `json:"team,omitempty"`
 	// Budgets are checked and charged together: a request must fit all.
 	Budgets []BudgetConfig `json:"budgets,omitempty"`
