@@ -606,6 +606,28 @@ func (h *LLMBudget) compileBudgets() error {
 	return nil
 }
 
+// requiredScope is a scope whose value a request must name, and the first
+// budget that requires it.
+type requiredScope struct {
+	scope  budget.Scope
+	budget string
+}
+
+// requiredScopes are the key and team scopes whose budgets refuse a
+// request without a value (missing_scope refuse, the default), once each.
+func requiredScopes(configs []BudgetConfig, budgets []budget.Budget) []requiredScope {
+	var req []requiredScope
+	var seen scopeSet
+	for i, b := range budgets {
+		if (b.Scope != budget.PerKey && b.Scope != budget.PerTeam) || configs[i].MissingScope == missingScopeShared || seen.has(b.Scope) {
+			continue
+		}
+		seen |= 1 << b.Scope
+		req = append(req, requiredScope{b.Scope, b.Name})
+	}
+	return req
+}
+
 // compilePrices builds the price book: Prices over PricesFile's.
 func (h *LLMBudget) compilePrices() error {
 	prices := make(map[string]budget.Price, len(h.Prices))

@@ -104,7 +104,7 @@ type call struct {
 }
 
 // gate runs the phases of a budgeted request before its forward: readBody,
-// identify, estimate, chooseLease, priceEstimate, reserve and admit. It returns the reservation of an
+// identify (with requireScopes), estimate, chooseLease, priceEstimate, reserve and admit. It returns the reservation of an
 // admitted request, or the refusal of a phase.
 func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *call) (*budget.Reservation, *refusal) {
 	body, err := h.readBody(r)
@@ -249,6 +249,25 @@ func apiCredential(r *http.Request, f usage.Format) string {
 		}
 	}
 	return r.Header.Get("Authorization")
+}
+
+// requireScopes refuses a request that names no value for a scope one of
+// its budgets is kept per (a team budget's request without its team): it
+// would otherwise be budgeted as the empty value, a budget no team owns.
+func (h *LLMBudget) requireScopes(c *call) *refusal {
+	for _, rs := range h.required {
+		if c.dims.Value(rs.scope) != "" {
+			continue
+		}
+		code, what, from := "missing_team", "team", h.Team
+		if rs.scope == budget.PerKey {
+			code, what, from = "missing_principal", "principal", cmp.Or(h.Principal, "its API credential")
+		}
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, noRetry: true, body: c.body,
+			message: fmt.Sprintf("budget %q is kept per %s, and this request names no %s (%s is empty): it is refused rather than charged to no one's budget",
+				rs.budget, rs.scope, what, from)}
+	}
+	return nil
 }
 
 // estimate reads the body as the upstream will and bounds what it can
@@ -711,45 +730,4 @@ func (h *LLMBudget) countAll(d decision) {
 	for i := range h.decisions {
 		h.decisions[i][d].Inc()
 	}
-}
-
-// requiredScope is a scope whose value a request must name, and the first
-// budget that requires it.
-type requiredScope struct {
-	scope  budget.Scope
-	budget string
-}
-
-// requiredScopes are the key and team scopes whose budgets refuse a
-// request without a value (missing_scope refuse, the default), once each.
-func requiredScopes(configs []BudgetConfig, budgets []budget.Budget) []requiredScope {
-	var req []requiredScope
-	var seen scopeSet
-	for i, b := range budgets {
-		if (b.Scope != budget.PerKey && b.Scope != budget.PerTeam) || configs[i].MissingScope == missingScopeShared || seen.has(b.Scope) {
-			continue
-		}
-		seen |= 1 << b.Scope
-		req = append(req, requiredScope{b.Scope, b.Name})
-	}
-	return req
-}
-
-// requireScopes refuses a request that names no value for a scope one of
-// its budgets is kept per (a team budget's request without its team): it
-// would otherwise be budgeted as the empty value, a budget no team owns.
-func (h *LLMBudget) requireScopes(c *call) *refusal {
-	for _, rs := range h.required {
-		if c.dims.Value(rs.scope) != "" {
-			continue
-		}
-		code, what, from := "missing_team", "team", h.Team
-		if rs.scope == budget.PerKey {
-			code, what, from = "missing_principal", "principal", cmp.Or(h.Principal, "its API credential")
-		}
-		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, noRetry: true, body: c.body,
-			message: fmt.Sprintf("budget %q is kept per %s, and this request names no %s (%s is empty): it is refused rather than charged to no one's budget",
-				rs.budget, rs.scope, what, from)}
-	}
-	return nil
 }
