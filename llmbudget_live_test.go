@@ -27,7 +27,7 @@ func liveBudget(t *testing.T, prefix string, limit int, up *fakellm.Live) (url s
 	srv := redistest.Start(t)
 	port := freePort(t)
 	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
-		fmt.Sprintf("budget g {\n limit %d\n window 1h\n }\n context_window 20000\n default_max_tokens 3000", limit)))
+		fmt.Sprintf("budget g {\n unit tokens\n limit %d\n window 1h\n }\n context_window 20000\n default_max_tokens 3000", limit)))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	return fmt.Sprintf("http://127.0.0.1:%d", port), func() int64 { return budgetCounter(t, rc, prefix, "g") }

@@ -26,7 +26,7 @@ func realtimeBudget(t *testing.T, prefix string, limit, answer int) (url string,
 	srv := redistest.Start(t)
 	port := freePort(t)
 	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
-		fmt.Sprintf("budget g {\n limit %d\n window 1h\n }\n context_window 20000", limit)))
+		fmt.Sprintf("budget g {\n unit tokens\n limit %d\n window 1h\n }\n context_window 20000", limit)))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	return fmt.Sprintf("http://127.0.0.1:%d", port), up, func() int64 { return budgetCounter(t, rc, prefix, "g") }

@@ -37,6 +37,9 @@ import (
 // reservation of every response still in flight when the session ends.
 func (h *LLMBudget) serveSocket(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, c *call) error {
 	h.identify(r, repl, c)
+	if ref := h.requireScopes(c); ref != nil {
+		return h.refuse(w, r, repl, next, c, ref)
+	}
 	// The messages must be readable: no permessage-deflate.
 	r.Header.Del("Sec-WebSocket-Extensions")
 	var s socketSession
@@ -465,7 +468,8 @@ func settleSocketResponse(h *LLMBudget, resp *socketResponse, out outcome) {
 		out, spend = outcome{source: sourceReserved}, budget.Spend{}
 	}
 	reserved := c.req.PromptTokens + c.outputCap*c.req.N
-	h.engines.settleLater(func() { h.settle(resp.res, out, spend, reserved, c.model) })
+	dims := c.dims
+	h.engines.settleLater(func() { h.settle(resp.res, out, spend, reserved, c.model, dims) })
 }
 
 // end keeps the reservation of every response still in flight when the

@@ -121,7 +121,7 @@ func TestAResponsesSocketIsBudgetedAResponseAtATime(t *testing.T) {
 	srv := redistest.Start(t)
 	port := freePort(t)
 	prefix := fmt.Sprintf("socket%d", port)
-	startCaddy(t, llmCaddyfile(port, up.url, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 10000\n window 1h\n }\n default_max_tokens 3000"))
+	startCaddy(t, llmCaddyfile(port, up.url, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 10000\n window 1h\n unit tokens\n }\n default_max_tokens 3000"))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -197,7 +197,7 @@ func budgetOnRedisUpstream(t *testing.T, srv *redistest.Server, prefix, upstream
 	t.Helper()
 	port := freePort(t)
 	url = fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, llmCaddyfile(port, upstream, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 500000\n window 1h\n }"))
+	startCaddy(t, llmCaddyfile(port, upstream, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 500000\n window 1h\n unit tokens\n }"))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	return url, struct{}{}, func() int64 { return budgetCounter(t, rc, prefix, "g") }
@@ -261,7 +261,7 @@ func TestASocketResponseForwardedUnbudgetedKeepsItsPlace(t *testing.T) {
 	port := freePort(t)
 	prefix := fmt.Sprintf("socketshadow%d", port)
 	startCaddy(t, llmCaddyfile(port, up.url, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
-		"budget g {\n limit 100000\n window 1h\n }\n shadow\n unknown_fields refuse"))
+		"budget g {\n limit 100000\n window 1h\n unit tokens\n }\n shadow\n unknown_fields refuse"))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	c := dialSocket(t, fmt.Sprintf("http://127.0.0.1:%d", port), "/v1/responses")

@@ -33,7 +33,7 @@ func newClosedWorldSite(t *testing.T, limit int64, options ...string) *closedWor
 	port := freePort(t)
 	prefix := fmt.Sprintf("closed%d", port)
 	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
-		fmt.Sprintf("budget g {\n limit %d\n window 1h\n }\n ratelimit_scopes global\n output_leases off\n %s", limit, strings.Join(options, "\n "))))
+		fmt.Sprintf("budget g {\n limit %d\n window 1h\n unit tokens\n }\n ratelimit_scopes global\n output_leases off\n %s", limit, strings.Join(options, "\n "))))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	return &closedWorldSite{url: fmt.Sprintf("http://127.0.0.1:%d", port), up: up, limit: limit,

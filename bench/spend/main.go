@@ -450,6 +450,7 @@ http://127.0.0.1:%d {
 		llmbudget {
 			budget spend {
 				scope model
+				unit tokens
 				limit %d
 				window 1h
 			}

@@ -76,6 +76,7 @@ func socketRoutes(addrs map[string]string) string {
 		llmbudget @upgrade {
 			budget sockets {
 				scope model
+				unit tokens
 				limit %d
 				window 1h
 			}
