@@ -1,6 +1,7 @@
 package fleetguard
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -8,11 +9,13 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/fakellm"
 	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // realtimeBudget is Caddy with a budget of limit tokens in front of a
@@ -133,5 +136,58 @@ func TestRealtimeAudioIsHeldBeforeItGoesUp(t *testing.T) {
 	if up.Appends() != int64(answered) || up.Uncapped() != 0 {
 		t.Fatalf("the upstream heard %d appends for %d held, and ran %d responses uncapped: want refused audio not forwarded, every response capped (the session's default is inf)",
 			up.Appends(), answered, up.Uncapped())
+	}
+}
+
+// A store stall longer than the client's timeout refuses the response.create
+// caught in it with a 503 error event, not forwarded, and the session goes
+// on: once the store answers, responses are served again, and nothing
+// refused was charged.
+func TestARealtimeSessionOutlivesAStoreStall(t *testing.T) {
+	up := &fakellm.Realtime{Tokens: 50, Window: 2000}
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	port := freePort(t)
+	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix rtstall\n }",
+		"budget g {\n unit tokens\n limit 500000\n window 1h\n }\n context_window 2000"))
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
+	t.Cleanup(func() { rc.Close() })
+	c := dialSocket(t, fmt.Sprintf("http://127.0.0.1:%d", port), "/v1/realtime?model=gpt-realtime")
+	c.until("session.created")
+	c.send(`{"type":"session.update","session":{"type":"realtime","audio":{"input":{"turn_detection":null}}}}`)
+	c.until("session.updated")
+	create := `{"type":"response.create"}`
+	c.send(create)
+	if typ, payload := c.until("response.done", "error"); typ != "response.done" {
+		t.Fatalf("before the stall: %s", payload)
+	}
+	stalled := make(chan struct{})
+	go func() {
+		close(stalled)
+		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "1").Err()
+	}()
+	<-stalled
+	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	defer probe.Close()
+	if !wait.Poll(5*time.Second, func() bool { return probe.Ping(context.Background()).Err() != nil }) {
+		t.Fatal("Redis did not stall")
+	}
+	before := up.Responses()
+	c.send(create)
+	if typ, payload := c.until("response.done", "error"); typ != "error" || !strings.Contains(string(payload), `"status":503`) || up.Responses() != before {
+		t.Fatalf("during the stall: %s (upstream responses %d → %d), want a 503 error event, not forwarded", payload, before, up.Responses())
+	}
+	wait.Poll(5*time.Second, func() bool { return rc.Ping(context.Background()).Err() == nil })
+	served := wait.Poll(10*time.Second, func() bool {
+		c.send(create)
+		typ, _ := c.until("response.done", "error")
+		return typ == "response.done"
+	})
+	if !served {
+		t.Fatal("the session served nothing after the stall")
+	}
+	if got, billed := budgetCounter(t, rc, "rtstall", "g"), up.Billed(); got != billed {
+		t.Fatalf("counter %d, billed %d: a refused response.create must not be charged", got, billed)
 	}
 }
