@@ -260,4 +260,32 @@ const describe = (e) => `${e?.constructor?.name}: ${e?.message}`;
     `${answered} answered (${audio} audio deltas), then ${JSON.stringify(refusal?.detail)?.slice(0, 200)}; the next on the same session: ${second.kind}`);
 }
 
+// 10. Gemini Live through llmbudget, with the official @google/genai SDK's
+//     ai.live.connect (a budget of 30,000 tokens; each turn held at the
+//     window of 20,000, the cap of 4,096 forwarded in the setup and the
+//     thinking it allows, 0 here): turns are answered and settled until the
+//     budget is spent, then the session ends with a close frame naming it.
+{
+  const { GoogleGenAI, Modality } = await import("@google/genai");
+  const ai = new GoogleGenAI({ apiKey: "sdk-live-key", httpOptions: { baseUrl: process.env.LIVE_URL } });
+  let turns = 0, audio = 0, closed, settle;
+  const session = await ai.live.connect({
+    model: "gemini-2.0-flash-live-001",
+    config: { responseModalities: [Modality.AUDIO], thinkingConfig: { thinkingBudget: 0 },
+      realtimeInputConfig: { automaticActivityDetection: { disabled: true } } },
+    callbacks: {
+      onmessage: (m) => { if (m.serverContent?.modelTurn) audio++; if (m.serverContent?.turnComplete) settle?.("turn"); },
+      onclose: (e) => { closed = `${e.code} ${e.reason}`; settle?.("close"); },
+    },
+  });
+  for (let i = 0; i < 400 && !closed; i++) {
+    const next = new Promise((resolve) => { settle = resolve; });
+    session.sendClientContent({ turns: [{ role: "user", parts: [{ text: "hi" }] }], turnComplete: true });
+    if (await next === "turn") turns++;
+  }
+  report("google live: ai.live.connect turns are budgeted, a refusal closes the session naming the budget",
+    turns > 0 && audio > 0 && /^1008 RESOURCE_EXHAUSTED \(token_budget_exceeded\)/.test(closed ?? ""),
+    `${turns} turns (${audio} audio messages), then close ${closed}`);
+}
+
 process.exit(results.every((r) => r.ok) ? 0 : 1);
