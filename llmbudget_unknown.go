@@ -87,7 +87,7 @@ func (h *LLMBudget) screenUpgrade(r *http.Request, c *call) (budgeted bool, ref 
 		}
 	}
 	return false, &refusal{kind: refusedRequest, status: http.StatusForbidden, code: "unbudgeted_upgrade", noRetry: true,
-		message: fmt.Sprintf("llmbudget does not meter this protocol upgrade (Upgrade: %q, %s %s), so it does not forward it: a session bills what it generates, unbudgeted; use the HTTP API or the Responses API's WebSocket mode, or list the path in pass_upgrades to forward it unbudgeted",
+		message: fmt.Sprintf("llmbudget does not meter this protocol upgrade (Upgrade: %q, %s %s), so it does not forward it: a session bills what it generates, unbudgeted; use the HTTP API or a session llmbudget meters (the Responses API's WebSocket mode, the Realtime API, Gemini Live, over HTTP/1.1), or list the path in pass_upgrades to forward it unbudgeted",
 			r.Header.Get("Upgrade"), r.Method, p)}
 }
 
