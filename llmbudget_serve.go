@@ -629,11 +629,13 @@ func (h *LLMBudget) relearn(c *call) {
 		return
 	}
 	h.chooseLease(c)
-	if c.leaseSize > 0 && c.tokens != nil && !c.history.countsTokens() {
-		// Its tokenizer has not proven its count yet: leased now, the
+	if c.leaseSize > 0 && c.tokens != nil && !c.proxy && !c.history.countsTokens() {
+		// Its own tokenizer has not proven its count yet: leased now, the
 		// stream would be counted a token a byte, and a cut at a budget's
-		// end charged about four times what English bills. An answer
-		// counted by the tokenizer proves it soon; wait for that.
+		// end charged about four times what English bills. One answer
+		// counted by the tokenizer proves it; wait for that. (A proxy
+		// needs several answers to teach its scale: its wave is leased
+		// a token a byte meanwhile.)
 		c.leaseSize, c.learned = 0, false
 		return
 	}
