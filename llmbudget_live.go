@@ -253,15 +253,25 @@ type liveServerMessage struct {
 	UsageMetadata *liveUsage      `json:"usageMetadata"`
 }
 
+// liveMarks are the members of a server message that end a turn or
+// report its usage.
+var liveMarks = marks("usageMetadata", "turnComplete", "interrupted", "toolCall")
+
 // serverEvent meters one server message: model output begins a turn (the
 // first hold asked for, else the standing one); a turn that ended settles
 // at its usage.
 func (s *live) serverEvent(payload []byte) {
+	s.mu.Lock()
+	generating := s.cur != nil && !s.done
+	s.mu.Unlock()
+	if generating && !mentionsAny(payload, liveMarks) {
+		return // more of the turn in progress: nothing to decide
+	}
 	var m liveServerMessage
 	if json.Unmarshal(payload, &m) != nil {
 		return
 	}
-	generating := m.ToolCall != nil || m.ServerContent != nil && m.ServerContent.ModelTurn != nil
+	generating = m.ToolCall != nil || m.ServerContent != nil && m.ServerContent.ModelTurn != nil
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if generating && (s.cur == nil || s.done) {

@@ -249,6 +249,13 @@ func (s *realtime) capped(v json.RawMessage) json.RawMessage {
 // serverEvent meters one server event: a response created takes the hold
 // asked for first, else the standing one; response.done settles it.
 func (s *realtime) serverEvent(payload []byte) {
+	if mentionsAny(payload, realtimeMarks) {
+		s.decide(payload) // else a delta, most of a session: nothing to decide
+	}
+}
+
+// decide acts on a server event of a type the session decides on.
+func (s *realtime) decide(payload []byte) {
 	var ev struct {
 		Type     string `json:"type"`
 		Response struct {
@@ -317,6 +324,9 @@ func (s *realtime) refuseWith(ref *refusal, c *call) {
 	s.mu.Unlock()
 	refuseOnSocket(s.h, s.repl, conn, ref, c)
 }
+
+// realtimeMarks are the server event types the session decides on.
+var realtimeMarks = marks("input_audio_buffer.committed", "response.created", "response.done", "error")
 
 // realtimeUsage is a Realtime response's usage (response.done).
 type realtimeUsage struct {

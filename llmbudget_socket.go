@@ -400,13 +400,10 @@ func refuseOnSocket(h *LLMBudget, repl *caddy.Replacer, conn *socketConn, ref *r
 // serverEvent meters one event of the upstream: it belongs to the oldest
 // response not settled; its terminal event settles it.
 func (s *socket) serverEvent(payload []byte) {
-	var ev struct {
-		Type     string `json:"type"`
-		Response struct {
-			ID string `json:"id"`
-		} `json:"response"`
+	var typ, id string
+	if mentionsAny(payload, responsesMarks) {
+		typ, id = responseEventOf(payload) // else a delta: the meter reads it
 	}
-	_ = json.Unmarshal(payload, &ev)
 	s.mu.Lock()
 	if len(s.responses) == 0 {
 		s.mu.Unlock()
@@ -415,9 +412,9 @@ func (s *socket) serverEvent(payload []byte) {
 	resp := s.responses[0]
 	_, _ = resp.meter.Write(payload)
 	_, _ = resp.meter.Write([]byte{'\n'})
-	switch ev.Type {
+	switch typ {
 	case "response.created":
-		resp.created, resp.id = true, ev.Response.ID
+		resp.created, resp.id = true, id
 		s.mu.Unlock()
 		return
 	case "response.completed", "response.incomplete", "response.failed":
@@ -445,10 +442,71 @@ func (s *socket) serverEvent(payload []byte) {
 	out := outcome{source: sourceReserved}
 	if r.Complete {
 		out = outcome{usage: r.Usage, source: sourceReported}
-		s.lastID, s.lastTokens = cmp.Or(ev.Response.ID, resp.id), r.Usage.InputTokens+r.Usage.OutputTokens
+		s.lastID, s.lastTokens = cmp.Or(id, resp.id), r.Usage.InputTokens+r.Usage.OutputTokens
 	}
 	s.mu.Unlock()
 	s.settle(resp, out)
+}
+
+// responseEventOf is an event's type and its response's id.
+func responseEventOf(payload []byte) (typ, id string) {
+	var ev struct {
+		Type     string `json:"type"`
+		Response struct {
+			ID string `json:"id"`
+		} `json:"response"`
+	}
+	_ = json.Unmarshal(payload, &ev)
+	return ev.Type, ev.Response.ID
+}
+
+// responsesMarks are the event types the socket decides on; an event with
+// none of them (a delta, most of a stream) is not decoded.
+var responsesMarks = marks("response.created", "response.completed", "response.incomplete", "response.failed", "error")
+
+// marks are the JSON strings of names, quoted as an event carries them.
+func marks(names ...string) [][]byte {
+	out := make([][]byte, len(names))
+	for i, n := range names {
+		out[i] = []byte(`"` + n + `"`)
+	}
+	return out
+}
+
+// mentionsAny reports whether payload holds any of the marks: an event of a
+// type the session decides on always does (a string in the event's text
+// holds its quotes escaped, so at worst it is decoded for nothing). An
+// event that begins with its type, as OpenAI's do, is judged by it alone.
+func mentionsAny(payload []byte, marks [][]byte) bool {
+	if typ, ok := leadingType(payload); ok {
+		for _, m := range marks {
+			if bytes.Equal(typ, m) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, m := range marks {
+		if bytes.Contains(payload, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// leadingType is the quoted type of an event that begins {"type":"…"
+// with no escape in it.
+func leadingType(payload []byte) ([]byte, bool) {
+	const prefix = `{"type":`
+	if !bytes.HasPrefix(payload, []byte(prefix)) || len(payload) < len(prefix)+2 || payload[len(prefix)] != '"' {
+		return nil, false
+	}
+	rest := payload[len(prefix)+1:]
+	end := bytes.IndexAny(rest, `"\`)
+	if end < 0 || rest[end] != '"' {
+		return nil, false
+	}
+	return payload[len(prefix) : len(prefix)+end+2], true
 }
 
 // settle settles one response of the socket off the socket's path.
