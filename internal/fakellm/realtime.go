@@ -127,20 +127,7 @@ func (s *Realtime) event(sess *realtimeSession, msg []byte) {
 	}
 	switch ev.Type {
 	case "session.update":
-		var session struct {
-			MaxOutputTokens json.RawMessage `json:"max_output_tokens"`
-			Audio           struct {
-				Input map[string]json.RawMessage `json:"input"`
-			} `json:"audio"`
-		}
-		_ = json.Unmarshal(ev.Session, &session)
-		if session.MaxOutputTokens != nil {
-			sess.cap = capOf(session.MaxOutputTokens)
-		}
-		if td, ok := session.Audio.Input["turn_detection"]; ok {
-			sess.auto = string(td) != "null" && !jsonHasFalse(td, "create_response")
-		}
-		sess.send(`{"type":"session.updated","session":{"type":"realtime"}}`)
+		sess.update(ev.Session)
 	case "conversation.item.create":
 		for _, c := range ev.Item.Content {
 			sess.conversation += Tokens(c.Text)
@@ -167,6 +154,24 @@ func (s *Realtime) event(sess *realtimeSession, msg []byte) {
 	default:
 		sess.send(fmt.Sprintf(`{"type":"error","error":{"type":"invalid_request_error","code":"unknown_event","message":"unknown event","event_id":%q}}`, ev.EventID))
 	}
+}
+
+// update applies a session.update: the cap and turn detection.
+func (sess *realtimeSession) update(raw json.RawMessage) {
+	var session struct {
+		MaxOutputTokens json.RawMessage `json:"max_output_tokens"`
+		Audio           struct {
+			Input map[string]json.RawMessage `json:"input"`
+		} `json:"audio"`
+	}
+	_ = json.Unmarshal(raw, &session)
+	if session.MaxOutputTokens != nil {
+		sess.cap = capOf(session.MaxOutputTokens)
+	}
+	if td, ok := session.Audio.Input["turn_detection"]; ok {
+		sess.auto = string(td) != "null" && !jsonHasFalse(td, "create_response")
+	}
+	sess.send(`{"type":"session.updated","session":{"type":"realtime"}}`)
 }
 
 // respond answers one response: audio of Tokens tokens at most cap.
