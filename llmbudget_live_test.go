@@ -3,16 +3,10 @@ package fleetguard
 import (
 	"encoding/base64"
 	"encoding/binary"
-	"fmt"
-	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetguard/fleetguard/internal/fakellm"
-	"github.com/fleetguard/fleetguard/internal/redistest"
 	"github.com/fleetguard/fleetguard/internal/wsframe"
 )
 
@@ -22,37 +16,7 @@ const livePath = "/ws/google.ai.generativelanguage.v1beta.GenerativeService.Bidi
 // fakellm.Live whose model reads a window of 20,000 tokens.
 func liveBudget(t *testing.T, prefix string, limit int, up *fakellm.Live) (url string, counter func() int64) {
 	t.Helper()
-	upSrv := httptest.NewServer(up)
-	t.Cleanup(upSrv.Close)
-	srv := redistest.Start(t)
-	port := freePort(t)
-	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
-		fmt.Sprintf("budget g {\n unit tokens\n limit %d\n window 1h\n }\n context_window 20000\n default_max_tokens 3000", limit)))
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rc.Close() })
-	return fmt.Sprintf("http://127.0.0.1:%d", port), func() int64 { return budgetCounter(t, rc, prefix, "g") }
-}
-
-// frame is the next frame's opcode and payload.
-func (c *socketClient) frame() (byte, []byte) {
-	c.t.Helper()
-	_ = c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	buf := make([]byte, 32<<10)
-	for {
-		f, ok, err := c.p.Next()
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		if ok {
-			return f.Opcode, append([]byte(nil), f.Payload...)
-		}
-		c.p.Keep()
-		n, err := c.br.Read(buf)
-		if err != nil {
-			c.t.Fatalf("reading the socket: %v", err)
-		}
-		c.p.Feed(append([]byte(nil), buf[:n]...))
-	}
+	return sessionBudget(t, prefix, limit, up, "default_max_tokens 3000")
 }
 
 // untilTurnOrClose reads up to a turn's end (true) or a close frame

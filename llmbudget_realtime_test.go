@@ -24,15 +24,24 @@ import (
 func realtimeBudget(t *testing.T, prefix string, limit, answer int) (url string, up *fakellm.Realtime, counter func() int64) {
 	t.Helper()
 	up = &fakellm.Realtime{Tokens: answer, Window: 20000, AudioBytesPerToken: 1}
+	url, counter = sessionBudget(t, prefix, limit, up, "")
+	return url, up, counter
+}
+
+// sessionBudget is Caddy with a budget g of limit tokens and
+// context_window 20000 (and the options given) on a Redis of its own, in
+// front of up; counter reads g's counter.
+func sessionBudget(t *testing.T, prefix string, limit int, up http.Handler, options string) (url string, counter func() int64) {
+	t.Helper()
 	upSrv := httptest.NewServer(up)
 	t.Cleanup(upSrv.Close)
 	srv := redistest.Start(t)
 	port := freePort(t)
 	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
-		fmt.Sprintf("budget g {\n unit tokens\n limit %d\n window 1h\n }\n context_window 20000", limit)))
+		fmt.Sprintf("budget g {\n unit tokens\n limit %d\n window 1h\n }\n context_window 20000\n %s", limit, options)))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
-	return fmt.Sprintf("http://127.0.0.1:%d", port), up, func() int64 { return budgetCounter(t, rc, prefix, "g") }
+	return fmt.Sprintf("http://127.0.0.1:%d", port), func() int64 { return budgetCounter(t, rc, prefix, "g") }
 }
 
 // errorCode is an error event's status and code.
@@ -151,8 +160,6 @@ func TestARealtimeSessionOutlivesAStoreStall(t *testing.T) {
 	port := freePort(t)
 	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix rtstall\n }",
 		"budget g {\n unit tokens\n limit 500000\n window 1h\n }\n context_window 2000"))
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
-	t.Cleanup(func() { rc.Close() })
 	c := dialSocket(t, fmt.Sprintf("http://127.0.0.1:%d", port), "/v1/realtime?model=gpt-realtime")
 	c.until("session.created")
 	c.send(`{"type":"session.update","session":{"type":"realtime","audio":{"input":{"turn_detection":null}}}}`)
@@ -162,17 +169,7 @@ func TestARealtimeSessionOutlivesAStoreStall(t *testing.T) {
 	if typ, payload := c.until("response.done", "error"); typ != "response.done" {
 		t.Fatalf("before the stall: %s", payload)
 	}
-	stalled := make(chan struct{})
-	go func() {
-		close(stalled)
-		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "1").Err()
-	}()
-	<-stalled
-	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
-	defer probe.Close()
-	if !wait.Poll(5*time.Second, func() bool { return probe.Ping(context.Background()).Err() != nil }) {
-		t.Fatal("Redis did not stall")
-	}
+	rc := stallRedis(t, srv, "1")
 	before := up.Responses()
 	c.send(create)
 	if typ, payload := c.until("response.done", "error"); typ != "error" || !strings.Contains(string(payload), `"status":503`) || up.Responses() != before {

@@ -76,6 +76,15 @@ func (c *socketClient) send(event string) {
 // next is the next server event's type and payload.
 func (c *socketClient) next() (string, []byte) {
 	c.t.Helper()
+	_, payload := c.frame()
+	var ev struct{ Type string }
+	_ = json.Unmarshal(payload, &ev)
+	return ev.Type, payload
+}
+
+// frame is the next frame's opcode and payload.
+func (c *socketClient) frame() (byte, []byte) {
+	c.t.Helper()
 	_ = c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, 32<<10)
 	for {
@@ -84,10 +93,7 @@ func (c *socketClient) next() (string, []byte) {
 			c.t.Fatal(err)
 		}
 		if ok {
-			payload := append([]byte(nil), f.Payload...)
-			var ev struct{ Type string }
-			_ = json.Unmarshal(payload, &ev)
-			return ev.Type, payload
+			return f.Opcode, append([]byte(nil), f.Payload...)
 		}
 		c.p.Keep()
 		n, err := c.br.Read(buf)
@@ -218,19 +224,7 @@ func TestASocketOutlivesAStoreStall(t *testing.T) {
 	if typ, payload := c.until("response.completed", "error"); typ != "response.completed" {
 		t.Fatalf("before the stall: %s", payload)
 	}
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
-	defer rc.Close()
-	stalled := make(chan struct{})
-	go func() {
-		close(stalled)
-		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "1").Err()
-	}()
-	<-stalled
-	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
-	defer probe.Close()
-	if !wait.Poll(5*time.Second, func() bool { return probe.Ping(context.Background()).Err() != nil }) {
-		t.Fatal("Redis did not stall")
-	}
+	rc := stallRedis(t, srv, "1")
 	before := up.Events()
 	c.send(create)
 	typ, payload := c.until("response.completed", "error")
@@ -250,6 +244,27 @@ func TestASocketOutlivesAStoreStall(t *testing.T) {
 	if got, billed := counter(), up.Billed(); got != billed {
 		t.Fatalf("counter %d, billed %d: a refused response.create must not be charged", got, billed)
 	}
+}
+
+// stallRedis sleeps srv for the seconds given (DEBUG SLEEP; srv started
+// with --enable-debug-command yes) and returns once it no longer answers,
+// with a client that waits it out.
+func stallRedis(t *testing.T, srv *redistest.Server, seconds string) *redis.Client {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
+	t.Cleanup(func() { rc.Close() })
+	stalled := make(chan struct{})
+	go func() {
+		close(stalled)
+		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", seconds).Err()
+	}()
+	<-stalled
+	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	defer probe.Close()
+	if !wait.Poll(5*time.Second, func() bool { return probe.Ping(context.Background()).Err() != nil }) {
+		t.Fatal("Redis did not stall")
+	}
+	return rc
 }
 
 // A response.create forwarded unbudgeted (shadow mode: a refusal is not

@@ -368,6 +368,12 @@ func (s spendCase) row(outcomes []outcome, used int64) (row string, held bool) {
 			spent += a.Billed
 		}
 	}
+	return rowOf(s.format, apis[s.format].model, s.text, s.history, firstWave, spent, used, billed)
+}
+
+// rowOf is a row of the table, and whether the ceiling held: the counter
+// (used) at most the limit, the bill at most the counter.
+func rowOf(format, model, text, history string, firstWave int, spent, used, billed int64) (row string, held bool) {
 	pct := func(n int64) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(*limit)) }
 	ratio := "-"
 	if used > 0 {
@@ -378,7 +384,7 @@ func (s spendCase) row(outcomes []outcome, used int64) (row string, held bool) {
 	if !held {
 		verdict = "BROKEN"
 	}
-	return fmt.Sprintf(rowFormat, s.format, apis[s.format].model, s.text, s.history,
+	return fmt.Sprintf(rowFormat, format, model, text, history,
 		fmt.Sprintf("%d of %d", firstWave, *clients), pct(spent), pct(used), ratio, verdict), held
 }
 

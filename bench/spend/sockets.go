@@ -205,17 +205,8 @@ func (t transportCase) run(ctx context.Context, c *caddyProc) (row string, held 
 		return "", false, err
 	}
 	billed := t.billed() - before
-	pct := func(n int64) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(*limit)) }
-	ratio := "-"
-	if used > 0 {
-		ratio = fmt.Sprintf("%.3f", float64(billed)/float64(used))
-	}
-	held = used <= *limit && billed <= used
-	verdict := "held"
-	if !held {
-		verdict = "BROKEN"
-	}
-	return fmt.Sprintf(rowFormat, t.name, t.model, t.text, "-", fmt.Sprintf("%d of %d", firstWave, *clients), pct(billed), pct(used), ratio, verdict), held, nil
+	row, held = rowOf(t.name, t.model, t.text, "-", firstWave, billed, used, billed)
+	return row, held, nil
 }
 
 // session is a WebSocket client.

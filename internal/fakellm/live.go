@@ -1,7 +1,6 @@
 package fakellm
 
 import (
-	"crypto/sha1"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -51,52 +50,10 @@ type liveSession struct {
 }
 
 func (s *Live) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !isSocket(r) {
-		http.Error(w, "websocket only", http.StatusBadRequest)
-		return
-	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
-	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
-	if brw.Flush() != nil {
-		return
-	}
-	sess := &liveSession{auto: true, thinking: -1, send: func(m string) { _, _ = conn.Write(wsframe.Append(nil, wsframe.OpBinary, []byte(m), false)) }}
-	var p wsframe.Parser
-	var msg []byte
-	buf := make([]byte, 64<<10)
-	for {
-		k, err := brw.Read(buf)
-		if err != nil {
-			return
-		}
-		p.Feed(buf[:k])
-		for {
-			f, ok, err := p.Next()
-			if err != nil {
-				return
-			}
-			if !ok {
-				break
-			}
-			if f.Opcode == wsframe.OpClose {
-				_, _ = conn.Write(wsframe.Append(nil, wsframe.OpClose, f.Payload, false))
-				return
-			}
-			if f.IsControl() {
-				continue
-			}
-			if msg = append(msg, f.Payload...); f.Fin {
-				s.message(sess, msg)
-				msg = msg[:0]
-			}
-		}
-		p.Keep()
-	}
+	serveSocket(w, r, wsframe.OpBinary, func(send func(string)) func([]byte) {
+		sess := &liveSession{auto: true, thinking: -1, send: send}
+		return func(msg []byte) { s.message(sess, msg) }
+	})
 }
 
 // message answers one client message.

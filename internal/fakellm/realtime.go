@@ -1,7 +1,6 @@
 package fakellm
 
 import (
-	"crypto/sha1"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -59,49 +58,11 @@ type realtimeSession struct {
 }
 
 func (s *Realtime) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !isSocket(r) {
-		http.Error(w, "websocket only", http.StatusBadRequest)
-		return
-	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
-	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
-	if brw.Flush() != nil {
-		return
-	}
-	sess := &realtimeSession{auto: true, send: func(ev string) { _, _ = conn.Write(wsframe.Append(nil, wsframe.OpText, []byte(ev), false)) }}
-	sess.send(`{"type":"session.created","session":{"type":"realtime","max_output_tokens":"inf"}}`)
-	var p wsframe.Parser
-	var msg []byte
-	buf := make([]byte, 64<<10)
-	for {
-		k, err := brw.Read(buf)
-		if err != nil {
-			return
-		}
-		p.Feed(buf[:k])
-		for {
-			f, ok, err := p.Next()
-			if err != nil || f.Opcode == wsframe.OpClose {
-				return
-			}
-			if !ok {
-				break
-			}
-			if f.IsControl() {
-				continue
-			}
-			if msg = append(msg, f.Payload...); f.Fin {
-				s.event(sess, msg)
-				msg = msg[:0]
-			}
-		}
-		p.Keep()
-	}
+	serveSocket(w, r, wsframe.OpText, func(send func(string)) func([]byte) {
+		sess := &realtimeSession{auto: true, send: send}
+		send(`{"type":"session.created","session":{"type":"realtime","max_output_tokens":"inf"}}`)
+		return func(msg []byte) { s.event(sess, msg) }
+	})
 }
 
 // event answers one client event.
