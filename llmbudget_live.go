@@ -98,6 +98,9 @@ func (s *live) clientMessage(op byte, payload []byte) []byte {
 	if op != wsframe.OpText && op != wsframe.OpBinary || json.Unmarshal(payload, &msg) != nil || len(msg) != 1 {
 		return s.refuse("invalid_request", "llmbudget reads a Live session's client messages as JSON objects of one message each; this one is not")
 	}
+	if repeatsKey(payload) {
+		return s.refuse("ambiguous_request", "the message repeats a key (or gives it in two cases): which one the upstream reads is not defined")
+	}
 	var kind string
 	var body json.RawMessage
 	for kind, body = range msg {

@@ -80,6 +80,7 @@ func TestAGeminiLiveSetupItCannotBoundIsRefused(t *testing.T) {
 		{`{"setup":{"model":"models/m","outputAudioTranscription":{}}}`, "unbudgeted_transcription"},
 		{`{"setup":{"model":"models/m","frobnicate":true}}`, "unknown_field"},
 		{`{"clientContent":{"turnComplete":true}}`, "setup"},
+		{`{"setup":{"model":"models/m","generationConfig":{"maxOutputTokens":10,"max_output_tokens":100000}}}`, "ambiguous_request"},
 	} {
 		c := dialSocket(t, url, livePath)
 		c.send(setup.body)

@@ -112,6 +112,9 @@ func (s *realtime) clientMessage(op byte, payload []byte) []byte {
 	if op != wsframe.OpText || json.Unmarshal(payload, &ev) != nil {
 		return s.refuse("invalid_request", "llmbudget reads the session's client events as JSON text messages; this one is not")
 	}
+	if repeatsKey(payload) {
+		return s.refuse("ambiguous_request", "the event repeats a key (or gives it in two cases): which one the upstream reads is not defined")
+	}
 	var typ string
 	_ = json.Unmarshal(ev["type"], &typ)
 	switch typ {

@@ -75,6 +75,10 @@ func TestARealtimeSessionIsBudgetedAResponseAtATime(t *testing.T) {
 		{`{"type":"transcription_session.update","session":{}}`, "unbudgeted_event"},
 		{`{"type":"session.update","session":{"type":"realtime","n":4}}`, "unknown_field"},
 		{`{"type":"session.update","session":{"type":"realtime","audio":{"input":{"transcription":{"model":"whisper-1"}}}}}`, "unbudgeted_transcription"},
+		// A response smuggled past the budget as audio, for an upstream
+		// that keeps the first of two keys.
+		{`{"type":"response.create","type":"input_audio_buffer.append","audio":""}`, "ambiguous_request"},
+		{`{"type":"session.update","session":{"type":"realtime","max_output_tokens":10,"Max_Output_Tokens":"inf"}}`, "ambiguous_request"},
 	} {
 		c.send(refused.event)
 		if _, payload := c.until("error"); !strings.Contains(string(payload), refused.code) {

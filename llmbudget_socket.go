@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -507,6 +508,60 @@ func leadingType(payload []byte) ([]byte, bool) {
 		return nil, false
 	}
 	return payload[len(prefix) : len(prefix)+end+2], true
+}
+
+// repeatsKey reports whether the JSON value v has an object that gives a
+// key twice, or in two spellings: two cases (Go's decoder reads keys in
+// any case) or proto JSON's two (turnComplete, turn_complete). Decoders
+// differ on which one they keep, and a client event forwarded as it was
+// sent must be read the way the upstream reads it.
+func repeatsKey(v []byte) bool {
+	type level struct {
+		keys    map[string]bool // nil: an array
+		wantKey bool
+	}
+	var stack []level
+	dec := json.NewDecoder(bytes.NewReader(v))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false // the end (a value that is not JSON is refused apart)
+		}
+		var top *level
+		if len(stack) > 0 {
+			top = &stack[len(stack)-1]
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{':
+				stack = append(stack, level{keys: map[string]bool{}, wantKey: true})
+			case '[':
+				stack = append(stack, level{})
+			default:
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1].keys != nil {
+					stack[len(stack)-1].wantKey = true
+				}
+			}
+		case string:
+			if top != nil && top.keys != nil && top.wantKey {
+				k := strings.ToLower(strings.ReplaceAll(t, "_", ""))
+				if top.keys[k] {
+					return true
+				}
+				top.keys[k], top.wantKey = true, false
+				continue
+			}
+			if top != nil && top.keys != nil {
+				top.wantKey = true
+			}
+		default:
+			if top != nil && top.keys != nil {
+				top.wantKey = true
+			}
+		}
+	}
 }
 
 // settle settles one response of the socket off the socket's path.
