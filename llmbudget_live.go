@@ -105,8 +105,8 @@ func (s *live) clientMessage(op byte, payload []byte) []byte {
 	var body json.RawMessage
 	for kind, body = range msg {
 	}
-	if !setup && kind != "setup" {
-		return s.refuse("invalid_request", "a Live session's first message must be its setup")
+	if setup == (kind == "setup") {
+		return s.refuse("invalid_request", "a Live session's setup must be its first message, and its only setup")
 	}
 	switch kind {
 	case "setup":

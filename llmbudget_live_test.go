@@ -79,7 +79,7 @@ func TestAGeminiLiveSetupItCannotBoundIsRefused(t *testing.T) {
 	for _, setup := range []struct{ body, want string }{
 		{`{"setup":{"model":"models/m","outputAudioTranscription":{}}}`, "unbudgeted_transcription"},
 		{`{"setup":{"model":"models/m","frobnicate":true}}`, "unknown_field"},
-		{`{"clientContent":{"turnComplete":true}}`, "setup"},
+		{`{"clientContent":{"turnComplete":true}}`, "setup must be its first message"},
 		{`{"setup":{"model":"models/m","generationConfig":{"maxOutputTokens":10,"max_output_tokens":100000}}}`, "ambiguous_request"},
 	} {
 		c := dialSocket(t, url, livePath)
