@@ -1,12 +1,16 @@
 package fleetguard
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fleetguard/fleetguard/internal/fakellm"
+	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wait"
 	"github.com/fleetguard/fleetguard/internal/wsframe"
 )
 
@@ -115,5 +119,44 @@ func TestGeminiLiveAudioIsHeldBeforeItGoesUp(t *testing.T) {
 	if answered == 0 || answered == 10 || got > 60000 || billed > got || up.Inputs() != int64(answered) {
 		t.Fatalf("%d answered (upstream heard %d inputs); counter %d of 60,000, billed %d: want some answered, then the session ended, refused audio not forwarded, the counter within the limit and the bill within it",
 			answered, up.Inputs(), got, billed)
+	}
+}
+
+// A store stall longer than the client's timeout refuses the turn caught in
+// it: Live ends the session (1008, UNAVAILABLE) and the turn is not
+// forwarded; a new session is served once the store answers, and nothing
+// refused was charged.
+func TestAGeminiLiveTurnInAStoreStallIsRefusedAndNotCharged(t *testing.T) {
+	up := &fakellm.Live{Tokens: 50, Window: 2000}
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	url, counter := sessionBudgetOn(t, srv, "livestall", 500000, up, "")
+	setup := `{"setup":{"model":"models/gemini-2.0-flash-live-001","generationConfig":{"thinkingConfig":{"thinkingBudget":0}},"realtimeInputConfig":{"automaticActivityDetection":{"disabled":true}}}}`
+	turn := `{"clientContent":{"turns":[{"role":"user","parts":[{"text":"hi"}]}],"turnComplete":true}}`
+	c := dialSocket(t, url, livePath)
+	c.send(setup)
+	c.frame()
+	c.send(turn)
+	if ok, code, reason := c.untilTurnOrClose(); !ok {
+		t.Fatalf("before the stall: close %d %q", code, reason)
+	}
+	rc := stallRedis(t, srv, "1")
+	c.send(turn)
+	if ok, code, reason := c.untilTurnOrClose(); ok || code != 1008 || !strings.Contains(reason, "budget_store_unavailable") || up.Turns() != 1 {
+		t.Fatalf("during the stall: turn %v, close %d %q (upstream turns %d): want the session closed naming the store, the turn not forwarded", ok, code, reason, up.Turns())
+	}
+	wait.Poll(5*time.Second, func() bool { return rc.Ping(context.Background()).Err() == nil })
+	served := wait.Poll(10*time.Second, func() bool {
+		c := dialSocket(t, url, livePath)
+		c.send(setup)
+		c.frame()
+		c.send(turn)
+		ok, _, _ := c.untilTurnOrClose()
+		return ok
+	})
+	if !served {
+		t.Fatal("no session was served after the stall")
+	}
+	if got, billed := counter(), up.Billed(); got != billed {
+		t.Fatalf("counter %d, billed %d: a refused turn must not be charged", got, billed)
 	}
 }

@@ -33,9 +33,14 @@ func realtimeBudget(t *testing.T, prefix string, limit, answer int) (url string,
 // front of up; counter reads g's counter.
 func sessionBudget(t *testing.T, prefix string, limit int, up http.Handler, options string) (url string, counter func() int64) {
 	t.Helper()
+	return sessionBudgetOn(t, redistest.Start(t), prefix, limit, up, options)
+}
+
+// sessionBudgetOn is sessionBudget on the Redis given.
+func sessionBudgetOn(t *testing.T, srv *redistest.Server, prefix string, limit int, up http.Handler, options string) (url string, counter func() int64) {
+	t.Helper()
 	upSrv := httptest.NewServer(up)
 	t.Cleanup(upSrv.Close)
-	srv := redistest.Start(t)
 	port := freePort(t)
 	startCaddy(t, llmCaddyfile(port, upSrv.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
 		fmt.Sprintf("budget g {\n unit tokens\n limit %d\n window 1h\n }\n context_window 20000\n %s", limit, options)))
