@@ -189,9 +189,6 @@ func (s *live) setupMessage(body json.RawMessage) []byte {
 // generationConfig is the setup's generationConfig with maxOutputTokens at
 // most s.cap; it sets what a turn holds for output.
 func (s *live) generationConfig(setup map[string]json.RawMessage) (map[string]json.RawMessage, *refusal) {
-	if setup["generationConfig"] != nil && setup["generation_config"] != nil {
-		return nil, &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: "ambiguous_request", message: "setup has both generationConfig and generation_config"}
-	}
 	gen := map[string]json.RawMessage{}
 	_ = json.Unmarshal(firstOf(setup, "generationConfig", "generation_config"), &gen)
 	for field := range gen {
@@ -212,27 +209,17 @@ func (s *live) generationConfig(setup map[string]json.RawMessage) (map[string]js
 	}
 	delete(gen, "max_output_tokens")
 	gen["maxOutputTokens"], _ = json.Marshal(capped)
-	var thinking struct {
-		Budget  *int64 `json:"thinkingBudget"`
-		Budget2 *int64 `json:"thinking_budget"`
-	}
+	// (Both spellings of a field in one message are refused before: repeatsKey.)
+	var thinking map[string]json.RawMessage
 	_ = json.Unmarshal(firstOf(gen, "thinkingConfig", "thinking_config"), &thinking)
 	think := int64(liveThinking)
-	if b := cmpPtr(thinking.Budget, thinking.Budget2); b != nil && *b >= 0 {
-		think = *b
+	if b := int64(-1); json.Unmarshal(firstOf(thinking, "thinkingBudget", "thinking_budget"), &b) == nil && b >= 0 {
+		think = b
 	}
 	s.mu.Lock()
 	s.output = capped + think
 	s.mu.Unlock()
 	return gen, nil
-}
-
-// cmpPtr is the first of a and b that is set.
-func cmpPtr(a, b *int64) *int64 {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // firstOf is the first of the fields present in m.

@@ -1,11 +1,8 @@
 package fleetguard
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -102,18 +99,8 @@ func TestASocketWithoutItsTeamIsRefusedAtTheHandshake(t *testing.T) {
 	up := newSocketUpstream(t, 50)
 	port := freePort(t)
 	startCaddy(t, llmCaddyfile(port, up.url, "", "budget b {\n scope team\n unit tokens\n limit 10000\n window 1h\n }"))
-	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer k1\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"code":"missing_team"`) {
+	resp, body := handshake(t, fmt.Sprintf("http://127.0.0.1:%d", port), "/v1/responses")
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":"missing_team"`) {
 		t.Fatalf("handshake without a team: %s %s, want 400 missing_team", resp.Status, body)
 	}
 	if up.Events() != 0 {
