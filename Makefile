@@ -20,9 +20,13 @@ redis-server:
 		exit 1; \
 	fi
 
+# go vet with -race compiles every package as the race-detector tests below
+# do, two at a time: the tests then link what it built (on an empty build
+# cache, the race build of Caddy and its dependencies is most of make test).
 vet:
-	$(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
+	@echo "go vet -race ./... (on an empty build cache this first builds Caddy and its dependencies with the race detector: minutes)"
+	$(GO) vet -race ./...
 
 # One package at a time (-p 1): the budget's ceiling suite holds only while
 # the upstream sees a cut within its margin (two events), and a fake upstream

@@ -244,7 +244,7 @@ func (a *AdminAPI) setLimit(ctx context.Context, r *http.Request, e *engines, b 
 		zap.String("budget", b.Name),
 		zap.String("scope", b.Scope.String()),
 		zap.String("scope_hash", scope.hash),
-		zap.Int64("limit", limit), // 0: cleared, the config's holds
+		zapAmount("limit", b.Unit, limit), // 0: cleared, the config's holds
 		zap.String("remote_addr", r.RemoteAddr))
 	return nil
 }

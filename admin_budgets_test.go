@@ -42,6 +42,7 @@ const adminBudgets = `store_timeout 2s
 		budget all {
 			limit 100000000
 			window 24h
+			unit tokens
 		}`
 
 // logTo is a global `log` option writing every level, as JSON, to a file.
@@ -140,7 +141,7 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			}
 			waitSettles()
 			for _, key := range []string{aliceKey, bobKey} {
-				if resp, body := chat(t, llm, chatBody, "Authorization: "+key); resp.StatusCode != http.StatusTooManyRequests {
+				if resp, body := chat(t, llm, chatBody, "Authorization: "+key, "X-Team: red"); resp.StatusCode != http.StatusTooManyRequests {
 					t.Fatalf("9th request: %d %s, want 429", resp.StatusCode, body)
 				}
 			}
@@ -197,7 +198,7 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if bob := budgetWindowAt(t, http.MethodGet, admin+"per_key?key="+url.QueryEscape(bobKey)); bob.Used != "800" {
 				t.Fatalf("bob's window after alice's reset: %+v", bob)
 			}
-			if resp, body := chat(t, llm, chatBody, "Authorization: "+aliceKey); resp.StatusCode != http.StatusOK {
+			if resp, body := chat(t, llm, chatBody, "Authorization: "+aliceKey, "X-Team: red"); resp.StatusCode != http.StatusOK {
 				t.Fatalf("alice after the reset: %d %s, want 200", resp.StatusCode, body)
 			}
 			waitSettles()
@@ -208,7 +209,7 @@ func TestAdminBudgetWindowAndReset(t *testing.T) {
 			if reset := budgetWindowAt(t, http.MethodPost, admin+"per_key/reset?key="+url.QueryEscape(bobKey)); reset.ScopeHash != bob.ScopeHash {
 				t.Fatalf("bob's reset answer %+v, want scope_hash %s", reset, bob.ScopeHash)
 			}
-			if resp, body := chat(t, llm, chatBody, "Authorization: "+bobKey); resp.StatusCode != http.StatusOK {
+			if resp, body := chat(t, llm, chatBody, "Authorization: "+bobKey, "X-Team: red"); resp.StatusCode != http.StatusOK {
 				t.Fatalf("bob after the reset: %d %s, want 200", resp.StatusCode, body)
 			}
 
@@ -374,6 +375,7 @@ func TestAdminBudgetList(t *testing.T) {
 			scope key
 			limit 2000
 			window 1h
+			unit tokens
 		}
 		budget model_usd {
 			scope model
@@ -384,6 +386,7 @@ func TestAdminBudgetList(t *testing.T) {
 		budget all {
 			limit 100000000
 			window 24h
+			unit tokens
 		}`
 	if code, body := tc.load("application/json", string(tc.adapt(llmCaddyfile(port, up.URL, onRedis, budgets)))); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
@@ -404,8 +407,8 @@ func TestAdminBudgetList(t *testing.T) {
 // the config, and a key budget of 1200.
 func limitsFleetCaddyfile(adminPort, port int, redisURL, upstream string) string {
 	return fleetInstance(adminPort, port, redisURL, "limits", upstream,
-		"budget per_team {\n\t\t\tscope team\n\t\t\tlimit 1000\n\t\t\tlimit_for team research 2000\n\t\t\tlimit_for team blue 100000\n\t\t\twindow 1h\n\t\t}",
-		"budget per_key {\n\t\t\tscope key\n\t\t\tlimit 1200\n\t\t\twindow 1h\n\t\t}",
+		"budget per_team {\n\t\t\tscope team\n\t\t\tlimit 1000\n\t\t\tlimit_for team research 2000\n\t\t\tlimit_for team blue 100000\n\t\t\twindow 1h\n\t\tunit tokens\n\t\t}",
+		"budget per_key {\n\t\t\tscope key\n\t\t\tlimit 1200\n\t\t\twindow 1h\n\t\tunit tokens\n\t\t}",
 	).String()
 }
 
@@ -512,10 +515,12 @@ func TestAdminTopListsTheLargestSpenders(t *testing.T) {
 			limit 100000
 			limit_for team research 200000
 			window 1h
+			unit tokens
 		}
 		budget all {
 			limit 100000000
 			window 1h
+			unit tokens
 		}`))
 	for team, n := range map[string]int{"research": 3, "green": 2, "blue": 1} {
 		for range n {

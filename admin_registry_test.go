@@ -57,7 +57,7 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	hour := caddy.Duration(time.Hour)
 	memory := poolStore(t, memoryIdentity("registry-test"))
 	old, next := &App{}, &App{}
-	hOld := handlerWith(t, "registry-test", BudgetConfig{Name: "reg_b", Limit: 100, Window: hour})
+	hOld := handlerWith(t, "registry-test", BudgetConfig{Unit: "tokens", Name: "reg_b", Limit: 100, Window: hour})
 	memory.budgetDefs.add(hOld, old)
 	if got := limitOf(t, "reg_b"); got != 100 {
 		t.Fatalf("one config: limit %d, want 100", got)
@@ -65,7 +65,7 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 
 	// A reload that changes the limit, on another store.
 	another := poolStore(t, memoryIdentity("registry-test-another"))
-	hNew := handlerWith(t, "registry-test-another", BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
+	hNew := handlerWith(t, "registry-test-another", BudgetConfig{Unit: "tokens", Name: "reg_b", Limit: 200, Window: hour})
 	another.budgetDefs.add(hNew, next)
 	if e, b, err := lookupBudget("reg_b"); err != nil || b.Limit != 200 || e != another {
 		t.Fatalf("during the reload: %+v on %p, %v; want the new config's 200 on its store", b, e, err)
@@ -92,7 +92,7 @@ func TestBudgetRegistryNewestConfigWins(t *testing.T) {
 	}
 	// The same definition twice is no conflict.
 	another.budgetDefs.remove(hOther)
-	hSame := handlerWith(t, "registry-test-another", BudgetConfig{Name: "reg_b", Limit: 200, Window: hour})
+	hSame := handlerWith(t, "registry-test-another", BudgetConfig{Unit: "tokens", Name: "reg_b", Limit: 200, Window: hour})
 	another.budgetDefs.add(hSame, next)
 	if got := limitOf(t, "reg_b"); got != 200 {
 		t.Fatalf("one definition twice: limit %d", got)
@@ -112,7 +112,7 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	withLimit := func(limit, extraSite string) string {
-		return llmCaddyfile(port, up.URL, "", "budget g {\n limit "+limit+"\n window 1h\n }") + extraSite
+		return llmCaddyfile(port, up.URL, "", "budget g {\n limit "+limit+"\n window 1h\n unit tokens\n }") + extraSite
 	}
 	tc := startCaddy(t, withLimit("1000", ""))
 	budgetURL := "http://" + tc.admin + budgetsPath + "g"
@@ -160,7 +160,7 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	wantList("after a failed reload", listedG("2000"))
 
 	// Two sites that define g two ways.
-	other := fmt.Sprintf("\n:%d {\n llmbudget {\n team {http.request.header.X-Team}\n budget g {\n scope team\n limit 500\n window 1h\n }\n }\n respond ok\n }", freePort(t))
+	other := fmt.Sprintf("\n:%d {\n llmbudget {\n team {http.request.header.X-Team}\n budget g {\n scope team\n limit 500\n window 1h\n unit tokens\n }\n }\n respond ok\n }", freePort(t))
 	if code, body := reload(withLimit("2000", other)); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
@@ -174,7 +174,7 @@ func TestAdminBudgetsFollowReloads(t *testing.T) {
 	wantList("with g defined two ways", inConflict, perTeam)
 
 	// A reload without g: it is gone.
-	noG := llmCaddyfile(port, up.URL, "", "budget h {\n limit 10\n window 1h\n }")
+	noG := llmCaddyfile(port, up.URL, "", "budget h {\n limit 10\n window 1h\n unit tokens\n }")
 	if code, body := reload(noG); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}

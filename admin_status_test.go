@@ -21,7 +21,7 @@ import (
 func statusCaddyfile(port int, upstream, global string) string {
 	return testCaddyfile{Global: []string{global}, Port: port, Upstream: upstream,
 		FleetLimit: []string{perKeyZone(100000, "")},
-		LLMBudget:  []string{"budget g {\n\t\t\tlimit 100000000\n\t\t\twindow 1h\n\t\t}"},
+		LLMBudget:  []string{"budget g {\n\t\t\tlimit 100000000\n\t\t\twindow 1h\n\t\tunit tokens\n\t\t}"},
 	}.String()
 }
 

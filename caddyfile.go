@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -229,12 +230,14 @@ func (h *FleetLimit) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 	z := new(ZoneConfig)
 	seen := make(map[string]bool)
+	lines := map[string]string{"": position(d)} // by field; "": the zone's
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		field := d.Val()
 		if seen[field] {
 			return nil, d.Errf("fleetlimit: zone %q: %s is set twice", name, field)
 		}
 		seen[field] = true
+		lines[field] = position(d)
 		switch field {
 		case "key":
 			if !d.AllArgs(&z.Key) {
@@ -269,7 +272,14 @@ func parseZone(d *caddyfile.Dispenser, name string) (*ZoneConfig, error) {
 		}
 	}
 	if err := z.validate(name); err != nil {
-		return nil, d.Err(err.Error())
+		// The line of the field the error names, else the zone's.
+		msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("fleetlimit: zone %q: ", name))
+		field, _, _ := strings.Cut(msg, " ")
+		at, ok := lines[field]
+		if !ok {
+			at = lines[""]
+		}
+		return nil, fmt.Errorf("%w, at %s", err, at)
 	}
 	return z, nil
 }
@@ -293,7 +303,9 @@ func parseLLMBudget(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			limit  <number>
 //			limit_for <scope>|<scope>_hash <value> <number>
 //			alert_at <percent>...
-//			window <duration>
+//			window <duration>|day|week|month
+//			timezone <IANA zone>
+//			missing_scope refuse|shared
 //		}
 //		price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>]
 //			[audio <input> <output>] [long_context <above_tokens> <input> <output>]
@@ -332,8 +344,10 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	seen := make(map[string]bool)
+	lines := make(map[string]string) // what compile's errors name -> its line
 	for d.NextBlock(0) {
 		field := d.Val()
+		noteLine(d, lines)
 		parse, ok := llmBudgetOptions[field]
 		if !ok {
 			return d.Errf("llmbudget: unknown subdirective %q (want principal, team, budget, price, prices_file, deployment, provider, default_max_tokens, max_request_body, format, inject_stream_usage, chat_cap_field, max_output_tokens, output_leases, output_lease_min, reasoning_models, tokenizer, proxy_tokenizer, hidden_input, unknown_fields, neutral_fields, pass_upgrades, context_window, settle_wait, ratelimit_scopes, usd_denial_status, fail_open, shadow, store_timeout, max_retry_after or unknown_paths)", field)
@@ -348,12 +362,53 @@ func (h *LLMBudget) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	// Check now, for an error with a Caddyfile line. compile fills in only
+	// Check now, for an error with a Caddyfile line: the line of the option
+	// or budget it names, else the block's. compile fills in only
 	// unexported state, so the adapted JSON stays as written.
 	if err := h.compile(); err != nil {
+		if at := lineOfError(err, lines); at != "" {
+			return fmt.Errorf("%w, at %s", err, at)
+		}
 		return d.Err(err.Error())
 	}
 	return nil
+}
+
+// noteLine keeps the line of the subdirective at the cursor under the name
+// compile's errors give it: `budget "<name>"`, `price "<model>"`,
+// `deployment "<name>"`, or the option (its JSON name where that differs).
+func noteLine(d *caddyfile.Dispenser, lines map[string]string) {
+	key := d.Val()
+	switch key {
+	case "budget", "price", "deployment":
+		if d.NextArg() {
+			key += " " + strconv.Quote(d.Val())
+			d.Prev() // back to the subdirective, for its parser
+		}
+	case "tokenizer", "proxy_tokenizer":
+		key += "s"
+	}
+	lines[key] = position(d) // the last: a budget defined twice is wrong at its second
+	if key == "max_output_tokens" {
+		lines["over_max_output_tokens"] = position(d)
+	}
+}
+
+// lineOfError is the line of what a compile error names after its
+// "llmbudget: " ("" when it names nothing the block holds).
+func lineOfError(err error, lines map[string]string) string {
+	msg := strings.TrimPrefix(err.Error(), "llmbudget: ")
+	best := ""
+	for key := range lines {
+		rest, ok := strings.CutPrefix(msg, key)
+		if ok && (rest == "" || rest[0] == ':' || rest[0] == ' ') && len(key) > len(best) {
+			best = key
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return lines[best]
 }
 
 // llmBudgetOptions parse each subdirective of llmbudget into h; field is
@@ -384,7 +439,17 @@ var llmBudgetOptions = map[string]func(h *LLMBudget, d *caddyfile.Dispenser, fie
 		h.Prices[model] = pc
 		return nil
 	},
-	"prices_file": stringOption(func(h *LLMBudget) *string { return &h.PricesFile }, "one path"),
+	"prices_file": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
+		if !d.AllArgs(&h.PricesFile) {
+			return d.Errf("llmbudget: prices_file takes one path")
+		}
+		// Read here too (Provision reads it again), so that a file that is
+		// missing or does not parse names this line.
+		if _, err := loadPricesFile(h.PricesFile); err != nil {
+			return d.Errf("llmbudget: prices_file: %v", err)
+		}
+		return nil
+	},
 	"deployment": func(h *LLMBudget, d *caddyfile.Dispenser, field string) error {
 		var name, model string
 		if !d.AllArgs(&name, &model) {
@@ -640,13 +705,9 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 				return bc, err
 			}
 			limitFor = append(limitFor, lf)
-		case "scope":
-			if !d.AllArgs(&bc.Scope) {
-				return bc, d.Errf("llmbudget: budget %q: scope takes one value", bc.Name)
-			}
-		case "unit":
-			if !d.AllArgs(&bc.Unit) {
-				return bc, d.Errf("llmbudget: budget %q: unit takes one value", bc.Name)
+		case "scope", "unit":
+			if err := parseBudgetWord(d, &bc); err != nil {
+				return bc, err
 			}
 		case "limit":
 			if decimalLimit, err = parseBudgetLimit(d, &bc); err != nil {
@@ -656,12 +717,16 @@ func parseBudget(d *caddyfile.Dispenser) (BudgetConfig, error) {
 			if err := parseBudgetWindow(d, &bc); err != nil {
 				return bc, err
 			}
+		case "missing_scope":
+			if !d.AllArgs(&bc.MissingScope) || bc.MissingScope != missingScopeRefuse && bc.MissingScope != missingScopeShared {
+				return bc, d.Errf("llmbudget: budget %q: missing_scope takes refuse or shared", bc.Name)
+			}
 		case "timezone":
 			if !d.AllArgs(&bc.Timezone) {
 				return bc, d.Errf("llmbudget: budget %q: timezone takes an IANA zone name (America/New_York)", bc.Name)
 			}
 		default:
-			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, alert_at, window or timezone)", bc.Name, field)
+			return bc, d.Errf("llmbudget: budget %q: unknown subdirective %q (want scope, unit, limit, limit_for, alert_at, window, timezone or missing_scope)", bc.Name, field)
 		}
 	}
 	return bc, finishBudget(&bc, seen, limitFor, at, decimalLimit)
@@ -677,16 +742,44 @@ func finishBudget(bc *BudgetConfig, seen map[string]bool, limitFor []limitForLin
 		}
 		bc.LimitFor = append(bc.LimitFor, lf.LimitForConfig)
 	}
-	for _, required := range []string{"limit", "window"} {
-		if !seen[required] {
-			return fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
-		}
-	}
 	// "limit 25.00" reads as 25 once adapted to JSON: a token budget of 25
 	// that denies everything. Written with a decimal point, it was meant in
 	// dollars.
-	if decimalLimit != "" && !strings.EqualFold(bc.Unit, "usd") {
-		return fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: add `unit usd` for a dollar budget, or write a whole number of tokens, at %s", bc.Name, decimalLimit)
+	if decimalLimit != "" && !strings.EqualFold(bc.Unit, "usd") && seen["unit"] {
+		return fmt.Errorf("llmbudget: budget %q: limit is written as a decimal, but the budget counts tokens: write `unit usd` for a dollar budget, or a whole number of tokens, at %s", bc.Name, decimalLimit)
+	}
+	for _, required := range []string{"unit", "limit", "window"} {
+		if seen[required] {
+			continue
+		}
+		if required == "unit" {
+			return fmt.Errorf("llmbudget: budget %q: %s, at %s", bc.Name, errUnitRequired, at)
+		}
+		return fmt.Errorf("llmbudget: budget %q: %s is required, at %s", bc.Name, required, at)
+	}
+	// The rest is checked as the JSON config is: an error of a limit_for
+	// line names that line, any other the budget's.
+	if _, err := bc.compile(); err != nil {
+		if lfe := (*limitForError)(nil); errors.As(err, &lfe) {
+			return fmt.Errorf("llmbudget: budget %q: limit_for: %w, at %s", bc.Name, lfe.err, limitFor[lfe.i].at)
+		}
+		return fmt.Errorf("%w, at %s", err, at)
+	}
+	return nil
+}
+
+// parseBudgetWord reads a budget's scope or unit, checked here so that a
+// bad one names its own line.
+func parseBudgetWord(d *caddyfile.Dispenser, bc *BudgetConfig) error {
+	field, dst, check := d.Val(), &bc.Scope, func(s string) error { _, err := budget.ParseScope(s); return err }
+	if field == "unit" {
+		dst, check = &bc.Unit, func(s string) error { _, err := budget.ParseUnit(s); return err }
+	}
+	if !d.AllArgs(dst) {
+		return d.Errf("llmbudget: budget %q: %s takes one value", bc.Name, field)
+	}
+	if err := check(*dst); err != nil {
+		return d.Errf("llmbudget: budget %q: %v", bc.Name, err)
 	}
 	return nil
 }
@@ -785,54 +878,67 @@ func position(d *caddyfile.Dispenser) string {
 	return d.File() + ":" + strconv.Itoa(d.Line())
 }
 
-// parseIntArg reads the one integer argument of the option at the cursor.
-// Its errors name the option and its position; callers add only their own
-// context, never a second position.
+// priceSyntax is the price line's syntax, for its errors.
+const priceSyntax = "price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>] [audio <input> <output>] [long_context <above_tokens> <input> <output>] [flex|priority|batch <input> <output>] [web_search <usd_per_call>] (USD per 1M tokens)"
+
+// priceWordValues is how many values each keyword of a price line takes.
+var priceWordValues = map[string]int{"cache_write": 1, "cache_write_1h": 1, "web_search": 1, "audio": 2, "flex": 2, "priority": 2, "batch": 2, "long_context": 3}
+
 // parsePrice reads a price line: the model, input and output (and cached
 // input) prices in USD per 1M tokens, then, each at most once, a keyword
 // and its prices.
 func parsePrice(d *caddyfile.Dispenser) (string, PriceConfig, error) {
-	const syntax = "price <model>[*] <input> <output> [<cached_input>] [cache_write <usd>] [cache_write_1h <usd>] [audio <input> <output>] [long_context <above_tokens> <input> <output>] [flex|priority|batch <input> <output>] [web_search <usd_per_call>] (USD per 1M tokens)"
 	args := d.RemainingArgs()
 	if len(args) < 3 {
-		return "", PriceConfig{}, d.Errf("llmbudget: price takes %s", syntax)
+		return "", PriceConfig{}, d.Errf("llmbudget: price takes %s", priceSyntax)
 	}
 	model := args[0]
-	num := func(what, a string) (float64, error) {
-		v, err := strconv.ParseFloat(a, 64)
-		if err != nil || v < 0 || math.IsInf(v, 0) {
-			return 0, d.Errf("llmbudget: price %q: %s: %q is not a price >= 0", model, what, a)
-		}
-		return v, nil
-	}
 	var pc PriceConfig
 	var err error
-	if pc.Input, err = num("input", args[1]); err != nil {
+	if pc.Input, err = priceNumber(d, model, "input", args[1]); err != nil {
 		return "", pc, err
 	}
-	if pc.Output, err = num("output", args[2]); err != nil {
+	if pc.Output, err = priceNumber(d, model, "output", args[2]); err != nil {
 		return "", pc, err
 	}
 	rest := args[3:]
 	if len(rest) > 0 {
 		if _, isNum := strconv.ParseFloat(rest[0], 64); isNum == nil {
-			if pc.CachedInput, err = num("cached_input", rest[0]); err != nil {
+			if pc.CachedInput, err = priceNumber(d, model, "cached_input", rest[0]); err != nil {
 				return "", pc, err
 			}
 			rest = rest[1:]
 		}
 	}
+	if err := parsePriceWords(d, model, rest, &pc); err != nil {
+		return "", pc, err
+	}
+	return model, pc, nil
+}
+
+// priceNumber reads the price a of what (a field of model's price line).
+func priceNumber(d *caddyfile.Dispenser, model, what, a string) (float64, error) {
+	v, err := strconv.ParseFloat(a, 64)
+	if err != nil || v < 0 || math.IsInf(v, 0) {
+		return 0, d.Errf("llmbudget: price %q: %s: %q is not a price >= 0", model, what, a)
+	}
+	return v, nil
+}
+
+// parsePriceWords reads the keywords of a price line, and their values,
+// into pc: each keyword at most once.
+func parsePriceWords(d *caddyfile.Dispenser, model string, rest []string, pc *PriceConfig) error {
 	seen := make(map[string]bool)
 	for len(rest) > 0 {
 		word := rest[0]
-		n := map[string]int{"cache_write": 1, "cache_write_1h": 1, "web_search": 1, "audio": 2, "flex": 2, "priority": 2, "batch": 2, "long_context": 3}[word]
+		n := priceWordValues[word]
 		switch {
 		case n == 0:
-			return "", pc, d.Errf("llmbudget: price %q: unknown word %q (want %s)", model, word, syntax)
+			return d.Errf("llmbudget: price %q: unknown word %q (want %s)", model, word, priceSyntax)
 		case seen[word]:
-			return "", pc, d.Errf("llmbudget: price %q: %s is set twice", model, word)
+			return d.Errf("llmbudget: price %q: %s is set twice", model, word)
 		case len(rest) < n+1:
-			return "", pc, d.Errf("llmbudget: price %q: %s takes %d values (%s)", model, word, n, syntax)
+			return d.Errf("llmbudget: price %q: %s takes %d values (%s)", model, word, n, priceSyntax)
 		}
 		seen[word] = true
 		vals := make([]float64, n)
@@ -840,38 +946,47 @@ func parsePrice(d *caddyfile.Dispenser) (string, PriceConfig, error) {
 			if word == "long_context" && i == 0 {
 				above, err := strconv.ParseInt(a, 10, 64)
 				if err != nil || above < 1 {
-					return "", pc, d.Errf("llmbudget: price %q: long_context: %q is not a token count above 0", model, a)
+					return d.Errf("llmbudget: price %q: long_context: %q is not a token count above 0", model, a)
 				}
 				pc.LongContextAbove = above
 				continue
 			}
-			if vals[i], err = num(word, a); err != nil {
-				return "", pc, err
+			var err error
+			if vals[i], err = priceNumber(d, model, word, a); err != nil {
+				return err
 			}
 		}
-		switch word {
-		case "cache_write":
-			pc.CacheWrite = vals[0]
-		case "cache_write_1h":
-			pc.CacheWrite1h = vals[0]
-		case "web_search":
-			pc.WebSearch = vals[0]
-		case "audio":
-			pc.AudioInput, pc.AudioOutput = vals[0], vals[1]
-		case "flex":
-			pc.Flex = &TierPriceConfig{Input: vals[0], Output: vals[1]}
-		case "priority":
-			pc.Priority = &TierPriceConfig{Input: vals[0], Output: vals[1]}
-		case "batch":
-			pc.Batch = &TierPriceConfig{Input: vals[0], Output: vals[1]}
-		case "long_context":
-			pc.LongContext = &TierPriceConfig{Input: vals[1], Output: vals[2]}
-		}
+		setPriceWord(pc, word, vals)
 		rest = rest[n+1:]
 	}
-	return model, pc, nil
+	return nil
 }
 
+// setPriceWord sets the prices of a price line's keyword.
+func setPriceWord(pc *PriceConfig, word string, vals []float64) {
+	switch word {
+	case "cache_write":
+		pc.CacheWrite = vals[0]
+	case "cache_write_1h":
+		pc.CacheWrite1h = vals[0]
+	case "web_search":
+		pc.WebSearch = vals[0]
+	case "audio":
+		pc.AudioInput, pc.AudioOutput = vals[0], vals[1]
+	case "flex":
+		pc.Flex = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+	case "priority":
+		pc.Priority = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+	case "batch":
+		pc.Batch = &TierPriceConfig{Input: vals[0], Output: vals[1]}
+	case "long_context":
+		pc.LongContext = &TierPriceConfig{Input: vals[1], Output: vals[2]}
+	}
+}
+
+// parseIntArg reads the one integer argument of the option at the cursor.
+// Its errors name the option and its position; callers add only their own
+// context, never a second position.
 func parseIntArg(d *caddyfile.Dispenser) (int64, error) {
 	option := d.Val()
 	var s string

@@ -71,7 +71,7 @@ func TestPriceCaddyfileErrorsNameTheField(t *testing.T) {
 		{"a negative price", usd + "price m 1 2 audio 1 -2", `audio: "-2" is not a price`},
 		{"a bad threshold", usd + "price m 1 2 long_context 2e5 2 4", `long_context: "2e5" is not a token count`},
 		{"too few numbers", usd + "price m 1", "price takes"},
-		{"prices_file twice", usd + "prices_file a\nprices_file b", "prices_file is set twice"},
+		{"prices_file twice", usd + "prices_file budget/testdata/litellm-prices.json\nprices_file budget/testdata/litellm-prices.json", "prices_file is set twice"},
 		{"prices_file with no path", usd + "prices_file", "prices_file takes one path"},
 		{"a missing prices_file", usd + "prices_file " + filepath.Join(dir, "none.json"), "prices_file: open"},
 		{"a malformed prices_file", usd + "prices_file " + bad, `prices_file: ` + bad + `: entry "gpt-4o": field "input_cost_per_token"`},
@@ -100,7 +100,7 @@ func TestDeploymentsJSONRefusesACaseTwin(t *testing.T) {
 		{map[string]string{"a/b": "gpt-4o"}, "no slash"},
 		{map[string]string{"prod": ""}, "a model are required"},
 	} {
-		h := &LLMBudget{Budgets: []BudgetConfig{{Name: "b", Limit: 10, Window: caddy.Duration(time.Hour)}}, Deployments: tt.deployments}
+		h := &LLMBudget{Budgets: []BudgetConfig{{Unit: "tokens", Name: "b", Limit: 10, Window: caddy.Duration(time.Hour)}}, Deployments: tt.deployments}
 		if err := h.compile(); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%v: %v, want an error with %q", tt.deployments, err, tt.want)
 		}

@@ -24,7 +24,7 @@ func TestFleetguardInsideASiteSaysItIsAGlobalOption(t *testing.T) {
 // Checking a config at parse time fills in no default: the adapted JSON says
 // what the Caddyfile says, and nothing else.
 func TestAdaptedLLMBudgetHoldsNoDefaults(t *testing.T) {
-	src := []byte(":0 {\n\tllmbudget {\n\t\tbudget b {\n\t\t\tlimit 10\n\t\t\twindow 1h\n\t\t}\n\t}\n}\n")
+	src := []byte(":0 {\n\tllmbudget {\n\t\tbudget b {\n\t\t\tlimit 10\n\t\t\twindow 1h\n\t\tunit tokens\n\t\t}\n\t}\n}\n")
 	cfg, _, err := adaptCaddyfileFile(src, "Caddyfile")
 	if err != nil {
 		t.Fatal(err)
@@ -75,6 +75,18 @@ func TestFleetLimitCaddyfileErrors(t *testing.T) {
 			}
 		})
 	}
+	// A zone's error names the line of the field it is about, or the zone's
+	// for a field it lacks.
+	for zone, at := range map[string]string{
+		key + "events 5\nburst -2\nwindow 1m": "Caddyfile:6", // burst
+		key + "events 0\nwindow 1m":           "Caddyfile:5", // events
+		key + "window 1m":                     "Caddyfile:3", // no events: the zone's line
+	} {
+		_, _, err := adaptCaddyfile(":0 {\n fleetlimit {\n zone z {\n" + zone + "\n}\n }\n}")
+		if err == nil || strings.Count(err.Error(), at) != 1 || strings.Count(err.Error(), "Caddyfile:") != 1 {
+			t.Errorf("zone %q: error %v, want the position %s once", zone, err, at)
+		}
+	}
 	for _, global := range []string{"near_limit maybe", "prefix a\n prefix b"} {
 		if _, _, err := adaptCaddyfile("{\n fleetguard {\n " + global + "\n }\n}\n:0 {\n respond ok\n}"); err == nil {
 			t.Fatalf("global option %q: want an error", global)
@@ -91,38 +103,43 @@ func TestLLMBudgetConfigErrors(t *testing.T) {
 	// The block starts on line 3 of the Caddyfile (":0 {", "llmbudget {").
 	tests := []struct{ name, block, want, at string }{
 		{"no budget", "price m 1 1", "at least one budget", ""},
-		{"unknown subdirective", "budget b {\nlimit 1\nwindow 1h\n}\nbudgets 3", `unknown subdirective "budgets"`, ""},
-		{"bad scope", "budget b {\nscope galaxy\nlimit 1\nwindow 1h\n}", `scope "galaxy"`, ""},
-		{"bad unit", "budget b {\nunit bananas\nlimit 1\nwindow 1h\n}", `unit "bananas"`, ""},
-		{"zero limit", "budget b {\nlimit 0\nwindow 1h\n}", "limit must be > 0", "Caddyfile:4"},
-		{"fractional tokens", "budget b {\nlimit 1.5\nwindow 1h\n}", "whole number", "Caddyfile:4"},
-		{"limit past what the store counts", "budget b {\nlimit 1000000000000000\nwindow 1h\n}", "limit must be at most 9223372036854", ""},
-		{"dollars without unit usd", "budget team_usd {\nscope global\nlimit 25.00\nwindow 720h\n}", "add `unit usd`", "Caddyfile:5"},
-		{"no window", "budget b {\nlimit 10\n}", `budget "b": window is required`, "Caddyfile:3"},
-		{"no limit", "budget b {\nwindow 1h\n}", `budget "b": limit is required`, "Caddyfile:3"},
-		{"a repeated budget option", "budget b {\nlimit 10\nwindow 1h\nlimit 20\n}", "limit is set twice", "Caddyfile:6"},
-		{"a bad window", "budget b {\nlimit 10\nwindow 10\n}", "window", "Caddyfile:5"},
-		{"negative price", "budget b {\nlimit 10\nwindow 1h\n}\nprice m -1 2", "not a price", ""},
-		{"scope team without team", "budget t {\nscope team\nlimit 10\nwindow 1h\n}", "scope team needs the handler's team option", ""},
+		{"unknown subdirective", "budget b {\nlimit 1\nwindow 1h\nunit tokens\n}\nbudgets 3", `unknown subdirective "budgets"`, ""},
+		{"bad scope", "budget b {\nscope galaxy\nlimit 1\nwindow 1h\nunit tokens\n}", `scope "galaxy"`, "Caddyfile:4"},
+		{"bad unit", "budget b {\nunit bananas\nlimit 1\nwindow 1h\n}", `unit "bananas"`, "Caddyfile:4"},
+		{"zero limit", "budget b {\nlimit 0\nwindow 1h\nunit tokens\n}", "limit must be > 0", "Caddyfile:4"},
+		{"fractional tokens", "budget b {\nlimit 1.5\nwindow 1h\nunit tokens\n}", "whole number", "Caddyfile:4"},
+		{"limit past what the store counts", "budget b {\nlimit 1000000000000000\nwindow 1h\nunit tokens\n}", "limit must be at most 9223372036854", ""},
+		{"dollars in a token budget", "budget team_usd {\nscope global\nlimit 25.00\nwindow 720h\nunit tokens\n}", "write `unit usd`", "Caddyfile:5"},
+		{"no unit", "budget b {\nlimit 5\nwindow 1h\n}", `budget "b": unit is required: tokens or usd`, "Caddyfile:3"},
+		{"dollars without a unit", "budget team_usd {\nscope global\nlimit 25.00\nwindow 720h\n}", `budget "team_usd": unit is required`, "Caddyfile:3"},
+		{"no window", "budget b {\nlimit 10\nunit tokens\n}", `budget "b": window is required`, "Caddyfile:3"},
+		{"no limit", "budget b {\nwindow 1h\nunit tokens\n}", `budget "b": limit is required`, "Caddyfile:3"},
+		{"a repeated budget option", "budget b {\nlimit 10\nwindow 1h\nlimit 20\nunit tokens\n}", "limit is set twice", "Caddyfile:6"},
+		{"a bad window", "budget b {\nlimit 10\nwindow 10\nunit tokens\n}", "window", "Caddyfile:5"},
+		{"negative price", "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\nprice m -1 2", "not a price", "Caddyfile:8"},
+		{"scope team without team", "budget t {\nscope team\nlimit 10\nwindow 1h\nunit tokens\n}", "scope team needs the handler's team option", "Caddyfile:3"},
+		{"a missing prices_file", "budget d {\nunit usd\nlimit 25.00\nwindow 720h\n}\nprices_file /nonexistent/prices.json", "prices_file: open /nonexistent/prices.json", "Caddyfile:8"},
+		{"a budget defined twice after another", "budget d {\nunit usd\nlimit 25.00\nwindow 720h\n}\nprice m 1 2\nbudget e {\nunit tokens\nlimit 5\nwindow 1h\n}\nbudget d {\nunit tokens\nlimit 5\nwindow 1h\n}", `budget "d": defined twice`, "Caddyfile:14"},
+		{"an option checked once the block is read", "budget b {\nunit tokens\nlimit 10\nwindow 1h\n}\nchat_cap_field max_tokens\ndefault_max_tokens 2000000", "default_max_tokens: must be between", "Caddyfile:9"},
 		{"usd without a price", "budget d {\nunit usd\nlimit 25.00\nwindow 720h\n}", "a usd budget needs the price", ""},
-		{"bad format", "budget b {\nlimit 10\nwindow 1h\n}\nformat bedrock", `format "bedrock"`, ""},
-		{"duplicate budget", "budget b {\nlimit 10\nwindow 1h\n}\nbudget b {\nlimit 10\nwindow 1h\n}", "defined twice", ""},
-		{"ratelimit_scopes with an unknown scope", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key galaxy", `ratelimit_scopes: "galaxy"`, "Caddyfile:7"},
-		{"ratelimit_scopes with a repeat", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key key", "key is listed twice", "Caddyfile:7"},
-		{"ratelimit_scopes none with a scope", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes none key", `ratelimit_scopes: "none"`, "Caddyfile:7"},
-		{"limit_for on a global budget", "budget b {\nlimit 10\nwindow 1h\nlimit_for team research 20\n}", "limit_for team: the budget is kept per global", "Caddyfile:6"},
-		{"limit_for of another scope", "budget b {\nscope key\nlimit 10\nwindow 1h\nlimit_for team research 20\n}", "the budget is kept per key", "Caddyfile:7"},
-		{"limit_for with an unknown scope", "budget b {\nscope team\nlimit 10\nwindow 1h\nlimit_for galaxy x 20\n}", `limit_for "galaxy"`, "Caddyfile:7"},
-		{"limit_for without its limit", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o\n}", "limit_for takes", "Caddyfile:7"},
-		{"limit_for with a bad limit", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o lots\n}", `limit "lots" is not a number`, "Caddyfile:7"},
-		{"limit_for a value twice", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o 5\nlimit_for model gpt-4o 6\n}", "given a limit twice", ""},
-		{"limit_for a bad hash", "budget b {\nscope key\nlimit 10\nwindow 1h\nlimit_for key_hash sk-raw 5\n}", "32 lowercase hex digits", ""},
-		{"limit_for in dollars on a token budget", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o 2.5\n}", "whole number", ""},
-		{"alert_at out of order", "budget b {\nlimit 10\nwindow 1h\nalert_at 95% 80%\n}", `alert_at "80%"`, "Caddyfile:6"},
-		{"alert_at over 100", "budget b {\nlimit 10\nwindow 1h\nalert_at 120%\n}", `alert_at "120%"`, "Caddyfile:6"},
-		{"alert_at empty", "budget b {\nlimit 10\nwindow 1h\nalert_at\n}", "alert_at takes one or more", "Caddyfile:6"},
-		{"alert_at twice", "budget b {\nlimit 10\nwindow 1h\nalert_at 80%\nalert_at 90%\n}", "alert_at is set twice", "Caddyfile:7"},
-		{"ratelimit_scopes twice", "budget b {\nlimit 10\nwindow 1h\n}\nratelimit_scopes key\nratelimit_scopes team", "ratelimit_scopes is set twice", "Caddyfile:8"},
+		{"bad format", "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\nformat bedrock", `format "bedrock"`, "Caddyfile:8"},
+		{"duplicate budget", "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\nbudget b {\nlimit 10\nwindow 1h\nunit tokens\n}", "defined twice", "Caddyfile:8"},
+		{"ratelimit_scopes with an unknown scope", "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\nratelimit_scopes key galaxy", `ratelimit_scopes: "galaxy"`, "Caddyfile:8"},
+		{"ratelimit_scopes with a repeat", "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\nratelimit_scopes key key", "key is listed twice", "Caddyfile:8"},
+		{"ratelimit_scopes none with a scope", "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\nratelimit_scopes none key", `ratelimit_scopes: "none"`, "Caddyfile:8"},
+		{"limit_for on a global budget", "budget b {\nlimit 10\nwindow 1h\nlimit_for team research 20\nunit tokens\n}", "limit_for team: the budget is kept per global", "Caddyfile:6"},
+		{"limit_for of another scope", "budget b {\nscope key\nlimit 10\nwindow 1h\nlimit_for team research 20\nunit tokens\n}", "the budget is kept per key", "Caddyfile:7"},
+		{"limit_for with an unknown scope", "budget b {\nscope team\nlimit 10\nwindow 1h\nlimit_for galaxy x 20\nunit tokens\n}", `limit_for "galaxy"`, "Caddyfile:7"},
+		{"limit_for without its limit", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o\nunit tokens\n}", "limit_for takes", "Caddyfile:7"},
+		{"limit_for with a bad limit", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o lots\nunit tokens\n}", `limit "lots" is not a number`, "Caddyfile:7"},
+		{"limit_for a value twice", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o 5\nlimit_for model gpt-4o 6\nunit tokens\n}", "given a limit twice", "Caddyfile:8"},
+		{"limit_for a bad hash", "budget b {\nscope key\nlimit 10\nwindow 1h\nlimit_for key_hash sk-raw 5\nunit tokens\n}", "32 lowercase hex digits", "Caddyfile:7"},
+		{"limit_for in dollars on a token budget", "budget b {\nscope model\nlimit 10\nwindow 1h\nlimit_for model gpt-4o 2.5\nunit tokens\n}", "whole number", "Caddyfile:7"},
+		{"alert_at out of order", "budget b {\nlimit 10\nwindow 1h\nalert_at 95% 80%\nunit tokens\n}", `alert_at "80%"`, "Caddyfile:6"},
+		{"alert_at over 100", "budget b {\nlimit 10\nwindow 1h\nalert_at 120%\nunit tokens\n}", `alert_at "120%"`, "Caddyfile:6"},
+		{"alert_at empty", "budget b {\nlimit 10\nwindow 1h\nalert_at\nunit tokens\n}", "alert_at takes one or more", "Caddyfile:6"},
+		{"alert_at twice", "budget b {\nlimit 10\nwindow 1h\nalert_at 80%\nalert_at 90%\nunit tokens\n}", "alert_at is set twice", "Caddyfile:7"},
+		{"ratelimit_scopes twice", "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\nratelimit_scopes key\nratelimit_scopes team", "ratelimit_scopes is set twice", "Caddyfile:9"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -141,7 +158,7 @@ func TestLLMBudgetConfigErrors(t *testing.T) {
 }
 
 func TestLLMBudgetCapCaddyfile(t *testing.T) {
-	const budgetBlock = "budget b {\nlimit 10\nwindow 1h\n}\n"
+	const budgetBlock = "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\n"
 	cfg, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + "chat_cap_field max_tokens\nmax_output_tokens 8192 refuse\n}\n}")
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +195,7 @@ func TestLLMBudgetCapCaddyfile(t *testing.T) {
 }
 
 func TestLLMBudgetLeaseCaddyfile(t *testing.T) {
-	const budgetBlock = "budget b {\nlimit 10\nwindow 1h\n}\n"
+	const budgetBlock = "budget b {\nlimit 10\nwindow 1h\nunit tokens\n}\n"
 	cfg, _, err := adaptCaddyfile(":0 {\nllmbudget {\n" + budgetBlock + "output_leases off\noutput_lease_min 512\nreasoning_models o3* *reasoner*\n}\n}")
 	if err != nil {
 		t.Fatal(err)
@@ -286,9 +303,9 @@ func TestLLMBudgetCeilingAndCalendarCaddyfile(t *testing.T) {
 		}
 	}
 	refusals := []struct{ name, lines, want string }{
-		{"a month written as a duration", "budget x {\nlimit 10\nwindow 1mo\n}", `window "1mo": want a duration (24h) or day, week or month`},
-		{"a timezone without a calendar", "budget x {\nlimit 10\nwindow 24h\ntimezone UTC\n}", "timezone applies to a calendar window"},
-		{"an unknown timezone", "budget x {\nlimit 10\nwindow day\ntimezone Mars/Olympus\n}", `timezone "Mars/Olympus"`},
+		{"a month written as a duration", "budget x {\nlimit 10\nwindow 1mo\nunit tokens\n}", `window "1mo": want a duration (24h) or day, week or month`},
+		{"a timezone without a calendar", "budget x {\nlimit 10\nwindow 24h\ntimezone UTC\nunit tokens\n}", "timezone applies to a calendar window"},
+		{"an unknown timezone", "budget x {\nlimit 10\nwindow day\ntimezone Mars/Olympus\nunit tokens\n}", `timezone "Mars/Olympus"`},
 		{"hidden_input unknown", monthly + "hidden_input maybe", "hidden_input takes hold or refuse"},
 		{"context_window not a number", monthly + "context_window big", `context_window: "big" is not an integer`},
 		{"usd_denial_status other", monthly + "usd_denial_status 403", "usd_denial_status takes 429 or 402"},

@@ -5,6 +5,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"go.uber.org/zap"
 
 	"github.com/fleetguard/fleetguard/budget"
 	"github.com/fleetguard/fleetguard/internal/keyhash"
@@ -19,8 +20,9 @@ const (
 	// cap, denied), retry_after (seconds), dry_run.
 	eventFleetlimitExceeded = "fleetlimit_exceeded"
 	// eventLLMBudgetDenied: a request a budget denied (or would have, with
-	// shadow). Data: budget, scope, scope_hash, unit, requested, used, limit,
-	// shadow.
+	// shadow). Data: budget, scope, scope_hash, unit, requested, used, limit
+	// (in the budget's unit: tokens, or dollars as a float for usd), shadow,
+	// path.
 	eventLLMBudgetDenied = "llmbudget_denied"
 	// eventLLMBudgetTruncated: a stream ended at its output lease because
 	// an extension was refused (or the store did not answer). Data: budget
@@ -30,8 +32,13 @@ const (
 	// eventLLMBudgetThreshold: a scope value of a budget reached a
 	// threshold of its alert_at, emitted once per window for the whole
 	// fleet (by the instance whose settle reached it first). Data: budget,
-	// scope, scope_hash (absent for a global budget), threshold (percent of
-	// the limit), used, limit, unit, window_end.
+	// scope, value (the team or model by name: its limit_for or price
+	// entry's, else as the request named it; absent for a key, whose value
+	// is a credential, and for a global budget), scope_hash (absent for a
+	// global budget), threshold (percent of the limit), used and limit (in
+	// the budget's unit: tokens, or dollars as a float for usd), unit,
+	// window_end (RFC 3339). The same is logged, at Info below 100% and at
+	// Warn at 100%.
 	eventLLMBudgetThreshold = "llmbudget_threshold"
 )
 
@@ -67,10 +74,28 @@ func (h *LLMBudget) emitDenied(d *budget.Denial, c *call, shadow bool) {
 		"scope":      d.Budget.Scope.String(),
 		"scope_hash": keyhash.Of(c.dims.Value(d.Budget.Scope)).String(),
 		"unit":       d.Budget.Unit.String(),
-		"requested":  d.Amount,
-		"used":       d.Used,
-		"limit":      d.Limit,
+		"requested":  unitAmount(d.Budget.Unit, d.Amount),
+		"used":       unitAmount(d.Budget.Unit, d.Used),
+		"limit":      unitAmount(d.Budget.Unit, d.Limit),
 		"shadow":     shadow,
 		"path":       c.path,
 	})
+}
+
+// unitAmount is an amount of a budget's counter as its events and logs
+// carry it, in the budget's unit: tokens as an integer, a usd budget's
+// micro-dollars as dollars (a float64).
+func unitAmount(u budget.Unit, n int64) any {
+	if u == budget.USD {
+		return dollars(n)
+	}
+	return n
+}
+
+// zapAmount is unitAmount as a log field.
+func zapAmount(key string, u budget.Unit, n int64) zap.Field {
+	if u == budget.USD {
+		return zap.Float64(key+"_usd", dollars(n))
+	}
+	return zap.Int64(key, n)
 }

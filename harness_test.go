@@ -147,7 +147,7 @@ func adaptCaddyfileFile(src []byte, filename string) ([]byte, []caddyconfig.Warn
 // testCaddyfile is the Caddyfile of a test's Caddy: global options and one site
 // on Port with llmbudget, fleetlimit or both in front of an upstream. String
 // renders it; a test that wants a variant sets a field, never patches the
-// text. Each line of a block may itself be a block ("budget g {\n…\n}").
+// text. Each line of a block may itself be a block ("budget g {\n…\nunit tokens\n}").
 type testCaddyfile struct {
 	// Admin is the admin endpoint; startCaddy's own ({ADMIN}) when empty.
 	Admin string
@@ -208,6 +208,17 @@ var provisionedPrefixes atomic.Int64
 // The test's end cleans both up as a config's unload does.
 func provisionedHandler(t testing.TB, cfg *LLMBudget, app *App) *LLMBudget {
 	t.Helper()
+	h, err := provisionHandler(t, cfg, app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// provisionHandler is provisionedHandler returning the error of a config
+// that does not load.
+func provisionHandler(t testing.TB, cfg *LLMBudget, app *App) (*LLMBudget, error) {
+	t.Helper()
 	if app == nil {
 		app = &App{}
 	}
@@ -237,9 +248,9 @@ func provisionedHandler(t testing.TB, cfg *LLMBudget, app *App) *LLMBudget {
 	}
 	h, err := ctx.LoadModuleByID("http.handlers.llmbudget", handlerJSON)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return h.(*LLMBudget)
+	return h.(*LLMBudget), nil
 }
 
 // eventually waits until cond holds, checking every 10 ms, and fails the

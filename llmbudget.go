@@ -53,9 +53,16 @@ type LLMBudget struct {
 	// e.g. {http.request.header.X-User}. Default: the credential of the API
 	// being called (Authorization; Anthropic's x-api-key; Gemini's
 	// x-goog-api-key or key query parameter). It is hashed before it reaches
-	// a store key or a log. Requests where it resolves to "" share one budget.
+	// a store key or a log. A request where it resolves to "" is refused
+	// by a key budget, or shares one budget with the others like it (the
+	// budget's MissingScope).
 	Principal string `json:"principal,omitempty"`
-	// Team identifies the team of a `team` budget, with placeholders.
+	// Team identifies the team of a `team` budget, with placeholders:
+	// {http.request.header.X-Team} lets the client name any team; a team
+	// set on the server (a `map` from the key, an auth layer's header) is
+	// one the client cannot choose. A request where it resolves to "" is
+	// refused by a team budget, or budgeted as one shared empty team (the
+	// budget's MissingScope). Required by a team budget.
 	Team string `json:"team,omitempty"`
 	// Budgets are checked and charged together: a request must fit all.
 	Budgets []BudgetConfig `json:"budgets,omitempty"`
@@ -261,6 +268,12 @@ type LLMBudget struct {
 	// budgets' items would show it every other tenant's traffic, so they
 	// are named only when listed here. An empty list names none (and the
 	// headers are left out). Default ["key", "team"].
+	//
+	// An item's quota (q) and remaining (r) are in the budget's counting
+	// unit, which the headers' integer fields can carry exactly: tokens for
+	// a token budget, micro-dollars for a usd budget ("team_usd";q=250000000
+	// is $250, r=1500000 is $1.50 left). The denial's message and the admin
+	// API say dollars; t and w are seconds.
 	RateLimitScopes []string `json:"ratelimit_scopes,omitzero"`
 
 	budgets          []budget.Budget
@@ -287,6 +300,9 @@ type LLMBudget struct {
 	logger           *zap.Logger
 	events           emitter
 	registered       bool // its budgets are in the store's registry (admin_registry.go)
+	// required are the scopes a request must name a value of, each with
+	// the first budget that requires it (missing_scope refuse).
+	required []requiredScope
 
 	// requests_total by budget (the index in budgets) and decision.
 	decisions      [][numDecisions]prometheus.Counter
@@ -300,7 +316,9 @@ type BudgetConfig struct {
 	Name string `json:"name,omitempty"`
 	// Scope: global (default), key (per principal), model or team.
 	Scope string `json:"scope,omitempty"`
-	// Unit: tokens (default) or usd.
+	// Unit is what the budget counts: tokens or usd. Required: a limit
+	// read in the wrong unit (`limit 5` meant as dollars, counted as
+	// tokens) would refuse every request, so there is no default.
 	Unit string `json:"unit,omitempty"`
 	// Limit in tokens (an integer) or dollars.
 	Limit float64 `json:"limit,omitempty"`
@@ -324,7 +342,23 @@ type BudgetConfig struct {
 	// the llmbudget_threshold event and
 	// fleetguard_llmbudget_threshold_crossings_total. Default: none.
 	AlertAt []int `json:"alert_at,omitempty"`
+	// MissingScope is what happens to a request whose scope value for this
+	// budget is missing: a key budget's principal, or a team budget's team,
+	// that resolves to "" (the team header the request lacks, say).
+	// "refuse" answers 400 in the API's error shape (code missing_team or
+	// missing_principal) and forwards nothing; "shared" budgets every such
+	// request as one scope value, the empty one, with its own limit. Not for
+	// a global or model budget (a request always names its model). Default
+	// "refuse": a request must not escape its team's budget by leaving the
+	// team out.
+	MissingScope string `json:"missing_scope,omitempty"`
 }
+
+// Values of BudgetConfig.MissingScope.
+const (
+	missingScopeRefuse = "refuse"
+	missingScopeShared = "shared"
+)
 
 // LimitForConfig is the limit of one scope value of a budget.
 type LimitForConfig struct {
@@ -564,11 +598,34 @@ func (h *LLMBudget) compileBudgets() error {
 		}
 	}
 	h.policy = joinItems(policies)
+	h.required = requiredScopes(h.Budgets, h.budgets)
 	if h.hasUSD && len(h.Prices) == 0 && h.PricesFile == "" {
 		// Every request would be refused as unpriced.
 		return errors.New("llmbudget: price: a usd budget needs the price of each model it admits (price <model>[*] <input> <output> [<cached_input>], USD per 1M tokens, or prices_file <path>)")
 	}
 	return nil
+}
+
+// requiredScope is a scope whose value a request must name, and the first
+// budget that requires it.
+type requiredScope struct {
+	scope  budget.Scope
+	budget string
+}
+
+// requiredScopes are the key and team scopes whose budgets refuse a
+// request without a value (missing_scope refuse, the default), once each.
+func requiredScopes(configs []BudgetConfig, budgets []budget.Budget) []requiredScope {
+	var req []requiredScope
+	var seen scopeSet
+	for i, b := range budgets {
+		if (b.Scope != budget.PerKey && b.Scope != budget.PerTeam) || configs[i].MissingScope == missingScopeShared || seen.has(b.Scope) {
+			continue
+		}
+		seen |= 1 << b.Scope
+		req = append(req, requiredScope{b.Scope, b.Name})
+	}
+	return req
 }
 
 // compilePrices builds the price book: Prices over PricesFile's.
@@ -633,10 +690,11 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 		}
 	}
-	if bc.Unit != "" {
-		if b.Unit, err = budget.ParseUnit(bc.Unit); err != nil {
-			return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
-		}
+	if bc.Unit == "" {
+		return b, fmt.Errorf("llmbudget: budget %q: %s", bc.Name, errUnitRequired)
+	}
+	if b.Unit, err = budget.ParseUnit(bc.Unit); err != nil {
+		return b, fmt.Errorf("llmbudget: budget %q: %w", bc.Name, err)
 	}
 	if bc.Limit == 0 {
 		return b, fmt.Errorf("llmbudget: budget %q: limit is required (a number > 0)", bc.Name)
@@ -662,11 +720,20 @@ func (bc *BudgetConfig) compile() (budget.Budget, error) {
 	case bc.Window == 0:
 		return b, fmt.Errorf("llmbudget: budget %q: window is required", bc.Name)
 	}
+	switch {
+	case bc.MissingScope != "" && bc.MissingScope != missingScopeRefuse && bc.MissingScope != missingScopeShared:
+		return b, fmt.Errorf("llmbudget: budget %q: missing_scope %q: want refuse or shared", bc.Name, bc.MissingScope)
+	case bc.MissingScope != "" && b.Scope != budget.PerKey && b.Scope != budget.PerTeam:
+		return b, fmt.Errorf("llmbudget: budget %q: missing_scope applies to a key or team budget (a %s budget's value is never missing)", bc.Name, b.Scope)
+	}
 	if err := b.Validate(); err != nil {
 		return b, fmt.Errorf("llmbudget: %w", err)
 	}
 	return b, nil
 }
+
+// errUnitRequired is the error of a budget that says no unit.
+const errUnitRequired = "unit is required: tokens or usd (a limit counted in the wrong unit refuses every request, so there is no default)"
 
 // limitIn is a limit of the config in the store's unit u: tokens, or
 // micro-dollars for dollars. Its error completes "limit ...".
@@ -687,8 +754,19 @@ func limitIn(u budget.Unit, v float64) (int64, error) {
 	return int64(v), nil
 }
 
+// limitForError is an error of the limit_for entry at index i, so the
+// Caddyfile reader can name that entry's line.
+type limitForError struct {
+	i   int
+	err error
+}
+
+func (e *limitForError) Error() string { return fmt.Sprintf("limit_for[%d]: %v", e.i, e.err) }
+func (e *limitForError) Unwrap() error { return e.err }
+
 // compileLimitFor turns LimitFor into b's Fixed limits and the Names of the
-// values it names (a key's is not kept: it is a secret), by scope id.
+// values it names (a key's is not kept: it is a secret), by scope id. An
+// error about one entry is a *limitForError.
 func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, map[string]string, error) {
 	if len(bc.LimitFor) == 0 {
 		return nil, nil, nil
@@ -700,20 +778,20 @@ func (bc *BudgetConfig) compileLimitFor(b *budget.Budget) (map[string]int64, map
 	for i, lf := range bc.LimitFor {
 		hash := lf.ValueHash
 		if (lf.Value == "") == (hash == "") {
-			return nil, nil, fmt.Errorf("limit_for[%d]: give value or value_hash, one of them", i)
+			return nil, nil, &limitForError{i, errors.New("give value or value_hash, one of them")}
 		}
 		if lf.Value != "" {
 			hash = keyhash.Of(lf.Value).String()
 		}
 		id, err := budget.HashedScopeID(b.Scope, hash)
 		if err != nil {
-			return nil, nil, fmt.Errorf("limit_for[%d]: value_hash: %w", i, err)
+			return nil, nil, &limitForError{i, fmt.Errorf("value_hash: %w", err)}
 		}
 		if _, dup := fixed[id]; dup {
-			return nil, nil, fmt.Errorf("limit_for[%d]: the value is given a limit twice", i)
+			return nil, nil, &limitForError{i, errors.New("the value is given a limit twice")}
 		}
 		if fixed[id], err = limitIn(b.Unit, lf.Limit); err != nil {
-			return nil, nil, fmt.Errorf("limit_for[%d]: limit %w", i, err)
+			return nil, nil, &limitForError{i, fmt.Errorf("limit %w", err)}
 		}
 		if lf.Value != "" && b.Scope != budget.PerKey {
 			names[id] = lf.Value
@@ -933,6 +1011,9 @@ func (h *LLMBudget) bindCounters() {
 	// The series a dashboard queries, at 0 until the first settle.
 	for _, b := range h.budgets {
 		metrics.llmCharged.WithLabelValues(b.Name, b.Unit.String())
+		if b.Unit == budget.USD {
+			metrics.llmChargedUSD.WithLabelValues(b.Name)
+		}
 		if b.Scope == budget.PerKey {
 			metrics.llmKeysDenied.WithLabelValues(b.Name)
 		}

@@ -41,6 +41,7 @@ func TestLLMBudgetCeilingHoldsWithoutACap(t *testing.T) {
 			tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix cap%d\n }", port), fmt.Sprintf(`budget g {
 			limit %d
 			window 1h
+			unit tokens
 		}
 		default_max_tokens %d`, limit, defaultMT)))
 			reqBody := body
@@ -325,7 +326,7 @@ func TestLLMBudgetCapJSONConfigErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: 10, Window: caddy.Duration(time.Hour)}}}
+			h := &LLMBudget{Budgets: []BudgetConfig{{Unit: "tokens", Name: "g", Limit: 10, Window: caddy.Duration(time.Hour)}}}
 			tt.options(h)
 			if err := h.compile(); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want one containing %q", err, tt.want)

@@ -94,7 +94,7 @@ func (s *ceilingSetup) caddyfile(limit int64, options string) string {
 		LLMBudget: []string{
 			// 30 days: a fixed window resets on its boundary (a 1h one on
 			// the hour), and a case that spans one reads a fresh counter.
-			fmt.Sprintf("budget ceiling {\n\t\t\tscope model\n\t\t\tlimit %d\n\t\t\twindow 720h\n\t\t}", limit),
+			fmt.Sprintf("budget ceiling {\n\t\t\tscope model\n\t\t\tlimit %d\n\t\t\twindow 720h\n\t\tunit tokens\n\t\t}", limit),
 			"max_request_body 4MiB",
 			options,
 		}}.String()
@@ -413,6 +413,7 @@ func TestAnAnswerTheMeterCannotReadIsNeverFree(t *testing.T) {
 				tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix opaque%d\n }", port), fmt.Sprintf(`budget g {
 			limit %d
 			window 720h
+			unit tokens
 		}`, limit)))
 				proveModels(nil, "gpt-4o")
 				body := `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go"}]}`

@@ -21,6 +21,7 @@ func TestLegacyCompletionsCutStreamChargesItsText(t *testing.T) {
 	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n prefix cutstream\n }", `budget cutstream {
 			limit 1000000
 			window 1h
+			unit tokens
 		}`))
 	const body = `{"model":"gpt-3.5-turbo-instruct","prompt":"Count to five","stream":true,"max_tokens":200}`
 	before := settles("estimated")

@@ -84,6 +84,7 @@ func (s *hostileSetup) keys() []string {
 const oneBudget = `budget g {
 			limit 1000000
 			window 1h
+			unit tokens
 		}`
 
 // chatAnswer is a chat completion reporting usage (JSON numbers as given).
@@ -172,6 +173,7 @@ func TestMethodsAreBudgetedWhateverTheirCase(t *testing.T) {
 	s := newHostileSetup(t, up.URL, `budget g {
 			limit 500
 			window 1h
+			unit tokens
 		}`)
 	reserved := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", chatBody) + 200
 	resp, body := do(t, "post", s.url+"/v1/chat/completions", chatBody, "Content-Type: application/json")
@@ -295,6 +297,7 @@ func TestRefusedStrangersLeaveNoKeys(t *testing.T) {
 			scope key
 			limit 100000
 			window 1h
+			unit tokens
 		}
 		store_timeout 2s # a loaded test machine is no store outage`)
 	const requests, workers = 10000, 16
@@ -420,11 +423,13 @@ func TestReservationsReadRequestsAsUpstreamsDo(t *testing.T) {
 	s := newHostileSetup(t, up, `budget g {
 			limit 10000000
 			window 1h
+			unit tokens
 		}
 		budget per_model {
 			scope model
 			limit 10000000
 			window 1h
+			unit tokens
 		}`)
 	gemini := `{"contents":[{"parts":[{"text":"hi"}]}],"generation_config":{"candidate_count":8,"max_output_tokens":1000}}`
 	for _, tt := range []struct {

@@ -43,7 +43,7 @@ func TestWhatTheFleetLearnedSurvivesARestart(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := func() *LLMBudget {
 		noWait := caddy.Duration(0)
-		return &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: 1_000_000, Window: caddy.Duration(time.Hour)}}, SettleWait: &noWait}
+		return &LLMBudget{Budgets: []BudgetConfig{{Unit: "tokens", Name: "g", Limit: 1_000_000, Window: caddy.Duration(time.Hour)}}, SettleWait: &noWait}
 	}
 	app := func() *App { return &App{Redis: srv.URL(), Prefix: "learned"} }
 	const model = "fleet-learned-model"
@@ -85,7 +85,7 @@ func TestAColdModelsFirstWaveIsAdmittedOnceItsFirstAnswersProveIt(t *testing.T) 
 	const model = "first-wave-model"
 	body := `{"model":"` + model + `","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"hi"}]}`
 	prompt := promptEstimate(t, usage.OpenAIChat, "/v1/chat/completions", body)
-	h := provisionedHandler(t, &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: float64(3*(prompt+4096) + 100), Window: caddy.Duration(time.Hour)}}, SettleWait: &wait}, nil)
+	h := provisionedHandler(t, &LLMBudget{Budgets: []BudgetConfig{{Unit: "tokens", Name: "g", Limit: float64(3*(prompt+4096) + 100), Window: caddy.Duration(time.Hour)}}, SettleWait: &wait}, nil)
 	contentType, events := streamOf(usage.OpenAIChat, 10, "hello ")
 	events = append(events[:len(events)-1], `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":20,"total_tokens":25}}`+"\n\n", events[len(events)-1])
 	var admitted atomic.Int64

@@ -141,6 +141,7 @@ func TestAStoreStallCutsNoStreamThatCanWaitItOut(t *testing.T) {
 		budget all {
 			limit 100000000
 			window 1h
+			unit tokens
 		}
 		settle_wait 0
 	}

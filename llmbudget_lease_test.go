@@ -294,6 +294,7 @@ func TestLeasesAdmitWhatTheBudgetCanServe(t *testing.T) {
 	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix lease%d\n }", port), `budget g {
 			limit 40000
 			window 1h
+			unit tokens
 		}`))
 	proveModels(nil, "gpt-4o")
 	const clients = 20
@@ -356,6 +357,7 @@ func TestAStreamCutAtItsLeaseEndsCleanlyThroughCaddy(t *testing.T) {
 	tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n prefix cut%d\n }\n log default {\n output file %s\n level DEBUG\n }", port, logPath), `budget g {
 			limit 1000
 			window 1h
+			unit tokens
 		}`))
 	proveModels(nil, "gpt-4o")
 	body := `{"model":"gpt-4o","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"go on"}]}`
@@ -414,6 +416,7 @@ func TestAStallMidStreamEndsTheStreamAtItsLease(t *testing.T) {
 			tc := startCaddy(t, llmCaddyfile(port, up.URL, fmt.Sprintf("fleetguard {\n redis %s\n prefix stallstream\n }", srv.URL()), `budget g {
 			limit 1000000
 			window 1h
+			unit tokens
 		}
 		`+options))
 			proveModels(nil, "gpt-4o")
@@ -761,7 +764,7 @@ func FuzzLeasedStream(f *testing.F) {
 func TestADollarBudgetExtendsAndCutsInDollars(t *testing.T) {
 	h := directHandler(t, func(h *LLMBudget) {
 		h.Budgets = []BudgetConfig{
-			{Name: "tokens", Limit: 1e9, Window: caddy.Duration(time.Hour)},
+			{Name: "tokens", Unit: "tokens", Limit: 1e9, Window: caddy.Duration(time.Hour)},
 			{Name: "dollars", Unit: "usd", Limit: 0.004, Window: caddy.Duration(time.Hour)}, // 400 output tokens at $10/1M
 		}
 		h.Prices = map[string]PriceConfig{"gpt-4o": {Input: 2.5, Output: 10}}

@@ -37,6 +37,7 @@ func newStreamSetup(t *testing.T, extra string) *streamSetup {
 	site := llmSite(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
 			limit 1000000
 			window 1h
+			unit tokens
 		}`)
 	site.LLMBudget = append(site.LLMBudget, extra)
 	cfg := site.String()

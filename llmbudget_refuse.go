@@ -150,9 +150,9 @@ func (h *LLMBudget) explainDenial(repl *caddy.Replacer, c *call, ref *refusal) {
 		zap.String("scope", d.Budget.Scope.String()),
 		zap.String("principal_hash", keyhash.Of(c.dims.Principal).String()),
 		zap.String("model", c.dims.Model),
-		zap.Int64("requested", d.Amount),
-		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Limit))
+		zapAmount("requested", d.Budget.Unit, d.Amount),
+		zapAmount("used", d.Budget.Unit, d.Used),
+		zapAmount("limit", d.Budget.Unit, d.Limit))
 	amount := func(n int64) string { return formatAmount(d.Budget.Unit, n) }
 	window := d.Budget.Period()
 	switch {
@@ -167,13 +167,20 @@ func (h *LLMBudget) explainDenial(repl *caddy.Replacer, c *call, ref *refusal) {
 		}
 		return
 	case d.Used >= d.Limit:
-		ref.message = fmt.Sprintf("budget %q (%s, per %s) is exhausted for this window: %s of %s used; it resets in %ds",
-			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Limit), retry)
+		ref.message = fmt.Sprintf("budget %q (%s, per %s) is exhausted for this window: %s of %s used; it resets at %s",
+			d.Budget.Name, d.Budget.Scope, window, amount(d.Used), amount(d.Limit), resetAt(d.WindowEnd))
 	default:
 		// Headroom remains, but not enough: the request does not fit. It may
-		// once requests in flight settle below what they reserved.
-		ref.message = fmt.Sprintf("this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s); it may fit once requests in flight settle, or when the window resets in %ds",
-			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Limit-d.Used), amount(d.Limit), amount(d.Used), retry)
+		// once requests in flight settle below what they reserved, which
+		// is said only when this instance has some (those of other
+		// instances are not seen).
+		ref.message = fmt.Sprintf("this request needs up to %s and does not fit in budget %q (%s, per %s): %s of %s left in this window (reserved or used: %s)",
+			amount(d.Amount), d.Budget.Name, d.Budget.Scope, window, amount(d.Limit-d.Used), amount(d.Limit), amount(d.Used))
+		if h.engines.inFlight.n.Load() > 0 {
+			ref.message += "; it may fit once requests in flight settle, or when the window resets at " + resetAt(d.WindowEnd)
+		} else {
+			ref.message += "; the window resets at " + resetAt(d.WindowEnd)
+		}
 	}
 	if c.holdNote != "" {
 		ref.message += " " + c.holdNote
@@ -184,6 +191,10 @@ func (h *LLMBudget) explainDenial(repl *caddy.Replacer, c *call, ref *refusal) {
 	// call would block for hours. They honour x-should-retry.
 	ref.noRetry = time.Duration(retry)*time.Second > h.maxRetryAfter
 }
+
+// resetAt names when a window ends as a time, in UTC (RFC 3339), which reads
+// the same in a log read later; Retry-After carries the seconds.
+func resetAt(end time.Time) string { return end.UTC().Format(time.RFC3339) }
 
 // formatAmount writes n in the budget's unit, as its users count it: tokens,
 // or dollars (a USD budget counts micro-dollars) with at least two decimals

@@ -113,21 +113,25 @@ func TestRateLimitItemsNameOnlyTheClientsOwnBudgets(t *testing.T) {
 	budgets := `budget all {
 			limit 100000
 			window 1h
+			unit tokens
 		}
 		budget per_model {
 			scope model
 			limit 100000
 			window 1h
+			unit tokens
 		}
 		budget per_team {
 			scope team
 			limit 5000
 			window 1h
+			unit tokens
 		}
 		budget per_key {
 			scope key
 			limit 3000
 			window 1h
+			unit tokens
 		}`
 	for _, tt := range []struct {
 		name, option string

@@ -2,6 +2,7 @@ package fleetguard
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,13 +33,13 @@ func (h *LLMBudget) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddy
 	budgeted, ref := h.screen(r, &c)
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	var res *budget.Reservation
-	if budgeted && !c.socket {
+	if budgeted && c.socket == notSocket {
 		res, ref = h.gate(w, r, repl, &c)
 	}
 	switch {
 	case ref != nil:
 		return h.refuse(w, r, repl, next, &c, ref)
-	case c.socket:
+	case c.socket != notSocket:
 		return h.serveSocket(w, r, repl, next, &c)
 	case res == nil:
 		return next.ServeHTTP(w, r) // not an LLM call: a read, or an unknown path passed
@@ -99,11 +100,11 @@ type call struct {
 	proxy bool
 	// socket: the request opens a WebSocket session whose messages are
 	// budgeted one response at a time (llmbudget_socket.go).
-	socket bool
+	socket socketKind
 }
 
 // gate runs the phases of a budgeted request before its forward: readBody,
-// identify, estimate, chooseLease, priceEstimate, reserve and admit. It returns the reservation of an
+// identify (with requireScopes), estimate, chooseLease, priceEstimate, reserve and admit. It returns the reservation of an
 // admitted request, or the refusal of a phase.
 func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *call) (*budget.Reservation, *refusal) {
 	body, err := h.readBody(r)
@@ -112,6 +113,9 @@ func (h *LLMBudget) gate(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	}
 	c.body = body
 	h.identify(r, repl, c)
+	if ref := h.requireScopes(c); ref != nil {
+		return nil, ref
+	}
 	if ref := h.estimate(c); ref != nil {
 		return nil, ref
 	}
@@ -245,6 +249,25 @@ func apiCredential(r *http.Request, f usage.Format) string {
 		}
 	}
 	return r.Header.Get("Authorization")
+}
+
+// requireScopes refuses a request that names no value for a scope one of
+// its budgets is kept per (a team budget's request without its team): it
+// would otherwise be budgeted as the empty value, a budget no team owns.
+func (h *LLMBudget) requireScopes(c *call) *refusal {
+	for _, rs := range h.required {
+		if c.dims.Value(rs.scope) != "" {
+			continue
+		}
+		code, what, from := "missing_team", "team", h.Team
+		if rs.scope == budget.PerKey {
+			code, what, from = "missing_principal", "principal", cmp.Or(h.Principal, "its API credential")
+		}
+		return &refusal{kind: refusedRequest, status: http.StatusBadRequest, code: code, noRetry: true, body: c.body,
+			message: fmt.Sprintf("budget %q is kept per %s, and this request names no %s (%s is empty): it is refused rather than charged to no one's budget",
+				rs.budget, rs.scope, what, from)}
+	}
+	return nil
 }
 
 // estimate reads the body as the upstream will and bounds what it can
@@ -606,6 +629,16 @@ func (h *LLMBudget) relearn(c *call) {
 		return
 	}
 	h.chooseLease(c)
+	if c.leaseSize > 0 && c.tokens != nil && !c.proxy && !c.history.countsTokens() {
+		// Its own tokenizer has not proven its count yet: leased now, the
+		// stream would be counted a token a byte, and a cut at a budget's
+		// end charged about four times what English bills. One answer
+		// counted by the tokenizer proves it; wait for that. (A proxy
+		// needs several answers to teach its scale: its wave is leased
+		// a token a byte meanwhile.)
+		c.leaseSize, c.learned = 0, false
+		return
+	}
 	if c.leaseSize > 0 {
 		_ = h.priceEstimate(c) // priced before: the same price, a smaller output
 	}
@@ -622,9 +655,9 @@ func (h *LLMBudget) shadowDenied(d *budget.Denial, c *call) {
 	h.logger.Info("shadow: request would be denied by budget",
 		zap.String("budget", d.Budget.Name),
 		zap.String("scope", d.Budget.Scope.String()),
-		zap.Int64("requested", d.Amount),
-		zap.Int64("used", d.Used),
-		zap.Int64("limit", d.Limit))
+		zapAmount("requested", d.Budget.Unit, d.Amount),
+		zapAmount("used", d.Budget.Unit, d.Used),
+		zapAmount("limit", d.Budget.Unit, d.Limit))
 	h.emitDenied(d, c, true)
 }
 

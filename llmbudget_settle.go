@@ -57,7 +57,8 @@ func (h *LLMBudget) finish(r *http.Request, res *budget.Reservation, mw *meterin
 	reserved := promptEstimate + outputCap
 	// The response reaches the client first: the settle runs after this
 	// handler has returned, off the response path.
-	h.engines.settleLater(func() { h.settle(res, out, spend, reserved, c.model) })
+	dims := c.dims
+	h.engines.settleLater(func() { h.settle(res, out, spend, reserved, c.model, dims) })
 }
 
 // outcome is how a response ended, for the settle.
@@ -158,8 +159,9 @@ func outcomeOf(w *meteringWriter, promptEstimate, outputCap int64, gone bool) ou
 // settle applies the outcome of a response to its reservation, on a context
 // of its own (the request's is done, and a reload may have cleaned up the
 // config that admitted it). model is the price book's name for the model
-// ("" when unpriced).
-func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Spend, reservedTokens int64, model string) {
+// ("" when unpriced); dims, who the request was budgeted for, names the
+// scope values of its alerts.
+func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Spend, reservedTokens int64, model string, dims budget.Dims) {
 	if fault := settleFault.Load(); fault != nil {
 		(*fault)()
 	}
@@ -198,7 +200,7 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 	}
 	metrics.llmSettleOutcomes.WithLabelValues("ok").Inc()
 	metrics.llmSettles.WithLabelValues(out.source.String()).Inc()
-	h.reportCrossings(res)
+	h.reportCrossings(res, &dims)
 	if out.source == sourceReleased {
 		return
 	}
@@ -208,6 +210,9 @@ func (h *LLMBudget) settle(res *budget.Reservation, out outcome, spend budget.Sp
 			amount = hold.Budget.Amount(spend)
 		}
 		metrics.llmCharged.WithLabelValues(hold.Budget.Name, hold.Budget.Unit.String()).Add(float64(amount))
+		if hold.Budget.Unit == budget.USD {
+			metrics.llmChargedUSD.WithLabelValues(hold.Budget.Name).Add(dollars(amount))
+		}
 	}
 	if out.source.charged() {
 		observeUsage(model, out.usage, spend)
@@ -245,26 +250,56 @@ func holdNames(holds []budget.Hold) []string {
 
 // reportCrossings counts, logs and emits the alert thresholds res's settle
 // was the first of the fleet to reach: once per window per scope value per
-// threshold, since the store marks each as it is reached.
-func (h *LLMBudget) reportCrossings(res *budget.Reservation) {
+// threshold, since the store marks each as it is reached. A threshold below
+// 100% logs at Info, the limit itself at Warn.
+func (h *LLMBudget) reportCrossings(res *budget.Reservation, dims *budget.Dims) {
 	for _, c := range res.Crossings() {
-		pct := strconv.Itoa(c.Percent)
-		metrics.llmThresholds.WithLabelValues(c.Budget.Name, pct).Inc()
+		metrics.llmThresholds.WithLabelValues(c.Budget.Name, strconv.Itoa(c.Percent)).Inc()
 		_, hash, _ := strings.Cut(c.ScopeID, "-") // "" for global
-		h.logger.Info("budget threshold reached",
-			zap.String("budget", c.Budget.Name), zap.String("scope", c.Budget.Scope.String()), zap.String("scope_hash", hash),
-			zap.Int("threshold", c.Percent), zap.Int64("used", c.Used), zap.Int64("limit", c.Limit))
-		if !h.events.wants(eventLLMBudgetThreshold) {
-			continue
+		value := scopeName(&c, dims)
+		level := zap.InfoLevel
+		if c.Percent >= 100 {
+			level = zap.WarnLevel
 		}
-		data := map[string]any{
-			"budget": c.Budget.Name, "scope": c.Budget.Scope.String(), "threshold": c.Percent,
-			"used": c.Used, "limit": c.Limit, "unit": c.Budget.Unit.String(),
-			"window_end": c.WindowEnd.UTC().Format(time.RFC3339),
+		if ce := h.logger.Check(level, "budget threshold reached"); ce != nil {
+			ce.Write(zap.String("budget", c.Budget.Name), zap.String("scope", c.Budget.Scope.String()),
+				zap.String("value", value), zap.String("scope_hash", hash), zap.Int("threshold", c.Percent),
+				zapAmount("used", c.Budget.Unit, c.Used), zapAmount("limit", c.Budget.Unit, c.Limit),
+				zap.String("window_end", c.WindowEnd.UTC().Format(time.RFC3339)))
 		}
-		if hash != "" {
-			data["scope_hash"] = hash
+		if h.events.wants(eventLLMBudgetThreshold) {
+			h.events.emit(eventLLMBudgetThreshold, thresholdData(&c, hash, value))
 		}
-		h.events.emit(eventLLMBudgetThreshold, data)
 	}
+}
+
+// scopeName is the name of a crossing's scope value, where it is one: the
+// config's name for it (limit_for, a priced model), else the team or model
+// the request was budgeted for. A key's value is a credential: it has none
+// ("", as a global budget's).
+func scopeName(c *budget.Crossing, dims *budget.Dims) string {
+	if name, ok := c.Budget.Names[c.ScopeID]; ok {
+		return name
+	}
+	switch c.Budget.Scope {
+	case budget.PerTeam, budget.PerModel:
+		return dims.Value(c.Budget.Scope)
+	}
+	return ""
+}
+
+// thresholdData is the data of an llmbudget_threshold event.
+func thresholdData(c *budget.Crossing, hash, value string) map[string]any {
+	data := map[string]any{
+		"budget": c.Budget.Name, "scope": c.Budget.Scope.String(), "threshold": c.Percent,
+		"used": unitAmount(c.Budget.Unit, c.Used), "limit": unitAmount(c.Budget.Unit, c.Limit), "unit": c.Budget.Unit.String(),
+		"window_end": c.WindowEnd.UTC().Format(time.RFC3339),
+	}
+	if hash != "" {
+		data["scope_hash"] = hash
+	}
+	if value != "" {
+		data["value"] = value
+	}
+	return data
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/internal/redistest"
+	"github.com/fleetguard/fleetguard/internal/wait"
 )
 
 // alertsCaddyfile is one instance of a two-Caddy fleet whose team and global
@@ -20,8 +21,8 @@ import (
 // (Caddy's events app logs each event at debug) to logPath.
 func alertsCaddyfile(adminPort, port int, redisURL, upstream, logPath string) string {
 	c := fleetInstance(adminPort, port, redisURL, "alerts", upstream,
-		"budget per_team {\n\t\t\tscope team\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\t}",
-		"budget all {\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\t}",
+		"budget per_team {\n\t\t\tscope team\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\tunit tokens\n\t\t}",
+		"budget all {\n\t\t\tlimit 5000\n\t\t\twindow 1h\n\t\t\talert_at 50% 80% 95%\n\t\tunit tokens\n\t\t}",
 	)
 	c.Global = append([]string{logTo(logPath)}, c.Global...)
 	return c.String()
@@ -126,5 +127,106 @@ func TestThresholdEventsOncePerCrossingAcrossTheFleet(t *testing.T) {
 				t.Fatalf("threshold_crossings_total{budget=%s,threshold=%s} sums to %v over the fleet, want 1", budget, pct, sum)
 			}
 		}
+	}
+}
+
+// TestThresholdAlertNamesItsScopeInItsUnit: an llmbudget_threshold event
+// and its log line name the budget, the team by name (a limit_for team's
+// and one the request named), never a key's value, and carry the amounts
+// in the budget's unit, a dollar budget's in dollars; a threshold below the
+// limit logs at info, the limit itself at warn.
+func TestThresholdAlertNamesItsScopeInItsUnit(t *testing.T) {
+	up := newFakeLLM(t)
+	port := freePort(t)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	logPath := filepath.Join(t.TempDir(), "caddy.log")
+	startCaddy(t, llmCaddyfile(port, up.URL, logTo(logPath), `budget team_usd {
+			scope team
+			unit usd
+			limit 0.01
+			limit_for team research 0.02
+			alert_at 10%
+			window 1h
+		}
+		budget per_key {
+			scope key
+			unit tokens
+			limit 10000
+			alert_at 1%
+			window 1h
+		}
+		budget all {
+			unit tokens
+			limit 500
+			alert_at 100%
+			window 1h
+		}`))
+	// Each request reserves its prompt and 70 output tokens and settles
+	// to 100 tokens, $0.000775.
+	const body = `{"model":"gpt-4o","max_tokens":70,"messages":[{"role":"user","content":"hi"}]}`
+	for _, team := range []string{"research", "green", "research", "green", "research"} {
+		waitSettles()
+		if resp, b := chat(t, url, body, "Authorization: Bearer sk-alert-key", "X-Team: "+team); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+	}
+	waitSettles()
+	type line struct {
+		Level, Msg, Name string
+		Budget, Value    string
+		ScopeHash        string  `json:"scope_hash"`
+		UsedUSD          float64 `json:"used_usd"`
+		Data             map[string]any
+	}
+	var events, logs []line
+	ok := wait.Poll(5*time.Second, func() bool {
+		b, _ := os.ReadFile(logPath)
+		events, logs = nil, nil
+		for _, s := range strings.Split(string(b), "\n") {
+			var l line
+			if json.Unmarshal([]byte(s), &l) != nil {
+				continue
+			}
+			switch {
+			case l.Name == "llmbudget_threshold":
+				events = append(events, l)
+			case l.Msg == "budget threshold reached":
+				logs = append(logs, l)
+			}
+		}
+		return len(events) == 4 && len(logs) == 4
+	})
+	if !ok {
+		b, _ := os.ReadFile(logPath)
+		t.Logf("log: %s", b)
+	}
+	got := map[string]string{}
+	for _, e := range events {
+		got[fmt.Sprint(e.Data["budget"], " ", e.Data["value"])] = fmt.Sprintf("value=%v used=%v limit=%v unit=%v threshold=%v hash=%v",
+			e.Data["value"], e.Data["used"], e.Data["limit"], e.Data["unit"], e.Data["threshold"], e.Data["scope_hash"] != nil)
+	}
+	want := map[string]string{
+		// research's limit is $0.02: 10% is reached at the third request.
+		"team_usd research": "value=research used=0.002325 limit=0.02 unit=usd threshold=10 hash=true",
+		// green, which no limit_for names, by the name the request gave.
+		"team_usd green": "value=green used=0.00155 limit=0.01 unit=usd threshold=10 hash=true",
+		"per_key <nil>":  "value=<nil> used=100 limit=10000 unit=tokens threshold=1 hash=true",
+		"all <nil>":      "value=<nil> used=500 limit=500 unit=tokens threshold=100 hash=false",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("threshold events:\n%v\nwant\n%v", got, want)
+	}
+	levels := map[string]string{}
+	for _, l := range logs {
+		levels[l.Budget+" "+l.Value] = l.Level
+		if l.Budget == "team_usd" && l.Value == "research" && l.UsedUSD != 0.002325 {
+			t.Errorf("the dollar budget's log line: used_usd %v, want 0.002325", l.UsedUSD)
+		}
+	}
+	if fmt.Sprint(levels) != fmt.Sprint(map[string]string{"team_usd research": "info", "team_usd green": "info", "per_key ": "info", "all ": "warn"}) {
+		t.Errorf("log lines by budget: %v; want info below the limit, warn at it, the team by name", levels)
+	}
+	if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "sk-alert-key") {
+		t.Errorf("the log holds the key")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,11 +38,47 @@ import (
 // reservation of every response still in flight when the session ends.
 func (h *LLMBudget) serveSocket(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, c *call) error {
 	h.identify(r, repl, c)
+	if ref := h.requireScopes(c); ref != nil {
+		return h.refuse(w, r, repl, next, c, ref)
+	}
 	// The messages must be readable: no permessage-deflate.
 	r.Header.Del("Sec-WebSocket-Extensions")
-	s := &socket{h: h, r: r, repl: repl, identity: *c}
+	var s socketSession
+	switch c.socket {
+	case socketRealtime:
+		s = h.newRealtime(r, repl, c)
+	case socketLive:
+		s = h.newLive(r, repl, c)
+	default:
+		s = &socket{h: h, r: r, repl: repl, identity: *c}
+	}
 	defer s.end()
-	return next.ServeHTTP(&socketWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s}, r)
+	return next.ServeHTTP(&socketWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, s: s, maxClientMessage: h.maxRequestBody}, r)
+}
+
+// socketKind is the protocol of a budgeted WebSocket session.
+type socketKind uint8
+
+const (
+	notSocket       socketKind = iota
+	socketResponses            // the Responses API's WebSocket mode
+	socketRealtime             // the Realtime API
+	socketLive                 // Gemini Live
+)
+
+// socketSession is a protocol's reading of a budgeted session: what of each
+// client message goes up, the metering of each server message, and what
+// the session keeps when it ends.
+type socketSession interface {
+	// clientMessage is what of a client message goes up, framed: the
+	// message (possibly rewritten) or nothing.
+	clientMessage(op byte, payload []byte) []byte
+	// serverEvent meters one message of the upstream.
+	serverEvent(payload []byte)
+	// attach gives the session its connection once the proxy has it, and
+	// returns frames of the session's own to send up before the client's.
+	attach(conn *socketConn) []byte
+	end()
 }
 
 // socket is one budgeted session.
@@ -69,13 +106,15 @@ type socketResponse struct {
 	res     *budget.Reservation
 	meter   *usage.Meter
 	id      string
-	created bool // the server announced it (response.created)
+	created bool   // the server announced it (response.created)
+	eventID string // the client event that asked for it (Realtime)
 }
 
 // socketWriter hands reverse_proxy a connection whose messages are read.
 type socketWriter struct {
 	*caddyhttp.ResponseWriterWrapper
-	s *socket
+	s                socketSession
+	maxClientMessage int64 // max_request_body
 }
 
 // Hijack takes the client's connection, with the bytes the server had read
@@ -86,7 +125,8 @@ func (w *socketWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return nil, nil, err
 	}
 	sc := &socketConn{Conn: conn, s: w.s}
-	sc.in.Max, sc.out.Max = int(w.s.h.maxRequestBody), maxSocketMessage
+	sc.in.Max, sc.out.Max = int(w.maxClientMessage), maxSocketMessage
+	sc.ready = w.s.attach(sc)
 	if n := brw.Reader.Buffered(); n > 0 {
 		early, _ := brw.Peek(n)
 		if err := sc.fromClient(append([]byte(nil), early...)); err != nil {
@@ -94,9 +134,6 @@ func (w *socketWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 			return nil, nil, err
 		}
 	}
-	w.s.mu.Lock()
-	w.s.conn = sc
-	w.s.mu.Unlock()
 	return sc, bufio.NewReadWriter(bufio.NewReader(sc), bufio.NewWriter(sc)), nil
 }
 
@@ -109,7 +146,7 @@ const maxSocketMessage = 16 << 20
 // proxy writes to it is metered.
 type socketConn struct {
 	net.Conn
-	s *socket
+	s socketSession
 
 	// client → upstream, read by the proxy's goroutine
 	in    wsframe.Parser
@@ -228,7 +265,12 @@ func (c *socketConn) fromUpstream(b []byte) error {
 // event sends an event of ours to the client, at a frame boundary of the
 // upstream's stream.
 func (c *socketConn) event(payload []byte) {
-	frame := wsframe.Append(nil, wsframe.OpText, payload, false)
+	c.send(wsframe.Append(nil, wsframe.OpText, payload, false))
+}
+
+// send sends a frame of ours to the client, at a frame boundary of the
+// upstream's stream.
+func (c *socketConn) send(frame []byte) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.out.Pending() > 0 {
@@ -236,6 +278,14 @@ func (c *socketConn) event(payload []byte) {
 		return
 	}
 	_, _ = c.Conn.Write(frame)
+}
+
+// attach keeps the connection, for the error events of refusals.
+func (s *socket) attach(conn *socketConn) []byte {
+	s.mu.Lock()
+	s.conn = conn
+	s.mu.Unlock()
+	return nil
 }
 
 // clientMessage is what of a client message goes up: a response.create
@@ -324,38 +374,37 @@ func (s *socket) continuation(c *call) {
 	}
 }
 
-// refuseMessage counts a refusal and answers it with an error event in the
-// API's shape: {"type":"error","status":429,"error":{...}}.
+// refuseMessage counts a refusal and answers it with an error event.
 func (s *socket) refuseMessage(ref *refusal, c *call) {
+	s.mu.Lock()
+	conn := s.conn
+	s.mu.Unlock()
+	refuseOnSocket(s.h, s.repl, conn, ref, c)
+}
+
+// refuseOnSocket counts a refusal of a client event and answers it with an
+// error event in the API's shape: {"type":"error","status":429,"error":{...}}.
+func refuseOnSocket(h *LLMBudget, repl *caddy.Replacer, conn *socketConn, ref *refusal, c *call) {
 	if ref.kind == refusedBudget {
 		ref.now = time.Now()
 	}
 	rec := &bufferedAnswer{hdr: http.Header{}}
-	_ = s.h.answer(rec, s.repl, c, ref)
+	_ = h.answer(rec, repl, c, ref)
 	body := bytes.TrimSpace(rec.body.Bytes())
-	if len(body) < 2 || body[0] != '{' {
+	if len(body) < 2 || body[0] != '{' || conn == nil {
 		return
 	}
 	ev := fmt.Appendf(nil, `{"type":"error","status":%d,`, rec.status)
-	ev = append(ev, body[1:]...)
-	s.mu.Lock()
-	conn := s.conn
-	s.mu.Unlock()
-	if conn != nil {
-		conn.event(ev)
-	}
+	conn.event(append(ev, body[1:]...))
 }
 
 // serverEvent meters one event of the upstream: it belongs to the oldest
 // response not settled; its terminal event settles it.
 func (s *socket) serverEvent(payload []byte) {
-	var ev struct {
-		Type     string `json:"type"`
-		Response struct {
-			ID string `json:"id"`
-		} `json:"response"`
+	var typ, id string
+	if mentionsAny(payload, responsesMarks) {
+		typ, id = responseEventOf(payload) // else a delta: the meter reads it
 	}
-	_ = json.Unmarshal(payload, &ev)
 	s.mu.Lock()
 	if len(s.responses) == 0 {
 		s.mu.Unlock()
@@ -364,9 +413,9 @@ func (s *socket) serverEvent(payload []byte) {
 	resp := s.responses[0]
 	_, _ = resp.meter.Write(payload)
 	_, _ = resp.meter.Write([]byte{'\n'})
-	switch ev.Type {
+	switch typ {
 	case "response.created":
-		resp.created, resp.id = true, ev.Response.ID
+		resp.created, resp.id = true, id
 		s.mu.Unlock()
 		return
 	case "response.completed", "response.incomplete", "response.failed":
@@ -394,26 +443,146 @@ func (s *socket) serverEvent(payload []byte) {
 	out := outcome{source: sourceReserved}
 	if r.Complete {
 		out = outcome{usage: r.Usage, source: sourceReported}
-		s.lastID, s.lastTokens = cmp.Or(ev.Response.ID, resp.id), r.Usage.InputTokens+r.Usage.OutputTokens
+		s.lastID, s.lastTokens = cmp.Or(id, resp.id), r.Usage.InputTokens+r.Usage.OutputTokens
 	}
 	s.mu.Unlock()
 	s.settle(resp, out)
 }
 
-// settle settles one response of the socket off the socket's path (one
-// forwarded unbudgeted, in shadow mode or fail_open, has nothing to settle).
-func (s *socket) settle(resp *socketResponse, out outcome) {
+// responseEventOf is an event's type and its response's id.
+func responseEventOf(payload []byte) (typ, id string) {
+	var ev struct {
+		Type     string `json:"type"`
+		Response struct {
+			ID string `json:"id"`
+		} `json:"response"`
+	}
+	_ = json.Unmarshal(payload, &ev)
+	return ev.Type, ev.Response.ID
+}
+
+// responsesMarks are the event types the socket decides on; an event with
+// none of them (a delta, most of a stream) is not decoded.
+var responsesMarks = marks("response.created", "response.completed", "response.incomplete", "response.failed", "error")
+
+// marks are the JSON strings of names, quoted as an event carries them.
+func marks(names ...string) [][]byte {
+	out := make([][]byte, len(names))
+	for i, n := range names {
+		out[i] = []byte(`"` + n + `"`)
+	}
+	return out
+}
+
+// mentionsAny reports whether payload holds any of the marks: an event of a
+// type the session decides on always does (a string in the event's text
+// holds its quotes escaped, so at worst it is decoded for nothing). An
+// event that begins with its type, as OpenAI's do, is judged by it alone.
+func mentionsAny(payload []byte, marks [][]byte) bool {
+	if typ, ok := leadingType(payload); ok {
+		for _, m := range marks {
+			if bytes.Equal(typ, m) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, m := range marks {
+		if bytes.Contains(payload, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// leadingType is the quoted type of an event that begins {"type":"…"
+// with no escape in it.
+func leadingType(payload []byte) ([]byte, bool) {
+	const prefix = `{"type":`
+	if !bytes.HasPrefix(payload, []byte(prefix)) || len(payload) < len(prefix)+2 || payload[len(prefix)] != '"' {
+		return nil, false
+	}
+	rest := payload[len(prefix)+1:]
+	end := bytes.IndexAny(rest, `"\`)
+	if end < 0 || rest[end] != '"' {
+		return nil, false
+	}
+	return payload[len(prefix) : len(prefix)+end+2], true
+}
+
+// repeatsKey reports whether the JSON value v has an object that gives a
+// key twice, or in two spellings: two cases (Go's decoder reads keys in
+// any case) or proto JSON's two (turnComplete, turn_complete). Decoders
+// differ on which one they keep, and a client event forwarded as it was
+// sent must be read the way the upstream reads it.
+func repeatsKey(v []byte) bool {
+	type level struct {
+		keys    map[string]bool // nil: an array
+		wantKey bool
+	}
+	var stack []level
+	dec := json.NewDecoder(bytes.NewReader(v))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false // the end (a value that is not JSON is refused apart)
+		}
+		var top *level
+		if len(stack) > 0 {
+			top = &stack[len(stack)-1]
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{':
+				stack = append(stack, level{keys: map[string]bool{}, wantKey: true})
+			case '[':
+				stack = append(stack, level{})
+			default:
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1].keys != nil {
+					stack[len(stack)-1].wantKey = true
+				}
+			}
+		case string:
+			if top != nil && top.keys != nil && top.wantKey {
+				k := strings.ToLower(strings.ReplaceAll(t, "_", ""))
+				if top.keys[k] {
+					return true
+				}
+				top.keys[k], top.wantKey = true, false
+				continue
+			}
+			if top != nil && top.keys != nil {
+				top.wantKey = true
+			}
+		default:
+			if top != nil && top.keys != nil {
+				top.wantKey = true
+			}
+		}
+	}
+}
+
+// settle settles one response of the socket off the socket's path.
+func (s *socket) settle(resp *socketResponse, out outcome) { settleSocketResponse(s.h, resp, out) }
+
+// settleSocketResponse settles one response of a session off the session's
+// path (one forwarded unbudgeted, in shadow mode or fail_open, has nothing
+// to settle).
+func settleSocketResponse(h *LLMBudget, resp *socketResponse, out outcome) {
 	if resp.res == nil {
 		return
 	}
-	h, c := s.h, &resp.c
+	c := &resp.c
 	spend, err := c.price.SpendOf(out.usage)
 	if err != nil {
 		metrics.llmInvalidUsage.Inc()
 		out, spend = outcome{source: sourceReserved}, budget.Spend{}
 	}
 	reserved := c.req.PromptTokens + c.outputCap*c.req.N
-	h.engines.settleLater(func() { h.settle(resp.res, out, spend, reserved, c.model) })
+	dims := c.dims
+	h.engines.settleLater(func() { h.settle(resp.res, out, spend, reserved, c.model, dims) })
 }
 
 // end keeps the reservation of every response still in flight when the

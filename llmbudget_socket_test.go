@@ -76,6 +76,15 @@ func (c *socketClient) send(event string) {
 // next is the next server event's type and payload.
 func (c *socketClient) next() (string, []byte) {
 	c.t.Helper()
+	_, payload := c.frame()
+	var ev struct{ Type string }
+	_ = json.Unmarshal(payload, &ev)
+	return ev.Type, payload
+}
+
+// frame is the next frame's opcode and payload.
+func (c *socketClient) frame() (byte, []byte) {
+	c.t.Helper()
 	_ = c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, 32<<10)
 	for {
@@ -84,10 +93,7 @@ func (c *socketClient) next() (string, []byte) {
 			c.t.Fatal(err)
 		}
 		if ok {
-			payload := append([]byte(nil), f.Payload...)
-			var ev struct{ Type string }
-			_ = json.Unmarshal(payload, &ev)
-			return ev.Type, payload
+			return f.Opcode, append([]byte(nil), f.Payload...)
 		}
 		c.p.Keep()
 		n, err := c.br.Read(buf)
@@ -121,7 +127,7 @@ func TestAResponsesSocketIsBudgetedAResponseAtATime(t *testing.T) {
 	srv := redistest.Start(t)
 	port := freePort(t)
 	prefix := fmt.Sprintf("socket%d", port)
-	startCaddy(t, llmCaddyfile(port, up.url, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 10000\n window 1h\n }\n default_max_tokens 3000"))
+	startCaddy(t, llmCaddyfile(port, up.url, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 10000\n window 1h\n unit tokens\n }\n default_max_tokens 3000"))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -197,7 +203,7 @@ func budgetOnRedisUpstream(t *testing.T, srv *redistest.Server, prefix, upstream
 	t.Helper()
 	port := freePort(t)
 	url = fmt.Sprintf("http://127.0.0.1:%d", port)
-	startCaddy(t, llmCaddyfile(port, upstream, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 500000\n window 1h\n }"))
+	startCaddy(t, llmCaddyfile(port, upstream, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", "budget g {\n limit 500000\n window 1h\n unit tokens\n }"))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	return url, struct{}{}, func() int64 { return budgetCounter(t, rc, prefix, "g") }
@@ -218,19 +224,7 @@ func TestASocketOutlivesAStoreStall(t *testing.T) {
 	if typ, payload := c.until("response.completed", "error"); typ != "response.completed" {
 		t.Fatalf("before the stall: %s", payload)
 	}
-	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
-	defer rc.Close()
-	stalled := make(chan struct{})
-	go func() {
-		close(stalled)
-		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", "1").Err()
-	}()
-	<-stalled
-	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
-	defer probe.Close()
-	if !wait.Poll(5*time.Second, func() bool { return probe.Ping(context.Background()).Err() != nil }) {
-		t.Fatal("Redis did not stall")
-	}
+	rc := stallRedis(t, srv, "1")
 	before := up.Events()
 	c.send(create)
 	typ, payload := c.until("response.completed", "error")
@@ -252,6 +246,27 @@ func TestASocketOutlivesAStoreStall(t *testing.T) {
 	}
 }
 
+// stallRedis sleeps srv for the seconds given (DEBUG SLEEP; srv started
+// with --enable-debug-command yes) and returns once it no longer answers,
+// with a client that waits it out.
+func stallRedis(t *testing.T, srv *redistest.Server, seconds string) *redis.Client {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()}) // no timeout: it sleeps the server
+	t.Cleanup(func() { rc.Close() })
+	stalled := make(chan struct{})
+	go func() {
+		close(stalled)
+		_ = rc.Do(context.Background(), "DEBUG", "SLEEP", seconds).Err()
+	}()
+	<-stalled
+	probe := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	defer probe.Close()
+	if !wait.Poll(5*time.Second, func() bool { return probe.Ping(context.Background()).Err() != nil }) {
+		t.Fatal("Redis did not stall")
+	}
+	return rc
+}
+
 // A response.create forwarded unbudgeted (shadow mode: a refusal is not
 // enforced) keeps its place among the socket's responses: the events of the
 // budgeted one after it settle that one, at its own usage.
@@ -261,7 +276,7 @@ func TestASocketResponseForwardedUnbudgetedKeepsItsPlace(t *testing.T) {
 	port := freePort(t)
 	prefix := fmt.Sprintf("socketshadow%d", port)
 	startCaddy(t, llmCaddyfile(port, up.url, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
-		"budget g {\n limit 100000\n window 1h\n }\n shadow\n unknown_fields refuse"))
+		"budget g {\n limit 100000\n window 1h\n unit tokens\n }\n shadow\n unknown_fields refuse"))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	c := dialSocket(t, fmt.Sprintf("http://127.0.0.1:%d", port), "/v1/responses")

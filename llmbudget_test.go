@@ -180,8 +180,9 @@ func TestLLMBudgetUSDBudget(t *testing.T) {
 		// fit, which is not "exhausted".
 		if e := decodeError(t, lastBody); e.Error.Code != tt.code ||
 			!strings.Contains(e.Error.Message, "$0.001675 of $0.004 left") || !strings.Contains(e.Error.Message, "does not fit") ||
-			strings.Contains(e.Error.Message, "micro") || strings.Contains(e.Error.Message, "exhausted") {
-			t.Fatalf("%q: code %q, message %q: want %s, dollars and \"does not fit\"", tt.option, e.Error.Code, e.Error.Message, tt.code)
+			strings.Contains(e.Error.Message, "micro") || strings.Contains(e.Error.Message, "exhausted") ||
+			!strings.Contains(e.Error.Message, "the window resets at ") || strings.Contains(e.Error.Message, "in flight") {
+			t.Fatalf("%q: code %q, message %q: want %s, dollars, \"does not fit\", the reset as a time and no word of requests in flight (none is)", tt.option, e.Error.Code, e.Error.Message, tt.code)
 		}
 		if last.Header.Get("Retry-After") == "" {
 			t.Fatalf("%q: the denial carries no Retry-After", tt.option)
@@ -201,6 +202,7 @@ func TestLLMBudgetRejectsBadRequestsWithoutForwarding(t *testing.T) {
 	startCaddy(t, llmCaddyfile(port, up.URL, "", `budget g {
 			limit 100000
 			window 1h
+			unit tokens
 		}`))
 	tests := []struct {
 		name, body string
@@ -241,6 +243,7 @@ func TestLLMBudgetSettlesFromTheResponse(t *testing.T) {
 	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix settle\n }", `budget g {
 			limit 100000
 			window 1h
+			unit tokens
 		}`))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rc.Close()
@@ -303,6 +306,7 @@ func TestLLMBudgetFailOpen(t *testing.T) {
 	site := llmSite(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n }", `budget g {
 			limit 1000
 			window 1h
+			unit tokens
 		}`)
 	site.LLMBudget = append(site.LLMBudget, "fail_open")
 	startCaddy(t, site.String())
@@ -399,10 +403,12 @@ func TestOnRedisCluster(t *testing.T) {
 			scope key
 			limit 1000
 			window 1h
+			unit tokens
 		}
 		budget all {
 			limit 100000
 			window 1h
+			unit tokens
 		}`)
 	site.FleetLimit = []string{"zone z {\n key {http.request.header.Authorization}\n events 10\n window 1m\n }"}
 	startCaddy(t, site.String())
@@ -482,6 +488,7 @@ func budgetOnRedis(t *testing.T, srv *redistest.Server, prefix string) (url stri
 	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }", `budget g {
 			limit 100000000
 			window 1h
+			unit tokens
 		}
 		ratelimit_scopes global`))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -591,7 +598,7 @@ func TestLLMBudgetDefaultPrincipalIsTheAPICredential(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
-		LLMBudget: []string{"budget per_key {\n scope key\n limit 300\n window 1h\n }"}}.String())
+		LLMBudget: []string{"budget per_key {\n scope key\n limit 300\n window 1h\n unit tokens\n }"}}.String())
 	const msg = `{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
 	send := func(key string) int {
 		resp, _ := do(t, http.MethodPost, url+"/v1/messages", msg, "Content-Type: application/json", "X-Api-Key: "+key, "Anthropic-Version: 2023-06-01")
@@ -614,7 +621,7 @@ func TestRateLimitItemsOfBothHandlersJoin(t *testing.T) {
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
 		FleetLimit: []string{"zone rps {\n key {http.request.header.Authorization}\n events 100\n window 1m\n }"},
-		LLMBudget:  []string{"budget tokens {\n limit 100000\n window 1h\n }", "ratelimit_scopes global"}}.String())
+		LLMBudget:  []string{"budget tokens {\n limit 100000\n window 1h\n unit tokens\n }", "ratelimit_scopes global"}}.String())
 	resp, body := chat(t, url, chatBody, "Authorization: Bearer joined")
 	rl, policy := resp.Header.Get("RateLimit"), resp.Header.Get("RateLimit-Policy")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(rl, `"rps";r=`) || !strings.Contains(rl, `"tokens";r=`) ||
@@ -633,6 +640,7 @@ func TestErrorShapesPerAPIAndRateLimitHeaders(t *testing.T) {
 	startCaddy(t, llmCaddyfile(port, up.URL, "", `budget tiny {
 			limit 10
 			window 1h
+			unit tokens
 		}
 		ratelimit_scopes global`))
 	tests := []struct {

@@ -24,7 +24,7 @@ import (
 func directHandler(t testing.TB, options ...func(h *LLMBudget)) *LLMBudget {
 	t.Helper()
 	noWait := caddy.Duration(0) // a refusal is answered at once
-	cfg := &LLMBudget{Budgets: []BudgetConfig{{Name: "g", Limit: 100000, Window: caddy.Duration(time.Hour)}}, SettleWait: &noWait}
+	cfg := &LLMBudget{Budgets: []BudgetConfig{{Unit: "tokens", Name: "g", Limit: 100000, Window: caddy.Duration(time.Hour)}}, SettleWait: &noWait}
 	for _, option := range options {
 		option(cfg)
 	}
@@ -257,14 +257,16 @@ func TestBudgetConfigLimitForAndAlertAt(t *testing.T) {
 	}{
 		{"a team by name, in dollars", BudgetConfig{Scope: "team", Unit: "usd", Limit: 25, LimitFor: []LimitForConfig{{Value: "research", Limit: 100.5}}, AlertAt: []int{80, 95}},
 			map[string]int64{research: 100_500_000}, ""},
-		{"a team by hash", BudgetConfig{Scope: "team", Limit: 10, LimitFor: []LimitForConfig{{ValueHash: research[len("team-"):], Limit: 20}}},
+		{"a team by hash", BudgetConfig{Unit: "tokens", Scope: "team", Limit: 10, LimitFor: []LimitForConfig{{ValueHash: research[len("team-"):], Limit: 20}}},
 			map[string]int64{research: 20}, ""},
-		{"value and hash", BudgetConfig{Scope: "team", Limit: 10, LimitFor: []LimitForConfig{{Value: "x", ValueHash: research[len("team-"):], Limit: 20}}}, nil, "limit_for[0]: give value or value_hash"},
-		{"a global budget", BudgetConfig{Limit: 10, LimitFor: []LimitForConfig{{Value: "x", Limit: 20}}}, nil, "a global budget has no scope value"},
-		{"no limit", BudgetConfig{Scope: "model", Limit: 10, LimitFor: []LimitForConfig{{Value: "gpt-4o"}}}, nil, "limit_for[0]: limit must be > 0"},
-		{"fractional tokens", BudgetConfig{Scope: "model", Limit: 10, LimitFor: []LimitForConfig{{Value: "gpt-4o", Limit: 1.5}}}, nil, "whole number"},
-		{"alert_at descending", BudgetConfig{Limit: 10, AlertAt: []int{95, 80}}, nil, "alert_at: each percentage once, in ascending order"},
-		{"alert_at 0", BudgetConfig{Limit: 10, AlertAt: []int{0, 80}}, nil, "alert_at: percentages of the limit, 1% to 100%"},
+		{"value and hash", BudgetConfig{Unit: "tokens", Scope: "team", Limit: 10, LimitFor: []LimitForConfig{{Value: "x", ValueHash: research[len("team-"):], Limit: 20}}}, nil, "limit_for[0]: give value or value_hash"},
+		{"a global budget", BudgetConfig{Unit: "tokens", Limit: 10, LimitFor: []LimitForConfig{{Value: "x", Limit: 20}}}, nil, "a global budget has no scope value"},
+		{"no limit", BudgetConfig{Unit: "tokens", Scope: "model", Limit: 10, LimitFor: []LimitForConfig{{Value: "gpt-4o"}}}, nil, "limit_for[0]: limit must be > 0"},
+		{"fractional tokens", BudgetConfig{Unit: "tokens", Scope: "model", Limit: 10, LimitFor: []LimitForConfig{{Value: "gpt-4o", Limit: 1.5}}}, nil, "whole number"},
+		{"alert_at descending", BudgetConfig{Unit: "tokens", Limit: 10, AlertAt: []int{95, 80}}, nil, "alert_at: each percentage once, in ascending order"},
+		{"alert_at 0", BudgetConfig{Unit: "tokens", Limit: 10, AlertAt: []int{0, 80}}, nil, "alert_at: percentages of the limit, 1% to 100%"},
+		{"no unit", BudgetConfig{Limit: 5}, nil, "unit is required: tokens or usd"},
+		{"an unknown unit", BudgetConfig{Unit: "eur", Limit: 5}, nil, `unit "eur": want tokens or usd`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.bc.Name, tt.bc.Window = "b", caddy.Duration(time.Hour)
@@ -284,5 +286,15 @@ func TestBudgetConfigLimitForAndAlertAt(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestABudgetWithoutUnitDoesNotLoad: a JSON config whose budget says no
+// unit is refused as it is provisioned, naming the budget; `limit 5` is not
+// read as 5 tokens, which would refuse every request.
+func TestABudgetWithoutUnitDoesNotLoad(t *testing.T) {
+	_, err := provisionHandler(t, &LLMBudget{Budgets: []BudgetConfig{{Name: "team_usd", Limit: 5, Window: caddy.Duration(time.Hour)}}}, nil)
+	if err == nil || !strings.Contains(err.Error(), `budget "team_usd": unit is required`) {
+		t.Fatalf("a budget without unit: %v, want it refused naming the budget", err)
 	}
 }

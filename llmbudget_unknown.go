@@ -58,8 +58,9 @@ func isUpgrade(r *http.Request) bool {
 // generates as much as its client asks, event after event, through a
 // handshake that looks like a read. A path in PassUpgrades is forwarded
 // unbudgeted; a session llmbudget meters (the Responses API's WebSocket
-// mode over HTTP/1.1) is budgeted a response at a time (c.socket); any other
-// (OpenAI's Realtime API, Gemini Live, a CONNECT) is refused.
+// mode, the Realtime API, Gemini Live, over HTTP/1.1) is budgeted a
+// response at a time (c.socket); any other (a CONNECT, a WebSocket over
+// HTTP/2) is refused.
 func (h *LLMBudget) screenUpgrade(r *http.Request, c *call) (budgeted bool, ref *refusal) {
 	p := usage.NormalizePath(r.URL.Path)
 	for _, pattern := range h.PassUpgrades {
@@ -72,11 +73,21 @@ func (h *LLMBudget) screenUpgrade(r *http.Request, c *call) (budgeted bool, ref 
 	}
 	if c.format == usage.OpenAIResponses && r.ProtoMajor == 1 && strings.EqualFold(r.Method, http.MethodGet) &&
 		strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		c.socket = true
+		c.socket = socketResponses
 		return true, nil
 	}
+	if r.ProtoMajor == 1 && strings.EqualFold(r.Method, http.MethodGet) && strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		switch {
+		case isRealtimePath(p):
+			c.socket, c.format = socketRealtime, usage.OpenAIChat
+			return true, nil
+		case isLivePath(p):
+			c.socket, c.format = socketLive, usage.Gemini
+			return true, nil
+		}
+	}
 	return false, &refusal{kind: refusedRequest, status: http.StatusForbidden, code: "unbudgeted_upgrade", noRetry: true,
-		message: fmt.Sprintf("llmbudget does not meter this protocol upgrade (Upgrade: %q, %s %s), so it does not forward it: a session bills what it generates, unbudgeted; use the HTTP API or the Responses API's WebSocket mode, or list the path in pass_upgrades to forward it unbudgeted",
+		message: fmt.Sprintf("llmbudget does not meter this protocol upgrade (Upgrade: %q, %s %s), so it does not forward it: a session bills what it generates, unbudgeted; use the HTTP API or a session llmbudget meters (the Responses API's WebSocket mode, the Realtime API, Gemini Live, over HTTP/1.1), or list the path in pass_upgrades to forward it unbudgeted",
 			r.Header.Get("Upgrade"), r.Method, p)}
 }
 
@@ -111,6 +122,19 @@ func (h *LLMBudget) boundUnknown(c *call) *refusal {
 	req.PromptTokens = max(req.PromptTokens, h.contextWindow)
 	c.holdNote = fmt.Sprintf("(the request has field %q, which llmbudget does not know, so it is held at its worst case: context_window, %d tokens, and its whole output cap)", field, h.contextWindow)
 	return nil
+}
+
+// isRealtimePath reports whether p is the Realtime API's WebSocket
+// endpoint: /v1/realtime (Azure: /openai/realtime), under any prefix.
+func isRealtimePath(p string) bool {
+	return strings.HasSuffix(p, "/realtime")
+}
+
+// isLivePath reports whether p is Gemini Live's WebSocket endpoint
+// (…GenerativeService.BidiGenerateContent, its Constrained form for
+// ephemeral tokens, Vertex AI's …LlmBidiService/BidiGenerateContent).
+func isLivePath(p string) bool {
+	return strings.HasSuffix(p, "bidigeneratecontent") || strings.HasSuffix(p, "bidigeneratecontentconstrained")
 }
 
 // unknownField is the first of fields the operator did not name neutral.

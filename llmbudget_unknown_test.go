@@ -33,7 +33,7 @@ func newClosedWorldSite(t *testing.T, limit int64, options ...string) *closedWor
 	port := freePort(t)
 	prefix := fmt.Sprintf("closed%d", port)
 	startCaddy(t, llmCaddyfile(port, up.URL, "fleetguard {\n redis "+srv.URL()+"\n prefix "+prefix+"\n }",
-		fmt.Sprintf("budget g {\n limit %d\n window 1h\n }\n ratelimit_scopes global\n output_leases off\n %s", limit, strings.Join(options, "\n "))))
+		fmt.Sprintf("budget g {\n limit %d\n window 1h\n unit tokens\n }\n ratelimit_scopes global\n output_leases off\n %s", limit, strings.Join(options, "\n "))))
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rc.Close() })
 	return &closedWorldSite{url: fmt.Sprintf("http://127.0.0.1:%d", port), up: up, limit: limit,
@@ -50,14 +50,15 @@ func (s *closedWorldSite) held(t *testing.T, resp *http.Response, before int64) 
 
 // A protocol upgrade on a budgeted handler is never a read: a WebSocket
 // session generates what its events ask for. One llmbudget does not meter
-// (the Responses API's WebSocket mode is: llmbudget_socket_test.go) is
+// (the Responses API's WebSocket mode, the Realtime API and Gemini Live
+// are: llmbudget_socket_test.go, llmbudget_realtime_test.go,
+// llmbudget_live_test.go) is
 // refused, on a path llmbudget budgets or not, and nothing reaches the
 // upstream, unless its path is listed in pass_upgrades.
 func TestUpgradesAreRefusedUnlessPassed(t *testing.T) {
 	s := newClosedWorldSite(t, 100_000, "pass_upgrades /ws/passed/*")
 	for _, path := range []string{
-		"/v1/realtime?model=gpt-4o", // the Realtime API
-		"/ws/google.ai.generativelanguage.v1beta.GenerativeService.BidiGenerateContent", // Gemini Live
+		"/v1/audio/stream", // a WebSocket API llmbudget does not know
 		"/v1/chat/completions",
 	} {
 		hits := s.up.Hits()

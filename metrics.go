@@ -24,6 +24,7 @@ var metrics = struct {
 	storeErrors        *prometheus.CounterVec
 	storeState         prometheus.Collector
 	llmCharged         *prometheus.CounterVec
+	llmChargedUSD      *prometheus.CounterVec
 	llmRequests        *prometheus.CounterVec
 	llmTokens          *prometheus.CounterVec
 	llmCost            *prometheus.CounterVec
@@ -76,8 +77,14 @@ var metrics = struct {
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
 		Name:      "charged_total",
-		Help:      "What settled requests were charged, by budget, in the budget's unit (tokens, or micro-dollars for usd budgets).",
+		Help:      "What settled requests were charged, by budget, in the budget's unit (tokens, or micro-dollars for usd budgets: charged_usd_total has them in dollars).",
 	}, []string{"budget", "unit"}),
+	llmChargedUSD: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "charged_usd_total",
+		Help:      "What settled requests were charged, in USD, by usd budget.",
+	}, []string{"budget"}),
 	llmRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
@@ -224,7 +231,7 @@ func precreate() {
 func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
-		m.llmCharged, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
+		m.llmCharged, m.llmChargedUSD, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
 		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.llmThresholds, m.llmKeysDenied, m.budgetStandings, m.panics}
 }
 
@@ -312,10 +319,16 @@ func boolGauge(b bool) float64 {
 // denied keys are counted in keys_denied_total instead.
 var (
 	budgetUsedDesc = prometheus.NewDesc("fleetguard_llmbudget_used",
-		"What a budget's scope value has used in the current window, fleet-wide, in the budget's unit (tokens, or micro-dollars for usd budgets; reservations in flight included), by budget and value: global, or a team or model the config names.",
+		"What a budget's scope value has used in the current window, fleet-wide, in the budget's unit (tokens, or micro-dollars for usd budgets: used_usd has them in dollars; reservations in flight included), by budget and value: global, or a team or model the config names.",
 		[]string{"budget", "value"}, nil)
 	budgetLimitDesc = prometheus.NewDesc("fleetguard_llmbudget_limit",
 		"The limit in force for a budget's scope value (set through the admin API, limit_for, or the budget's own), in the budget's unit, by budget and value as fleetguard_llmbudget_used.",
+		[]string{"budget", "value"}, nil)
+	budgetUsedUSDDesc = prometheus.NewDesc("fleetguard_llmbudget_used_usd",
+		"fleetguard_llmbudget_used of a usd budget, in USD.",
+		[]string{"budget", "value"}, nil)
+	budgetLimitUSDDesc = prometheus.NewDesc("fleetguard_llmbudget_limit_usd",
+		"fleetguard_llmbudget_limit of a usd budget, in USD.",
 		[]string{"budget", "value"}, nil)
 )
 
@@ -329,6 +342,8 @@ type budgetCollector struct{}
 func (budgetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- budgetUsedDesc
 	ch <- budgetLimitDesc
+	ch <- budgetUsedUSDDesc
+	ch <- budgetLimitUSDDesc
 }
 
 func (budgetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -352,6 +367,10 @@ func (budgetCollector) Collect(ch chan<- prometheus.Metric) {
 		for i := range ids {
 			ch <- prometheus.MustNewConstMetric(budgetUsedDesc, prometheus.GaugeValue, float64(used[i]), b.Name, values[i])
 			ch <- prometheus.MustNewConstMetric(budgetLimitDesc, prometheus.GaugeValue, float64(limits[i]), b.Name, values[i])
+			if b.Unit == budget.USD {
+				ch <- prometheus.MustNewConstMetric(budgetUsedUSDDesc, prometheus.GaugeValue, dollars(used[i]), b.Name, values[i])
+				ch <- prometheus.MustNewConstMetric(budgetLimitUSDDesc, prometheus.GaugeValue, dollars(limits[i]), b.Name, values[i])
+			}
 		}
 	}
 }
@@ -371,3 +390,7 @@ func namedValues(b *budget.Budget) (ids, values []string) {
 	}
 	return ids, values
 }
+
+// dollars is an amount of micro-dollars in dollars, Prometheus's base unit
+// for money.
+func dollars(micros int64) float64 { return float64(micros) / budget.MicrosPerUSD }

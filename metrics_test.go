@@ -59,6 +59,7 @@ func observedCaddyfile(port int, redisURL, upstream, logPath string) string {
 			budget obs_other {
 				limit 1000000
 				window 1h
+				unit tokens
 			}
 		}
 		reverse_proxy %s
@@ -70,6 +71,7 @@ func observedCaddyfile(port int, redisURL, upstream, logPath string) string {
 				scope key
 				limit 250
 				window 1h
+				unit tokens
 			}
 			budget obs_usd {
 				unit usd
@@ -266,7 +268,7 @@ func TestShadowForwardsCountsAndCharges(t *testing.T) {
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
 		Global:    []string{"fleetguard {\n redis " + srv.URL() + "\n prefix shadow\n }"},
-		LLMBudget: []string{"shadow", "budget shadow_tokens {\n scope key\n limit 150\n window 1h\n }"},
+		LLMBudget: []string{"shadow", "budget shadow_tokens {\n scope key\n limit 150\n window 1h\n unit tokens\n }"},
 	}.String())
 	before := scrapeDefault(t)
 	for i := range 4 {
@@ -482,7 +484,7 @@ func TestShadowForwardsATooLargeBodyWhole(t *testing.T) {
 	port := freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/v1/chat/completions", port)
 	startCaddy(t, testCaddyfile{Port: port, Upstream: up.URL,
-		LLMBudget: []string{"shadow", "max_request_body 1KiB", "budget big {\n limit 1000000\n window 1h\n }"}}.String())
+		LLMBudget: []string{"shadow", "max_request_body 1KiB", "budget big {\n limit 1000000\n window 1h\n unit tokens\n }"}}.String())
 	body := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`
 	for _, chunked := range []bool{false, true} {
 		var reader io.Reader = strings.NewReader(body)
@@ -581,23 +583,27 @@ func TestBudgetMetricsShowNamedValuesAndDeniedKeys(t *testing.T) {
 	tc := startCaddy(t, llmCaddyfile(port, up.URL, "", `budget mx_all {
 			limit 100000
 			window 1h
+			unit tokens
 		}
 		budget mx_team {
 			scope team
 			limit 100000
 			limit_for team research 2000
 			window 1h
+			unit tokens
 		}
 		budget mx_model {
 			scope model
 			limit 100000
 			limit_for model gpt-4o 5000
 			window 1h
+			unit tokens
 		}
 		budget mx_key {
 			scope key
 			limit 400
 			window 1h
+			unit tokens
 		}`))
 	send := func(key, team string) int {
 		waitSettles()

@@ -45,6 +45,7 @@ func lifecycleCaddyfile(port int, redisURL, upstream string, variant int) string
 			budget life_tokens {
 				limit 100000
 				window 1h
+				unit tokens
 			}
 		}
 		reverse_proxy %s

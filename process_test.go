@@ -81,11 +81,13 @@ func TestKillingCaddyMidStreamKeepsOnlyTheLease(t *testing.T) {
 		budget all {
 			limit 1000000
 			window 1h
+			unit tokens
 		}
 		budget per_key {
 			scope key
 			limit 100000
 			window 1h
+			unit tokens
 		}
 	}
 	reverse_proxy %s

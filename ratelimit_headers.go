@@ -11,6 +11,9 @@ import (
 //
 //	RateLimit-Policy: "<name>";q=<quota>;w=<window s>, …
 //	RateLimit: "<name>";r=<remaining>;t=<reset s>, …
+//
+// q and r are integers: requests for a zone, tokens for a token budget, and
+// micro-dollars for a usd budget (q=5000000 is $5; LLMBudget.RateLimitScopes).
 
 // policyItem is one item of RateLimit-Policy.
 func policyItem(name string, quota int64, window time.Duration) string {

@@ -381,6 +381,7 @@ func TestLLMBudgetAcrossSentinelFailover(t *testing.T) {
 			scope team
 			limit 100000000
 			window 1h
+			unit tokens
 		}`))
 
 	resolved := func() map[string]float64 {

@@ -38,6 +38,7 @@ config() { # config STORE_BLOCK SYNC_INTERVAL PORT
 		llmbudget {
 			budget try_tokens {
 				scope key
+				unit tokens
 				limit 250
 				window 1h
 			}

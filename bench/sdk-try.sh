@@ -10,7 +10,11 @@
 # read it as a finished, truncated answer.
 # The OpenAI SDK's ResponsesWS (the Responses API's WebSocket mode) runs on the
 # first site against fakellm's socket mode: a refusal must be an error event on
-# the open socket.
+# the open socket; its OpenAIRealtimeWS runs on a fourth site (:9405) against
+# fakellm's Realtime over TLS (the SDK dials wss: only): a refusal must be an
+# error event on the open session. The @google/genai SDK's ai.live.connect
+# runs on a fifth site (:9406) against fakellm's Gemini Live: a refusal must
+# close the session with a reason naming the budget.
 # Prints PASS/FAIL per check (bench/sdk/try.mjs says what each checks).
 source "$(dirname "$0")/lib.sh"
 "$work/fakellm" -addr 127.0.0.1:11503 -input 30 -output 70 -chunks 40 -interval 2ms 2>"$work/fakellm.log" &
@@ -18,6 +22,7 @@ source "$(dirname "$0")/lib.sh"
 cat >"$work/sdk.Caddyfile" <<CFG
 {
 	admin localhost:2501
+	skip_install_trust
 }
 :9401 {
 	llmbudget {
@@ -53,6 +58,31 @@ cat >"$work/sdk.Caddyfile" <<CFG
 	}
 	reverse_proxy 127.0.0.1:11503
 }
+:9406 {
+	llmbudget {
+		budget live {
+			scope key
+			unit tokens
+			limit 30000
+			window 1h
+		}
+		context_window 20000
+	}
+	reverse_proxy 127.0.0.1:11503
+}
+https://127.0.0.1:9405 {
+	tls internal
+	llmbudget {
+		budget realtime {
+			scope key
+			unit tokens
+			limit 30000
+			window 1h
+		}
+		context_window 20000
+	}
+	reverse_proxy 127.0.0.1:11503
+}
 :9402 {
 	llmbudget {
 		budget lease_key {
@@ -66,8 +96,8 @@ cat >"$work/sdk.Caddyfile" <<CFG
 }
 CFG
 "$work/caddy" run --config "$work/sdk.Caddyfile" >"$work/caddy.log" 2>&1 &
-(cd "$work" && npm init -y >/dev/null && npm install --silent openai @anthropic-ai/sdk ws >/dev/null 2>&1)
-echo "SDKs: openai $(grep -m1 '"version"' "$work/node_modules/openai/package.json" | cut -d'"' -f4), @anthropic-ai/sdk $(grep -m1 '"version"' "$work/node_modules/@anthropic-ai/sdk/package.json" | cut -d'"' -f4)"
+(cd "$work" && npm init -y >/dev/null && npm install --silent openai @anthropic-ai/sdk @google/genai ws >/dev/null 2>&1)
+echo "SDKs: openai $(grep -m1 '"version"' "$work/node_modules/openai/package.json" | cut -d'"' -f4), @anthropic-ai/sdk $(grep -m1 '"version"' "$work/node_modules/@anthropic-ai/sdk/package.json" | cut -d'"' -f4), @google/genai $(grep -m1 '"version"' "$work/node_modules/@google/genai/package.json" | cut -d'"' -f4)"
 cp bench/sdk/try.mjs "$work/try.mjs"
 sleep 1
 # A model leases once one streamed answer of its has shown it bills no output
@@ -83,4 +113,4 @@ done
 curl -s -o /dev/null -H 'x-api-key: sk-warm-claude' -H 'anthropic-version: 2023-06-01' -H 'Content-Type: application/json' \
 	-d '{"model":"claude-sonnet-4-6","stream":true,"max_tokens":300,"messages":[{"role":"user","content":"hi"}]}' http://127.0.0.1:9402/v1/messages
 sleep 0.3
-CADDY_URL=http://127.0.0.1:9401 LEASE_URL=http://127.0.0.1:9402 RATE_URL=http://127.0.0.1:9403 USD_URL=http://127.0.0.1:9404 node "$work/try.mjs"
+CADDY_URL=http://127.0.0.1:9401 LEASE_URL=http://127.0.0.1:9402 RATE_URL=http://127.0.0.1:9403 USD_URL=http://127.0.0.1:9404 REALTIME_URL=https://127.0.0.1:9405 LIVE_URL=http://127.0.0.1:9406 node "$work/try.mjs"

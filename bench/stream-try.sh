@@ -20,6 +20,7 @@ cat >"$work/Caddyfile" <<CFG
 :9301 {
 	llmbudget {
 		budget all {
+			unit tokens
 			limit 1000000
 			window 1h
 		}

@@ -222,4 +222,70 @@ const describe = (e) => `${e?.constructor?.name}: ${e?.message}`;
     `${completed} completed (${text.length} chars), then ${JSON.stringify(refusal)?.slice(0, 200)}; the next on the same socket: ${second.kind}`);
 }
 
+// 9. The Realtime API through llmbudget, with the official SDK's
+//    OpenAIRealtimeWS (a budget of 30,000 tokens; each response held at the
+//    window of 20,000 and the cap of 4,096; answers of 70 audio tokens):
+//    responses are served and settled until the budget is spent, then a
+//    response.create gets an error event naming the budget, and the session
+//    stays open.
+{
+  const { OpenAIRealtimeWS } = await import("openai/realtime/ws");
+  const client = new OpenAI({ apiKey: "sk-sdk-realtime", baseURL: process.env.REALTIME_URL + "/v1" });
+  // The SDK dials wss: only; the site's certificate is Caddy's internal CA.
+  const rt = new OpenAIRealtimeWS({ model: "gpt-realtime", options: { rejectUnauthorized: false } }, client);
+  await new Promise((resolve, reject) => { rt.socket.on("open", resolve); rt.socket.on("error", reject); });
+  const outcome = () => new Promise((resolve) => {
+    const done = (kind, detail) => { rt.off("response.done", onDone); rt.off("error", onError); resolve({ kind, detail }); };
+    const onDone = (ev) => done("done", ev.response?.usage);
+    const onError = (err) => done("error", err.error ?? err.message);
+    rt.on("response.done", onDone);
+    rt.on("error", onError);
+  });
+  let answered = 0, audio = 0, refusal;
+  rt.on("response.output_audio.delta", () => { audio++; });
+  rt.send({ type: "session.update", session: { type: "realtime", audio: { input: { turn_detection: null } } } });
+  for (let i = 0; i < 400 && !refusal; i++) {
+    const next = outcome();
+    rt.send({ type: "conversation.item.create", item: { type: "message", role: "user", content: [{ type: "input_text", text: "hi" }] } });
+    rt.send({ type: "response.create" });
+    const o = await next;
+    if (o.kind === "done") answered++; else refusal = o;
+  }
+  const again = outcome();
+  rt.send({ type: "response.create" });
+  const second = await again;
+  rt.close();
+  report("openai realtime: OpenAIRealtimeWS responses are budgeted, a refusal is an error event on the open session",
+    answered > 0 && audio > 0 && /realtime/.test(JSON.stringify(refusal?.detail ?? "")) && second.kind === "error",
+    `${answered} answered (${audio} audio deltas), then ${JSON.stringify(refusal?.detail)?.slice(0, 200)}; the next on the same session: ${second.kind}`);
+}
+
+// 10. Gemini Live through llmbudget, with the official @google/genai SDK's
+//     ai.live.connect (a budget of 30,000 tokens; each turn held at the
+//     window of 20,000, the cap of 4,096 forwarded in the setup and the
+//     thinking it allows, 0 here): turns are answered and settled until the
+//     budget is spent, then the session ends with a close frame naming it.
+{
+  const { GoogleGenAI, Modality } = await import("@google/genai");
+  const ai = new GoogleGenAI({ apiKey: "sdk-live-key", httpOptions: { baseUrl: process.env.LIVE_URL } });
+  let turns = 0, audio = 0, closed, settle;
+  const session = await ai.live.connect({
+    model: "gemini-2.0-flash-live-001",
+    config: { responseModalities: [Modality.AUDIO], thinkingConfig: { thinkingBudget: 0 },
+      realtimeInputConfig: { automaticActivityDetection: { disabled: true } } },
+    callbacks: {
+      onmessage: (m) => { if (m.serverContent?.modelTurn) audio++; if (m.serverContent?.turnComplete) settle?.("turn"); },
+      onclose: (e) => { closed = `${e.code} ${e.reason}`; settle?.("close"); },
+    },
+  });
+  for (let i = 0; i < 400 && !closed; i++) {
+    const next = new Promise((resolve) => { settle = resolve; });
+    session.sendClientContent({ turns: [{ role: "user", parts: [{ text: "hi" }] }], turnComplete: true });
+    if (await next === "turn") turns++;
+  }
+  report("google live: ai.live.connect turns are budgeted, a refusal closes the session naming the budget",
+    turns > 0 && audio > 0 && /^1008 RESOURCE_EXHAUSTED \(token_budget_exceeded\)/.test(closed ?? ""),
+    `${turns} turns (${audio} audio messages), then close ${closed}`);
+}
+
 process.exit(results.every((r) => r.ok) ? 0 : 1);

@@ -24,7 +24,9 @@
 // not know, for which the upstream bills 2,000 input tokens the body does
 // not show (held at context_window: refused under a smaller budget); "json"
 // and "ndjson", the stream labelled application/json or
-// application/x-ndjson.
+// application/x-ndjson. Then the transports (-transports): the Responses
+// API's WebSocket mode, the Realtime API with text turns, and the Realtime
+// API with audio turns its turn detection answers (bench/spend/sockets.go).
 //
 // History "none" is a model no answer has proven, whose streams hold their
 // whole cap; "english" is one -proofs English answers proved first (they
@@ -136,7 +138,12 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer stopUpstream()
-	c, err := startCaddy(dir, bin, upAddr)
+	sockets, stopSockets, err := startSocketUpstreams()
+	if err != nil {
+		return err
+	}
+	defer stopSockets()
+	c, err := startCaddy(dir, bin, upAddr, sockets.addrs())
 	if err != nil {
 		return err
 	}
@@ -156,6 +163,16 @@ func run(ctx context.Context) error {
 		row, held, err := cs.run(ctx)
 		if err != nil {
 			return fmt.Errorf("%s %s %s: %w", cs.format, cs.text, cs.history, err)
+		}
+		if !held {
+			broken++
+		}
+		fmt.Print(row)
+	}
+	for _, t := range sockets.cases() {
+		row, held, err := t.run(ctx, c)
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.name, err)
 		}
 		if !held {
 			broken++
@@ -236,7 +253,7 @@ func spendCases(up *fakellm.Billed) ([]spendCase, error) {
 }
 
 // rowFormat is a row of the table, printed as each case ends.
-const rowFormat = "%-11s %-17s %-7s %-7s %10s %24s %8s %12s %8s\n"
+const rowFormat = "%-14s %-18s %-7s %-7s %10s %24s %8s %12s %8s\n"
 
 // answers are the texts of fakellm.Texts cut to n o200k tokens each.
 func answers(n int) map[string]string {
@@ -351,6 +368,12 @@ func (s spendCase) row(outcomes []outcome, used int64) (row string, held bool) {
 			spent += a.Billed
 		}
 	}
+	return rowOf(s.format, apis[s.format].model, s.text, s.history, firstWave, spent, used, billed)
+}
+
+// rowOf is a row of the table, and whether the ceiling held: the counter
+// (used) at most the limit, the bill at most the counter.
+func rowOf(format, model, text, history string, firstWave int, spent, used, billed int64) (row string, held bool) {
 	pct := func(n int64) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(*limit)) }
 	ratio := "-"
 	if used > 0 {
@@ -361,7 +384,7 @@ func (s spendCase) row(outcomes []outcome, used int64) (row string, held bool) {
 	if !held {
 		verdict = "BROKEN"
 	}
-	return fmt.Sprintf(rowFormat, s.format, apis[s.format].model, s.text, s.history,
+	return fmt.Sprintf(rowFormat, format, model, text, history,
 		fmt.Sprintf("%d of %d", firstWave, *clients), pct(spent), pct(used), ratio, verdict), held
 }
 
@@ -411,7 +434,7 @@ type caddyProc struct {
 	client      *http.Client
 }
 
-func startCaddy(dir, bin, upstream string) (*caddyProc, error) {
+func startCaddy(dir, bin, upstream string, sockets map[string]string) (*caddyProc, error) {
 	sitePort, err := benchkit.FreePort()
 	if err != nil {
 		return nil, err
@@ -428,16 +451,20 @@ func startCaddy(dir, bin, upstream string) (*caddyProc, error) {
 	admin 127.0.0.1:%d
 }
 http://127.0.0.1:%d {
-	llmbudget {
-		budget spend {
-			scope model
-			limit %d
-			window 1h
-		}
-%s	}
-	reverse_proxy %s
+	route {
+%s
+		llmbudget {
+			budget spend {
+				scope model
+				unit tokens
+				limit %d
+				window 1h
+			}
+%s		}
+		reverse_proxy %s
+	}
 }
-`, adminPort, sitePort, *limit, wait, upstream)
+`, adminPort, sitePort, socketRoutes(sockets), *limit, wait, upstream)
 	cfg := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(cfg, []byte(caddyfile), 0o644); err != nil {
 		return nil, err
@@ -469,9 +496,12 @@ func (c *caddyProc) stop() {
 	_ = c.cmd.Wait()
 }
 
-// used is the model's counter as the admin API shows it.
-func (c *caddyProc) used(model string) (int64, error) {
-	resp, err := http.Get(c.admin + "/fleetguard/budgets/spend?model=" + model)
+// used is the model's counter of budget spend as the admin API shows it.
+func (c *caddyProc) used(model string) (int64, error) { return c.usedOf("spend", model) }
+
+// usedOf is the model's counter of a budget as the admin API shows it.
+func (c *caddyProc) usedOf(budget, model string) (int64, error) {
+	resp, err := http.Get(c.admin + "/fleetguard/budgets/" + budget + "?model=" + model)
 	if err != nil {
 		return 0, err
 	}

@@ -108,6 +108,16 @@ func (s *Server) LastBody() string {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.hits.Add(1)
+	if isSocket(r) && strings.HasSuffix(r.URL.Path, "BidiGenerateContent") {
+		// Gemini Live: audio turns of Output tokens.
+		(&Live{Tokens: s.Output, AudioBytesPerToken: 100}).ServeHTTP(w, r)
+		return
+	}
+	if isSocket(r) && strings.HasSuffix(r.URL.Path, "/realtime") {
+		// The Realtime API: audio answers of Output tokens.
+		(&Realtime{Tokens: s.Output, AudioBytesPerToken: 100}).ServeHTTP(w, r)
+		return
+	}
 	if isSocket(r) {
 		// The Responses API's WebSocket mode: answers of Output tokens.
 		(&Socket{Tokens: s.Output}).ServeHTTP(w, r)

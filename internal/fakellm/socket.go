@@ -1,12 +1,9 @@
 package fakellm
 
 import (
-	"crypto/sha1"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync/atomic"
 
 	"github.com/fleetguard/fleetguard/internal/wsframe"
@@ -36,63 +33,16 @@ func (s *Socket) Billed() int64 { return s.billed.Load() }
 // Events is how many client messages arrived.
 func (s *Socket) Events() int64 { return s.events.Load() }
 
-// isSocket reports whether r opens a WebSocket.
-func isSocket(r *http.Request) bool { return strings.EqualFold(r.Header.Get("Upgrade"), "websocket") }
-
 func (s *Socket) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !isSocket(r) {
-		http.Error(w, "websocket only", http.StatusBadRequest)
-		return
-	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
-	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", base64.StdEncoding.EncodeToString(sum[:]))
-	if brw.Flush() != nil {
-		return
-	}
-	send := func(ev string) { _, _ = conn.Write(wsframe.Append(nil, wsframe.OpText, []byte(ev), false)) }
-	conversation := map[string]int64{} // a response's id → its input and output
-	var p wsframe.Parser
-	var msg []byte
-	buf := make([]byte, 64<<10)
-	for n := 0; ; {
-		k, err := brw.Read(buf)
-		if err != nil {
-			return
-		}
-		p.Feed(buf[:k])
-		for {
-			f, ok, err := p.Next()
-			if err != nil {
-				return
-			}
-			if !ok {
-				break
-			}
-			switch {
-			case f.Opcode == wsframe.OpClose:
-				_, _ = conn.Write(wsframe.Append(nil, wsframe.OpClose, f.Payload, false))
-				return
-			case f.Opcode == wsframe.OpPing:
-				_, _ = conn.Write(wsframe.Append(nil, wsframe.OpPong, f.Payload, false))
-				continue
-			case f.IsControl():
-				continue
-			}
-			if msg = append(msg, f.Payload...); !f.Fin {
-				continue
-			}
+	serveSocket(w, r, wsframe.OpText, func(send func(string)) func([]byte) {
+		conversation := map[string]int64{} // a response's id → its input and output
+		n := 0
+		return func(msg []byte) {
 			s.events.Add(1)
 			n++
 			s.answer(send, msg, fmt.Sprintf("resp_%d", n), conversation)
-			msg = msg[:0]
 		}
-		p.Keep()
-	}
+	})
 }
 
 // answer answers one client message.
