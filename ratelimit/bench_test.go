@@ -149,7 +149,7 @@ func BenchmarkAllowOnAFloor(b *testing.B) {
 	l := mustLimit(b, maxEvents/2, time.Hour, 0) // a floor of 2^26: never spent
 	z := e.Zone("z", l)
 	e.heartbeat(context.Background(), time.Now().UnixNano())
-	if e.floorOf(l.Events, time.Now().UnixNano()) == 0 {
+	if e.floor(l.Events, time.Now().UnixNano()) == 0 {
 		b.Fatal("no floor")
 	}
 	benchAllowKey(b, e, l, z)

@@ -84,9 +84,6 @@ type Engine struct {
 
 	zonesMu sync.Mutex
 	zones   atomic.Pointer[[]*Zone] // copy-on-write: the reconciler reads it without the lock
-	// inherited are the keys handed over with this instance's slot (store
-	// key -> off the floor until, Unix ns), for the zones made later.
-	inherited map[string]int64
 
 	healthy atomic.Bool
 	stop    chan struct{}
@@ -103,19 +100,21 @@ type Engine struct {
 	beatMu sync.Mutex // one heartbeat at a time
 
 	// member is this instance's id in the slot table; slot the instance
-	// slot it holds (-1: none), usable for floors from floorAt (Unix ns);
-	// holding the slots that may hold floor admits, as of viewAt (Unix ns);
-	// live the live instances then.
-	member           int64
-	slot             atomic.Int64
-	floorAt, viewAt  atomic.Int64
-	holding          atomic.Uint64
-	viewLeasing      atomic.Bool  // the last heartbeat said this instance leases
-	leased           atomic.Bool  // a lease call since the last heartbeat
-	grownAt          atomic.Int64 // Unix ns: the last heartbeat whose holding set gained a slot
-	live             atomic.Int64
-	lastBeat         atomic.Int64 // Unix ns
-	slotsKey, hotKey string
+	// slot it holds (-1: none) and life its life there, its floor usable
+	// from floorAt until heldUntil (its record's end as of its last
+	// heartbeat); view the lives of the slots at the last heartbeat; live
+	// the live instances then.
+	member             int64
+	slot, life         atomic.Int64
+	floorAt, heldUntil atomic.Int64
+	view               atomic.Pointer[slotView]
+	live               atomic.Int64
+	lastBeat           atomic.Int64 // Unix ns
+	announced          int64        // the last heartbeat that reached the store, Unix ns (beatMu)
+	slotsKey, hotKey   string
+	// hot is the fleet's hot keys as the last heartbeat heard them, for the
+	// zones made after it.
+	hot atomic.Pointer[[]HotKey]
 
 	// passed is closed, and replaced, when a pass ends (see AwaitPass).
 	passed atomic.Pointer[chan struct{}]
@@ -157,8 +156,8 @@ func NewEngine(o Options) (*Engine, error) {
 		onEarly:  o.OnEarlySync,
 		onPanic:  o.OnPanic,
 		member:   1 + rand.Int64N(1<<53-1),
-		slotsKey: o.Prefix + ":rl:slots:{fleet}",
-		hotKey:   o.Prefix + ":rl:hot3:{fleet}",
+		slotsKey: o.Prefix + ":rl:slots2:{fleet}",
+		hotKey:   o.Prefix + ":rl:hot4:{fleet}",
 		solo:     o.Solo,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -213,63 +212,6 @@ func (e *Engine) Slot() int { return int(e.slot.Load()) }
 // SyncInterval is the reconciler's period.
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }
 
-// floorOf is this instance's floor of a key of events at now: 0 without a
-// usable slot, with floors off, or for a limit too small to share.
-func (e *Engine) floorOf(events, now int64) int64 {
-	if !e.floors.Load() || e.slot.Load() < 0 || now < e.floorAt.Load() {
-		return 0
-	}
-	return floorSize(events, int(e.maxInstances.Load()))
-}
-
-// floorSize is F, a slot's floor of a key of events.
-func floorSize(events int64, slots int) int64 {
-	return int64(FloorFraction * float64(events) / float64(slots))
-}
-
-// leaseLife is the demand a grant is sized for, and how long a slot's mark
-// lasts (twice that) unless renewed (ns): four intervals.
-func (e *Engine) leaseLife() int64 { return 4 * e.interval.Load() }
-
-// beatEvery spaces the heartbeats (ns): two intervals.
-func (e *Engine) beatEvery() int64 { return 2 * e.interval.Load() }
-
-// viewFor is how long an instance acts on a heartbeat's holding set (ns):
-// three heartbeats. A slot left out of an answered heartbeat has its floor
-// usable only viewFor after it (see slots.lua), so a grant computed
-// without it may be used until then.
-func (e *Engine) viewFor() int64 { return 3 * e.beatEvery() }
-
-// blockLive reports whether the key's grant may still be used at now: it
-// has not outlived its window, and either it held back every slot's floor,
-// or no heartbeat since its own added a slot to the holding set and the
-// last one is recent enough that no slot out of it can have its floor yet.
-func (e *Engine) blockLive(en *entry, now int64) bool {
-	if now >= en.blockUntil {
-		return false
-	}
-	return en.blockView == allSlots || e.grownAt.Load() <= en.blockView && now < e.viewAt.Load()+e.viewFor()
-}
-
-// allSlots is entry.blockView for a grant that held back every slot's floor.
-const allSlots = 1<<63 - 1
-
-// staleAfter is how long the store may fail before limits go per instance.
-func (e *Engine) staleAfter() int64 {
-	return max(4*e.interval.Load(), int64(2*time.Second))
-}
-
-// holdingAt is the slots a lease call holds floors back for at now, and
-// the heartbeat they are of (allSlots: every slot, the last heartbeat being
-// too old to act on, or one that did not say this instance leases, and so
-// recorded nothing of the slots out of it).
-func (e *Engine) holdingAt(now int64) (uint64, int64) {
-	if at := e.viewAt.Load(); e.viewLeasing.Load() && now-at < e.viewFor()-e.beatEvery() {
-		return e.holding.Load(), at
-	}
-	return 1<<e.maxInstances.Load() - 1, allSlots
-}
-
 // Zone returns the zone called name with the window and precision of l,
 // creating it on first use. A zone name with another window or precision is
 // another zone: its counts mean something else.
@@ -308,7 +250,9 @@ func (e *Engine) addZone(name string, l *Limit, find func([]*Zone) *Zone) *Zone 
 	}
 	z := newZone(e.prefix, name, len(cur), l.slots)
 	z.events.Store(l.Events)
-	z.inherit(e.inherited)
+	if hot := e.hot.Load(); hot != nil {
+		z.learnHot(*hot, e, time.Now().UnixNano())
+	}
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
 	return z
@@ -406,128 +350,6 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, fleet bool)
 		shards[i].mu.Unlock()
 	}
 	return denied
-}
-
-// judge decides one check at now and fills v; it changes only the key's
-// clock (slots that left, last seen, demand) and its place in the queue.
-// fleet is false alone or with the store down: the key is limited on this
-// instance's count. It returns the GCRA state to record and the oldest slot
-// that counts. The caller holds the key's shard lock, s.
-func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *untrackedState, now int64, fleet bool, v *Verdict) (tat, oldest int64) {
-	l := c.Limit
-	if en == nil {
-		return judgeUntracked(l, untracked, now, v), 0
-	}
-	en.advance(ring, l.slots.Of(now))
-	en.lastSeen = now
-	en.demand++
-	used, oldest := en.scan(ring)
-	g := gcraCheck(en.tat, now, l)
-	*v = Verdict{}
-	left := l.Events - used - 1
-	switch {
-	case used >= l.Events:
-		// This instance alone has admitted the limit.
-		v.Fleet = true
-		v.RetryAfter = time.Duration(en.untilFree(ring, l.slots, now, used-l.Events+1))
-	case !fleet:
-	case en.flags&flagLease == 0:
-		left = e.judgeFloor(c, s, en, used, now, v)
-	default:
-		left = e.judgeLease(c, s, en, used, now, v)
-	}
-	v.settle(g, left)
-	return g.newTAT, oldest
-}
-
-// judgeFloor admits a key on this slot's floor while its own admits in the
-// window stay under F. From three quarters of F on, or when the key is hot,
-// it is queued to go to leases. It returns what is left.
-func (e *Engine) judgeFloor(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
-	f := e.floorOf(c.Limit.Events, now)
-	if len(s.noFloor) > 0 && s.noFloor[c.Key] > now {
-		f = 0 // handed over by the slot's last holder
-	}
-	if (used+1)*4 >= 3*f || s.isHot(c.Key, now) {
-		e.enqueue(c.Zone, c.Key, en)
-	}
-	if used >= f {
-		v.Fleet, v.Leasing = true, en.flags&flagRated == 0
-		v.RetryAfter = time.Duration(e.interval.Load())
-	}
-	return f - used - 1
-}
-
-// judgeLease admits a key on leases while its grant lasts; one half spent
-// queues the next call. A key whose mark lapsed a window ago, with no grant
-// left, goes back to its floor. It returns what is left.
-func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
-	if !e.blockLive(en, now) {
-		en.block = 0
-	}
-	// The admits others made on grants that relied on this slot's mark
-	// count for a window after it lapsed: the floor waits for them.
-	if en.block == 0 && en.markUntil+c.Limit.Window.Nanoseconds() <= now && !s.isHot(c.Key, now) && used < e.floorOf(c.Limit.Events, now) {
-		c.Zone.toFloor(s, c.Key, en)
-		return e.judgeFloor(c, s, en, used, now, v)
-	}
-	interval := e.interval.Load()
-	if (en.block*2 <= targetOf(en.rate) || en.blockUntil-now < 2*interval) && (en.room > 0 || now-en.calledAt >= interval) {
-		// Half spent, or about to end: the next block is asked for now;
-		// with no room at the last call, once an interval.
-		e.enqueue(c.Zone, c.Key, en)
-	}
-	if en.block == 0 {
-		v.Fleet, v.Leasing = true, en.room > 0 || en.flags&flagRated == 0
-		v.RetryAfter = time.Duration(interval)
-	}
-	// What the fleet can surely still admit, as this instance knows it:
-	// its grant (the room last seen may have gone to others since).
-	return en.block - 1
-}
-
-// settle completes a verdict the fleet did not refuse by the key's GCRA
-// check, with what the fleet may still admit of the key (left).
-func (v *Verdict) settle(g gcra, left int64) {
-	switch {
-	case v.Fleet:
-	case !g.allowed:
-		v.RetryAfter = time.Duration(g.retryAfter)
-	default:
-		v.Allowed = true
-		v.Remaining = max(min(g.remaining, left), 0)
-	}
-}
-
-// judgeUntracked decides a request of a key the zone does not track: by the
-// local cap alone, as nothing counts the key's window. It returns the GCRA
-// state to record.
-func judgeUntracked(l *Limit, st *untrackedState, now int64, v *Verdict) (tat int64) {
-	g := gcraCheck(st.tat, now, l)
-	*v = Verdict{Allowed: g.allowed, RetryAfter: time.Duration(g.retryAfter)}
-	if g.allowed {
-		v.Remaining = g.remaining
-		v.Reset = time.Duration(gcraRefill(g.newTAT, now, g.remaining, l))
-	}
-	return g.newTAT
-}
-
-// record counts an admitted request in the key's ring (and, on leases,
-// takes it from the grant as an admit to push), or for an untracked key in
-// its local cap alone. The caller holds the key's shard lock.
-func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
-	if en == nil {
-		untracked.tat = tat
-		return
-	}
-	ring[slotIndex(en.head, int64(len(ring)))]++
-	if en.flags&flagLease != 0 {
-		en.block = max(en.block-1, 0)
-	}
-	en.tat = tat
-	// The oldest counted request (this one, if it is the only one) leaves the
-	// window when its slot does.
-	v.Reset = time.Duration(max(l.slots.LeavesAt(oldest)-now, 0))
 }
 
 // AwaitPass waits until the reconciler ends a pass, at most timeout.

@@ -19,17 +19,18 @@ type entry struct {
 	from     int64 // the first slot with admits not pushed
 	calledAt int64 // the last call (or the entry's creation), Unix ns
 	// On leases: block admits are left of the grant, usable until
-	// blockUntil (Unix ns) while no slot joined the holding set after
-	// blockView, the heartbeat whose set the grant held floors back for
-	// (see Engine.blockLive); room is what the fleet could admit past every
-	// grant as of the last call; markUntil is when this slot's mark of the
-	// key lapses (Unix ns).
-	blockUntil, blockView, markUntil int64
-	block, room                      int64
+	// blockUntil (Unix ns), which held ahead admits past the requests
+	// waiting for it; room is what the fleet could admit past every grant
+	// at the last call, and holders how many instances held a grant then.
+	blockUntil  int64
+	block, room int64
 
 	fromPushed uint32  // admits of slot from pushed already
 	demand     uint32  // requests seen (admitted or not) since the last call
 	rate       float32 // requests per sync interval, averaged over calls
+	ahead      uint32
+	holders    uint16
+	waiting    uint16 // requests denied for want of a grant since the last call
 	flags      uint8
 }
 
@@ -117,6 +118,11 @@ func (e *entry) takeUnpushed(ring []uint32) []SlotCount {
 	}
 	e.from, e.fromPushed = e.head, ring[slotIndex(e.head, n)]
 	return out
+}
+
+// unpushed reports whether the ring holds admits the store has not seen.
+func (e *entry) unpushed(ring []uint32) bool {
+	return e.from < e.head || ring[slotIndex(e.head, int64(len(ring)))] > e.fromPushed
 }
 
 // untilFree returns how long until the count at head has dropped by need, as

@@ -1,119 +1,132 @@
--- One lease call of one key (see Lease in store.go, whose MemoryStore runs the
--- same steps; TestStoreTwinsAgree holds them to one another). The key is a
--- hash: a field per time slot (its pushed admits), "g<member>" = "<count>
--- <until>" (an instance's outstanding grant, counted until then) and
--- "p<slot>" = until (the instance slot pushed its floor admits of the key).
--- KEYS[1]  the key
--- ARGV[1]  now (Unix ms)          ARGV[2]  the oldest time slot that counts
--- ARGV[3]  the key's expiry (ms)  ARGV[4]  the member (instance id)
--- ARGV[5]  its instance slot (-1: none)
--- ARGV[6]  1: mark the slot pushed until ARGV[7] (a mark is never shortened:
---          grants rely on it)
--- ARGV[8]  the floor F           ARGV[9]  events
--- ARGV[10] holding: "1" at position j+1 for each instance slot j that may
---          hold floor admits of any key
--- ARGV[11] admits of its grant the member still holds
--- ARGV[12] admits it asks for     ARGV[13] the grant counts until (Unix ms)
--- ARGV[14…] pairs of time slot and admits to push
--- Returns { granted, room, marks until, slot, count, … }: room is what is left after the
--- grant (events − pushed − grants − F per holding slot not pushed); a
--- negative grant takes back part of what it held.
--- Field lists go in chunks: unpack has a limit.
+-- One lease call of one key (see Lease in store.go; MemoryStore.lease takes the
+-- same steps, and TestStoreTwinsAgree holds the two to one another). The key
+-- is a hash:
+--   "<time slot>"  the admits pushed into that time slot
+--   "g<member>"    "<count> <until>": an instance's grant, counted until then
+--   "p<slot>"      the life of the instance slot's holder that marked the key:
+--                  it pushed its floor admits and admits the key on leases only
+--   "h"            "<since> <last>": the key's hot period, which lasts while
+--                  hot calls come no more than a gap apart; a new one clears
+--                  the marks
+-- KEYS[1] the key
+-- ARGV[1] now (Unix ms)         ARGV[2] the oldest time slot that counts
+-- ARGV[3] the key's expiry (ms) ARGV[4] the member (instance id)
+-- ARGV[5] its instance slot (-1: none)   ARGV[6] that slot's life (Unix ms)
+-- ARGV[7] 1: a hot call (it marks the slot and keeps the period), 0: a push
+-- ARGV[8] the floor F           ARGV[9] events   ARGV[10] max instances
+-- ARGV[11] settle (ms): a life that began this long after the period did has
+--          heard the key is hot and keeps it off its floor
+-- ARGV[12] gap (ms)             ARGV[13] held    ARGV[14] want
+-- ARGV[15] the grant counts until (Unix ms)
+-- ARGV[16] 1: the lives of the slots follow, 0: unknown (every floor is held)
+-- ARGV[17] n, then n triples: instance slot, its holder's life, the life
+--          before it (0: none) whose floor admits may still count
+-- then pairs of time slot and admits to push.
+-- Returns { granted, room left, holders of grants }.
 local function each(cmd, key, args)
-	for i = 1, #args, 1000 do
+	for i = 1, #args, 1000 do -- unpack has a limit
 		redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
 	end
 end
-local key = KEYS[1]
-local now, oldest, slot = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
-local me, mine = 'g' .. ARGV[4], 'p' .. ARGV[5]
-local held = tonumber(ARGV[11])
--- One read, then one write of every field that changes (and one delete).
-local counts, pushed, old, set = {}, {}, {}, {}
-local used = held
+local set, old = {}, {}
+local function put(f, v)
+	set[#set + 1] = f
+	set[#set + 1] = v
+end
+local key, now, oldest = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+local me, slot, life = 'g' .. ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local hot, floor, events = ARGV[7] == '1', tonumber(ARGV[8]), tonumber(ARGV[9])
+local settle, gap, held, want = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local used, holders, counts, marks = held, 1, {}, {}
+local since, last, had
 local fields = redis.call('HGETALL', key)
 for i = 1, #fields, 2 do
 	local f, v = fields[i], fields[i + 1]
 	local kind = string.sub(f, 1, 1)
 	if f == me then
-		old[#old + 1] = f -- given back; set again below if it holds anything
+		had = true -- given back; set again below if it holds anything
 	elseif kind == 'g' then
 		local n, u = string.match(v, '^(%d+) (%d+)$')
 		if tonumber(u) <= now then
 			old[#old + 1] = f
 		else
-			used = used + tonumber(n)
+			used, holders = used + tonumber(n), holders + 1
 		end
 	elseif kind == 'p' then
-		if tonumber(v) <= now then
-			old[#old + 1] = f
-		else
-			pushed[tonumber(string.sub(f, 2))] = tonumber(v)
-		end
+		marks[tonumber(string.sub(f, 2))] = tonumber(v)
+	elseif f == 'h' then
+		local s, l = string.match(v, '^(%d+) (%d+)$')
+		since, last = tonumber(s), tonumber(l)
 	elseif not tonumber(f) or tonumber(f) < oldest then
 		old[#old + 1] = f -- left the window, or not ours (another version's)
 	else
 		counts[tonumber(f)] = tonumber(v)
 	end
 end
-for i = 14, #ARGV, 2 do
+if not since or now - last > gap then
+	-- A new hot period: the marks were of the last one. A push alone only
+	-- reads as if it began one.
+	since = now
+	for j in pairs(marks) do
+		if hot then
+			old[#old + 1] = 'p' .. j
+		end
+		marks[j] = nil
+	end
+end
+if hot then
+	put('h', since .. ' ' .. now)
+	if slot >= 0 then
+		marks[slot] = life
+		put('p' .. slot, life)
+	end
+end
+for i = 18 + 3 * tonumber(ARGV[17]), #ARGV, 2 do
 	local s, n = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
 	if s >= oldest then
 		counts[s] = (counts[s] or 0) + n
-		set[#set + 1] = s
-		set[#set + 1] = counts[s]
+		put(s, counts[s])
 	end
 end
-if ARGV[6] == '1' and (pushed[slot] or 0) < tonumber(ARGV[7]) then
-	-- A mark is never shortened: grants rely on it.
-	pushed[slot] = tonumber(ARGV[7])
-	set[#set + 1] = mine
-	set[#set + 1] = ARGV[7]
-	for i = #old, 1, -1 do
-		if old[i] == mine then
-			table.remove(old, i)
-		end
-	end
-end
-local out = { 0, 0, 0 }
-for s, n in pairs(counts) do
+for _, n in pairs(counts) do
 	used = used + n
-	out[#out + 1] = s
-	out[#out + 1] = n
 end
--- A grant relies on the marks of the other holding slots: it ends with the
--- first of them (marksUntil, 0: none).
-local holding, floor, marksUntil = ARGV[10], tonumber(ARGV[8]), 0
-for j = 1, #holding do
-	if string.byte(holding, j) == 49 then
-		local m = pushed[j - 1]
-		if not m then
-			used = used + floor
-		elseif floor > 0 and j - 1 ~= slot and (marksUntil == 0 or m < marksUntil) then
-			marksUntil = m
+-- Each slot whose floor may hold admits the store has not seen holds F back:
+-- every slot while the period is young (a life may not have heard yet), and
+-- after that each slot with a life older than that which did not mark.
+local settled = since + settle
+local reserved = floor * tonumber(ARGV[10])
+if now >= settled and ARGV[16] == '1' then
+	reserved = 0
+	for i = 18, 17 + 3 * tonumber(ARGV[17]), 3 do
+		local m = marks[tonumber(ARGV[i])]
+		for _, x in ipairs({ tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]) }) do
+			if x > 0 and x < settled and x ~= m then
+				reserved = reserved + floor
+				break
+			end
 		end
 	end
 end
-local room = tonumber(ARGV[9]) - used
+local room = events - used - reserved
 -- Past the room, what it holds is cut back (a negative grant).
-local grant = math.max(math.min(tonumber(ARGV[12]), room), -held)
+local grant = math.max(math.min(want, room), -held)
 if grant + held > 0 then
-	set[#set + 1] = me
-	set[#set + 1] = (grant + held) .. ' ' .. ARGV[13]
-	for i = #old, 1, -1 do
-		if old[i] == me then
-			table.remove(old, i)
-		end
+	put(me, (grant + held) .. ' ' .. ARGV[15])
+else
+	holders = holders - 1
+	if had then
+		old[#old + 1] = me
 	end
+end
+-- Deletes first: a mark a new period cleared may be set again.
+if #old > 0 then
+	each('HDEL', key, old)
 end
 if #set > 0 then
 	each('HSET', key, set)
 end
-if #old > 0 then
-	each('HDEL', key, old)
-end
 if #set > 0 or #fields > 0 then
 	redis.call('PEXPIRE', key, ARGV[3])
 end
-out[1], out[2], out[3] = grant, room - grant, marksUntil
-return out
+return { grant, room - grant, holders }

@@ -78,57 +78,54 @@ func (r *RedisStore) Lease(ctx context.Context, calls []Lease, replies []LeaseRe
 
 // Beat implements SlotStore.
 func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (SlotTable, error) {
-	flushed := "0"
+	flushed := 0
 	if b.Flushed {
-		flushed = "1"
+		flushed = 1
 	}
-	leasing := 0
-	if b.Leasing {
-		leasing = 1
-	}
-	args := make([]any, 0, 12+len(b.Handed)+len(b.Hot))
-	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.View.Milliseconds(), b.MaxInstances, b.HotFor.Milliseconds(),
-		leasing, b.HandedUntil, len(b.Handed))
-	for _, h := range b.Handed {
-		args = append(args, h)
-	}
+	args := make([]any, 0, 8+2*len(b.Hot))
+	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.MaxInstances, b.HotKeep.Milliseconds())
 	for _, h := range b.Hot {
-		args = append(args, h)
+		args = append(args, h.Key, h.Until)
 	}
 	res, err := slotsScript.Run(ctx, r.client, []string{key, hotKey}, args...).Slice()
 	if err != nil {
 		return SlotTable{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
-	if len(res) < 6 {
-		return SlotTable{}, fmt.Errorf("fleet heartbeat: unexpected reply %v", res)
+	t, err := parseSlotTable(res, b.MaxInstances)
+	if err != nil {
+		return SlotTable{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
-	slot, err1 := toInt(res[0])
-	at, err2 := toInt(res[1])
-	holding, ok := res[2].(string)
-	live, err3 := toInt(res[3])
-	handedUntil, err4 := toInt(res[4])
-	handed, err5 := toInt(res[5])
-	if err := errors.Join(err1, err2, err3, err4, err5); err != nil || !ok || handed < 0 || int(handed) > len(res)-6 {
-		return SlotTable{}, fmt.Errorf("fleet heartbeat: unexpected reply %v", res)
+	return t, nil
+}
+
+// parseSlotTable reads slots.lua's reply: slot, life, floor at, live, two
+// lives per slot, then pairs of hot key and until.
+func parseSlotTable(res []any, slots int) (SlotTable, error) {
+	head := 4 + 2*slots
+	if len(res) < head || (len(res)-head)%2 != 0 {
+		return SlotTable{}, fmt.Errorf("unexpected reply %v", res)
 	}
-	t := SlotTable{Slot: int(slot), FloorAt: at, Live: int(live)}
-	if handed > 0 {
-		t.HandedUntil = handedUntil
+	ints := make([]int64, head)
+	for i := range ints {
+		n, err := toInt(res[i])
+		if err != nil {
+			return SlotTable{}, err
+		}
+		ints[i] = n
 	}
-	for _, k := range res[6 : 6+handed] {
-		if s, ok := k.(string); ok {
-			t.Handed = append(t.Handed, s)
+	t := SlotTable{Slot: int(ints[0]), Life: ints[1], FloorAt: ints[2], Live: int(ints[3])}
+	for j := range slots {
+		if a, b := ints[4+2*j], ints[5+2*j]; a != 0 || b != 0 {
+			t.Lives = append(t.Lives, SlotLives{Slot: j, Holder: a, Before: b})
 		}
 	}
-	for j := range min(len(holding), 64) {
-		if holding[j] == '1' {
-			t.Holding |= 1 << j
+	for i := head; i < len(res); i += 2 {
+		k, ok := res[i].(string)
+		u, err := toInt(res[i+1])
+		if !ok || err != nil {
+			return SlotTable{}, fmt.Errorf("unexpected hot key %v %v", res[i], res[i+1])
 		}
-	}
-	for _, h := range res[6+handed:] {
-		if s, ok := h.(string); ok {
-			t.Hot = append(t.Hot, s)
-		}
+		t.Hot = append(t.Hot, HotKey{Key: k, Until: u})
 	}
 	return t, nil
 }
@@ -166,17 +163,25 @@ func (r *RedisStore) run(ctx context.Context, calls []Lease, replies []LeaseRepl
 // on a floor).
 const pipelineCalls = 4096
 
-// holdingArg is lease.lua's holding set: "1" at j+1 for each slot j.
-func holdingArg(h uint64) string {
-	var b [64]byte
-	n := 0
-	for j := range 64 {
-		b[j] = '0'
-		if h&(1<<j) != 0 {
-			b[j], n = '1', j+1
-		}
+// leaseArgs are lease.lua's arguments for c.
+func leaseArgs(c *Lease) []any {
+	hot, view := 0, 0
+	if c.Hot {
+		hot = 1
 	}
-	return string(b[:n])
+	if c.View {
+		view = 1
+	}
+	args := make([]any, 0, 17+3*len(c.Lives)+2*len(c.Push))
+	args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Slot, c.Life, hot, c.Floor, c.Events, c.MaxInstances,
+		c.Settle.Milliseconds(), c.Gap.Milliseconds(), c.Held, c.Want, c.Until, view, len(c.Lives))
+	for _, l := range c.Lives {
+		args = append(args, l.Slot, l.Holder, l.Before)
+	}
+	for _, a := range c.Push {
+		args = append(args, a.Slot, a.Count)
+	}
+	return args
 }
 
 // runPipeline sends the calls listed in todo in one pipeline and returns
@@ -186,17 +191,7 @@ func (r *RedisStore) runPipeline(ctx context.Context, calls []Lease, replies []L
 	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
 			c := &calls[i]
-			args := make([]any, 0, 13+2*len(c.Push))
-			mark := 0
-			if c.Mark {
-				mark = 1
-			}
-			args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Slot, mark, c.MarkUntil,
-				c.Floor, c.Events, holdingArg(c.Holding), c.Held, c.Want, c.Until)
-			for _, a := range c.Push {
-				args = append(args, a.Slot, a.Count)
-			}
-			cmds[j] = leaseScript.EvalSha(ctx, p, []string{c.Key}, args...)
+			cmds[j] = leaseScript.EvalSha(ctx, p, []string{c.Key}, leaseArgs(c)...)
 		}
 		return nil
 	})
@@ -216,10 +211,10 @@ func (r *RedisStore) runPipeline(ctx context.Context, calls []Lease, replies []L
 
 func parseLease(key string, res any) LeaseReply {
 	vals, ok := res.([]any)
-	if !ok || len(vals) < 3 || len(vals)%2 != 1 {
+	if !ok || len(vals) != 3 {
 		return LeaseReply{Err: fmt.Errorf("leasing %s: unexpected reply %v", key, res)}
 	}
-	ints := make([]int64, len(vals))
+	var ints [3]int64
 	for i, v := range vals {
 		n, err := toInt(v)
 		if err != nil {
@@ -227,11 +222,7 @@ func parseLease(key string, res any) LeaseReply {
 		}
 		ints[i] = n
 	}
-	r := LeaseReply{Granted: ints[0], Room: ints[1], MarksUntil: ints[2]}
-	for i := 3; i < len(ints); i += 2 {
-		r.Slots = append(r.Slots, SlotCount{Slot: ints[i], Count: ints[i+1]})
-	}
-	return r
+	return LeaseReply{Granted: ints[0], Room: ints[1], Holders: ints[2]}
 }
 
 func toInt(v any) (int64, error) {

@@ -2,10 +2,10 @@ package ratelimit
 
 import (
 	"context"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,14 +53,6 @@ func leaseAll(t testing.TB, s SlotStore, calls []Lease) []LeaseReply {
 	return replies
 }
 
-func slotMap(r LeaseReply) map[int64]int64 {
-	m := make(map[int64]int64, len(r.Slots))
-	for _, s := range r.Slots {
-		m[s.Slot] = s.Count
-	}
-	return m
-}
-
 // t0 is a time (Unix ms) the store cases start from.
 const t0 = int64(1_800_000_000_000)
 
@@ -81,77 +73,75 @@ func TestSlotStoreConformance(t *testing.T) {
 			leaseAll(t, s, calls)
 			replies := leaseAll(t, s, calls) // the same pushes again: the counts double
 			for k, r := range replies {
-				if m := slotMap(r); len(m) != 2 || m[100] != 2*int64(k+1) || m[99] != 4 || r.Room != 1000-2*int64(k+1)-4 || r.Granted != 0 {
-					t.Fatalf("key %d: %+v", k, r)
+				if r.Room != 1000-2*int64(k+1)-4 || r.Granted != 0 {
+					t.Fatalf("key %d: %+v, want slots 100 and 99 counted twice, 79 not at all", k, r)
 				}
 			}
 			for k := range calls {
 				calls[k].Oldest, calls[k].Push = 100, nil
 			}
-			if m := slotMap(leaseAll(t, s, calls)[0]); len(m) != 1 {
-				t.Fatalf("slot 99 left the window: %v", m)
+			if r := leaseAll(t, s, calls)[0]; r.Room != 1000-2 {
+				t.Fatalf("slot 99 left the window: %+v", r)
 			}
 			if d := expiresIn(t, s, prefix+"0"); d <= 50*time.Second || d > time.Minute {
 				t.Fatalf("expires in %s, want the call's TTL", d)
 			}
 		}},
-		{"a grant is bounded by the room, held back for the floors of the slots not pushed", func(t *testing.T, s SlotStore, prefix string) {
-			// Slots 0, 1 and 3 may hold floors of 10; slot 1 pushed its own.
-			base := Lease{Now: t0, Oldest: 0, TTL: time.Minute, Floor: 10, Events: 100, Holding: 0b1011, Until: t0 + 5000}
+		{"a grant holds back every floor while the period is young, then those of lives that may not know", func(t *testing.T, s SlotStore, prefix string) {
+			// Four slots with floors of 10. Lives older than the period's
+			// settle may hold floor admits unless they marked the key.
+			old, young := t0-5000, t0+1500
+			base := Lease{Now: t0, TTL: time.Minute, Floor: 10, Events: 100, MaxInstances: 4, Settle: time.Second, Gap: 5 * time.Second,
+				Until: t0 + 4000, Hot: true, View: true, Lives: []SlotLives{{Slot: 0, Holder: old}, {Slot: 1, Holder: old}, {Slot: 2, Holder: young, Before: old}}}
 			var calls []Lease
 			for k := range keys {
 				c := base
-				c.Key, c.Member, c.Slot, c.Mark, c.MarkUntil, c.Want = prefix+strconv.Itoa(k), 2, 1, true, t0+2000, 1000
+				c.Key, c.Member, c.Slot, c.Life, c.Want = prefix+strconv.Itoa(k), 2, 1, old, 1000
 				c.Push = []SlotCount{{Slot: 5, Count: 40}}
 				calls = append(calls, c)
 			}
 			for k, r := range leaseAll(t, s, calls) {
-				// 100 - 40 pushed - 2 floors: 40 granted.
-				if r.Granted != 40 || r.Room != 0 {
-					t.Fatalf("key %d: %+v, want 40 granted and no room left", k, r)
+				// 100 - 40 pushed - 4 floors (the period began now): 20.
+				if r.Granted != 20 || r.Room != 0 || r.Holders != 1 {
+					t.Fatalf("key %d: %+v, want 20 granted and no room left", k, r)
 				}
 			}
-			// Another member sees the grant counted; it would keep 3 of its
-			// own and asks for 5: there is no room, and the 3 are taken back.
+			// Settled, a second member of slot 0 holds 3 and asks for 5:
+			// slot 1 marked, slot 0 marks now, slot 2's life is younger
+			// than the settle but the one before it is not; slot 3 is
+			// free. 100 - 40 - 20 - 3 - 10 = 27.
 			c := base
-			c.Key, c.Member, c.Slot, c.Held, c.Want = prefix+"0", 3, 0, 3, 5
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != -3 || r.Room != 0 {
-				t.Fatalf("the other member: %+v, want its 3 taken back", r)
+			c.Key, c.Now, c.Member, c.Slot, c.Life, c.Held, c.Want = prefix+"0", t0+1000, 3, 0, old, 3, 5
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 5 || r.Room != 22 || r.Holders != 2 {
+				t.Fatalf("settled: %+v, want 5 granted, 22 left, 2 holders", r)
 			}
-			// The first member comes back having used 10: its grant is
-			// given back, the 10 pushed, and it is granted again.
-			c = calls[0]
-			c.Push, c.Want = []SlotCount{{Slot: 6, Count: 10}}, 100
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 30 {
-				t.Fatalf("the first member again: %+v, want 100-50 pushed-20 floors = 30", r)
+			// Past the gap a new period begins: the marks are dropped and
+			// every floor is held back again; member 2's grant has lapsed.
+			c.Now, c.Held, c.Want = t0+6500, 8, 0
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 0 || r.Room != 100-40-8-40 {
+				t.Fatalf("a new period: %+v, want every floor held back again", r)
 			}
-			// The mark lapses: its floor is held back again; grants lapse
-			// at their Until.
-			c = base
-			c.Key, c.Member, c.Slot, c.Now, c.Want = prefix+"0", 4, -1, t0+2000, 1000
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 0 || r.Room != 100-50-30-30 {
-				t.Fatalf("past the mark: %+v", r)
-			}
-			c.Now = t0 + 5000
-			c.Want = 0
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 100-50-30 {
-				t.Fatalf("past the grants: %+v, want room 20", r)
+			// A push alone gives the grant back, marks nothing and begins no
+			// period: a hot call then still finds the period young.
+			p := base
+			p.Key, p.Now, p.Member, p.Slot, p.Hot = prefix+"1", t0+20_000, 2, 1, false
+			leaseAll(t, s, []Lease{p})
+			p.Now, p.Hot = t0+21_500, true
+			if r := leaseAll(t, s, []Lease{p})[0]; r.Room != 100-40-40 {
+				t.Fatalf("after a push alone: %+v, want a young period (every floor held back)", r)
 			}
 		}},
-		{"a mark is never shortened; a grant ends with the first mark it relied on", func(t *testing.T, s SlotStore, prefix string) {
-			c := Lease{Key: prefix + "m", Now: t0, TTL: time.Minute, Member: 9, Slot: 2, Mark: true, MarkUntil: t0 + 10_000, Floor: 7, Events: 50, Holding: 0b1100}
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 43 || r.MarksUntil != 0 {
-				t.Fatalf("marked: %+v, want slot 3's floor held back, and no other's mark relied on", r)
-			}
-			c.MarkUntil = t0 + 5000
+		{"without a view every floor is held back", func(t *testing.T, s SlotStore, prefix string) {
+			c := Lease{Key: prefix + "v", Now: t0, TTL: time.Minute, Member: 9, Slot: 2, Life: t0 - 9000, Floor: 7, Events: 50, MaxInstances: 3,
+				Settle: time.Second, Gap: time.Minute, Hot: true, Want: 100, Until: t0 + 60_000}
 			leaseAll(t, s, []Lease{c})
-			o := Lease{Key: prefix + "m", Now: t0, TTL: time.Minute, Member: 8, Slot: 3, Mark: true, MarkUntil: t0 + 20_000, Floor: 7, Events: 50, Holding: 0b1100, Want: 10, Until: t0 + 60_000}
-			if r := leaseAll(t, s, []Lease{o})[0]; r.Granted != 10 || r.Room != 40 || r.MarksUntil != t0+10_000 {
-				t.Fatalf("the other slot: %+v, want 10 granted until slot 2's mark lapses at t0+10s", r)
+			c.Now, c.Held, c.Want = t0+2000, 29, 0
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 50-29-21 {
+				t.Fatalf("%+v, want 3 floors held back", r)
 			}
-			o.Now, o.Want = t0+10_000, 0
-			if r := leaseAll(t, s, []Lease{o})[0]; r.Room != 43 || r.MarksUntil != 0 {
-				t.Fatalf("past slot 2's mark: %+v, want its floor held back again", r)
+			c.View, c.Lives = true, []SlotLives{{Slot: 2, Holder: t0 - 9000}}
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 50-29 {
+				t.Fatalf("%+v, want none held back (only this slot's life, marked)", r)
 			}
 		}},
 	}
@@ -167,13 +157,11 @@ func TestSlotStoreConformance(t *testing.T) {
 	}
 }
 
-// TestSlotTableConformance: every store hands out instance slots alike. The
-// first instances take the lowest free slots, usable at once while every
-// answered beat held them (the spare); a slot left out of an answered beat
-// is usable a view and a keep later; a slot released flushed is free at
-// once (but for its marks); one
-// whose holder died is held back, and given out last, its floor a keep
-// after the holder's end; hot keys last HotFor.
+// TestSlotTableConformance: every store hands out instance slots alike. A
+// newcomer takes the free slot whose floor is usable first, the lowest of
+// equals: a fresh or flushed one at once, one whose holder died a keep after
+// that one's end (the life before it counts until then); each holder has a
+// life of its own; hot keys are answered until HotKeep past their until.
 func TestSlotTableConformance(t *testing.T) {
 	for _, sc := range storeCases() {
 		t.Run(sc.name, func(t *testing.T) {
@@ -181,49 +169,53 @@ func TestSlotTableConformance(t *testing.T) {
 			const tbl, hot = "st:slots:{fleet}", "st:hot:{fleet}"
 			beat := func(b Beat) SlotTable {
 				t.Helper()
-				b.Keep, b.View, b.MaxInstances, b.HotFor, b.Leasing = 10*time.Second, time.Second, 4, 1500*time.Millisecond, true
+				b.Keep, b.MaxInstances, b.HotKeep = 10*time.Second, 4, time.Second
 				st, err := s.Beat(context.Background(), tbl, hot, b)
 				if err != nil {
 					t.Fatal(err)
 				}
+				slices.SortFunc(st.Hot, func(a, b HotKey) int { return strings.Compare(a.Key, b.Key) })
 				return st
 			}
-			a := beat(Beat{Member: 11, Slot: -1, Now: t0, TTL: 2 * time.Second, Hot: []string{"k1"}})
-			if a.Slot != 0 || a.FloorAt != t0 || a.Holding != 0b11 || a.Live != 1 || !slices.Equal(a.Hot, []string{"k1"}) {
+			a := beat(Beat{Member: 11, Slot: -1, Now: t0, TTL: 2 * time.Second, Hot: []HotKey{{"k1", t0 + 1500}}})
+			if a.Slot != 0 || a.Life != t0 || a.FloorAt != t0 || a.Live != 1 || !slices.Equal(a.Hot, []HotKey{{"k1", t0 + 1500}}) ||
+				!slices.Equal(a.Lives, []SlotLives{{Slot: 0, Holder: t0}}) {
 				t.Fatalf("first: %+v", a)
 			}
-			b := beat(Beat{Member: 12, Slot: -1, Now: t0 + 100, TTL: 2 * time.Second})
-			if b.Slot != 1 || b.FloorAt != t0+100 || b.Holding != 0b111 || b.Live != 2 {
-				t.Fatalf("second (the spare): %+v", b)
+			if b := beat(Beat{Member: 12, Slot: -1, Now: t0 + 100, TTL: 2 * time.Second, Hot: []HotKey{{"k1", t0 + 900}, {"k2", t0 + 2000}}}); b.Slot != 1 ||
+				b.Life != t0+100 || b.FloorAt != t0+100 || b.Live != 2 || !slices.Equal(b.Hot, []HotKey{{"k1", t0 + 1500}, {"k2", t0 + 2000}}) {
+				t.Fatalf("second: %+v", b)
 			}
-			c := beat(Beat{Member: 13, Slot: -1, Now: t0 + 200, TTL: 2 * time.Second})
-			if c.Slot != 2 || c.FloorAt != t0+11_000 || c.Holding != 0b1111 {
-				t.Fatalf("third (out of the first answer, at t0: a view and a keep later): %+v", c)
+			// 11 releases flushed; 12 dies (its record ends at t0+2100).
+			if r := beat(Beat{Member: 11, Slot: 0, Now: t0 + 300, Flushed: true}); r.Slot != -1 || len(r.Hot) != 2 {
+				t.Fatalf("a release: %+v", r)
 			}
-			// a is released flushed, b dies (its heartbeat lapses at t0+2100).
-			beat(Beat{Member: 11, Slot: 0, Now: t0 + 300, Flushed: true, Handed: []string{"p:rl:{z:k}:500x20"}, HandedUntil: t0 + 20_000})
-			st := beat(Beat{Member: 13, Slot: 2, Now: t0 + 3000, TTL: 2 * time.Second})
-			if st.Slot != 2 || st.FloorAt != t0+11_000 || st.Holding != 0b0111 || st.Live != 1 || len(st.Hot) != 0 {
-				t.Fatalf("after a release and a death: %+v, want slots 1 (dead), 2 (live) and the spare 0", st)
+			c := beat(Beat{Member: 13, Slot: -1, Now: t0 + 3000, TTL: 2 * time.Second})
+			if c.Slot != 0 || c.Life != t0+3000 || c.FloorAt != t0+3000 || c.Live != 1 || len(c.Hot) != 0 ||
+				!slices.Equal(c.Lives, []SlotLives{{Slot: 0, Holder: t0 + 3000}, {Slot: 1, Holder: t0 + 100}}) {
+				t.Fatalf("after a release and a death: %+v, want the flushed slot 0 at once, the dead one's life counted", c)
 			}
-			d := beat(Beat{Member: 14, Slot: -1, Now: t0 + 3100, TTL: 2 * time.Second})
-			if d.Slot != 0 || d.FloorAt != t0+3100 || !slices.Equal(d.Handed, []string{"p:rl:{z:k}:500x20"}) || d.HandedUntil != t0+20_000 {
-				t.Fatalf("a newcomer: %+v, want the released slot 0 at once, with the key handed over", d)
+			if d := beat(Beat{Member: 14, Slot: -1, Now: t0 + 3100, TTL: 2 * time.Second}); d.Slot != 2 || d.FloorAt != t0+3100 {
+				t.Fatalf("a newcomer: %+v, want the fresh slot 2 before the dead one", d)
 			}
-			e := beat(Beat{Member: 15, Slot: -1, Now: t0 + 3200, TTL: 2 * time.Second})
-			if e.Slot != 1 || e.FloorAt != t0+2100+10_000 {
-				t.Fatalf("another: %+v, want the dead slot 1, a keep after its end (slot 3 comes later)", e)
-			}
-			f := beat(Beat{Member: 16, Slot: -1, Now: t0 + 3300, TTL: 2 * time.Second})
-			if f.Slot != 3 || f.FloorAt != t0+3000+1000+10_000 {
-				t.Fatalf("the last: %+v, want slot 3, a view and a keep after the beat that left it out", f)
+			beat(Beat{Member: 15, Slot: -1, Now: t0 + 3200, TTL: 2 * time.Second})
+			e := beat(Beat{Member: 16, Slot: -1, Now: t0 + 3300, TTL: 2 * time.Second})
+			if e.Slot != 1 || e.Life != t0+3300 || e.FloorAt != t0+2100+10_000 || e.Live != 4 ||
+				!slices.Contains(e.Lives, SlotLives{Slot: 1, Holder: t0 + 3300, Before: t0 + 100}) {
+				t.Fatalf("the last: %+v, want the dead slot 1, its floor a keep after its holder's end", e)
 			}
 			if g := beat(Beat{Member: 17, Slot: -1, Now: t0 + 3400, TTL: 2 * time.Second}); g.Slot != -1 || g.Live != 4 {
 				t.Fatalf("past max instances: %+v, want no slot", g)
 			}
-			// A holder whose slot another took has lost it.
 			if st := beat(Beat{Member: 12, Slot: 1, Now: t0 + 3500, TTL: 2 * time.Second}); st.Slot != -1 {
 				t.Fatalf("the dead holder back: %+v, want its slot lost", st)
+			}
+			// Slot 1's holder leaves before its floor was usable: the life
+			// before it still counts until then, and the next waits as long.
+			beat(Beat{Member: 16, Slot: 1, Now: t0 + 3600, Flushed: true})
+			if h := beat(Beat{Member: 18, Slot: -1, Now: t0 + 3700, TTL: 2 * time.Second}); h.Slot != 1 || h.FloorAt != t0+12_100 ||
+				!slices.Contains(h.Lives, SlotLives{Slot: 1, Holder: t0 + 3700, Before: t0 + 100}) {
+				t.Fatalf("after a holder that never had its floor: %+v", h)
 			}
 		})
 	}
@@ -290,39 +282,55 @@ func TestStoreTwinsAgree(t *testing.T) {
 	rng := rand.New(rand.NewPCG(40, 3))
 	ctx := context.Background()
 	now := t0
-	for i := range 3000 {
+	for i := range 4000 {
 		now += rng.Int64N(400)
 		if rng.IntN(10) == 0 {
-			b := Beat{Member: 1 + rng.Int64N(6), Slot: rng.IntN(6) - 2, Now: now, TTL: time.Duration(rng.IntN(3)) * time.Second,
-				Flushed: rng.IntN(2) == 0, Keep: time.Duration(rng.IntN(5000)) * time.Millisecond, View: time.Duration(rng.IntN(2000)) * time.Millisecond,
-				MaxInstances: 5, HotFor: time.Duration(rng.IntN(3000)) * time.Millisecond, Leasing: rng.IntN(2) == 0}
-			if b.TTL == 0 && b.Flushed && rng.IntN(2) == 0 {
-				b.Handed, b.HandedUntil = []string{"h1", "h2"}, now+rng.Int64N(3000)
-			}
-			for range rng.IntN(3) {
-				b.Hot = append(b.Hot, "h"+strconv.Itoa(rng.IntN(5)))
-			}
+			b := randomBeat(rng, now)
 			m, err1 := mem.Beat(ctx, "tw:slots:{fleet}", "tw:hot:{fleet}", b)
 			r, err2 := red.Beat(ctx, "tw:slots:{fleet}", "tw:hot:{fleet}", b)
-			slices.Sort(m.Hot)
-			slices.Sort(r.Hot)
-			if err1 != nil || err2 != nil || m.Slot != r.Slot || m.FloorAt != r.FloorAt || m.Holding != r.Holding || m.Live != r.Live || !slices.Equal(m.Hot, r.Hot) ||
-				!slices.Equal(m.Handed, r.Handed) || m.HandedUntil != r.HandedUntil {
+			byKey := func(a, b HotKey) int { return strings.Compare(a.Key, b.Key) }
+			slices.SortFunc(m.Hot, byKey)
+			slices.SortFunc(r.Hot, byKey)
+			if err1 != nil || err2 != nil || m.Slot != r.Slot || m.Life != r.Life || m.FloorAt != r.FloorAt || m.Live != r.Live ||
+				!slices.Equal(m.Lives, r.Lives) || !slices.Equal(m.Hot, r.Hot) {
 				t.Fatalf("call %d, %+v:\nmemory %+v %v\nredis  %+v %v", i, b, m, err1, r, err2)
 			}
 			continue
 		}
-		c := Lease{Key: "tw:{k" + strconv.Itoa(rng.IntN(3)) + "}", Now: now, Oldest: now/500 - 20, TTL: time.Hour,
-			Member: 1 + rng.Int64N(4), Slot: rng.IntN(5) - 1, Mark: rng.IntN(2) == 0, MarkUntil: now + rng.Int64N(3000),
-			Floor: rng.Int64N(8), Events: 20 + rng.Int64N(200), Holding: rng.Uint64N(32), Held: rng.Int64N(5), Want: rng.Int64N(30),
-			Until: now + rng.Int64N(12_000)}
-		for range rng.IntN(3) {
-			c.Push = append(c.Push, SlotCount{Slot: now/500 - rng.Int64N(25), Count: 1 + rng.Int64N(9)})
-		}
+		c := randomLease(rng, now)
 		m := leaseAll(t, mem, []Lease{c})[0]
 		r := leaseAll(t, red, []Lease{c})[0]
-		if m.Granted != r.Granted || m.Room != r.Room || m.MarksUntil != r.MarksUntil || !maps.Equal(slotMap(m), slotMap(r)) {
+		if m != r {
 			t.Fatalf("call %d, %+v:\nmemory %+v\nredis  %+v", i, c, m, r)
 		}
 	}
+}
+
+func randomBeat(rng *rand.Rand, now int64) Beat {
+	b := Beat{Member: 1 + rng.Int64N(6), Slot: rng.IntN(6) - 2, Now: now, TTL: time.Duration(rng.IntN(3)) * time.Second,
+		Flushed: rng.IntN(2) == 0, Keep: time.Duration(rng.IntN(5000)) * time.Millisecond, MaxInstances: 5,
+		HotKeep: time.Duration(rng.IntN(3000)) * time.Millisecond}
+	for range rng.IntN(3) {
+		b.Hot = append(b.Hot, HotKey{Key: "h" + strconv.Itoa(rng.IntN(5)), Until: now + rng.Int64N(3000)})
+	}
+	return b
+}
+
+func randomLease(rng *rand.Rand, now int64) Lease {
+	// Lives from a few, so that marks match them.
+	life := func() int64 { return (now/1000 - rng.Int64N(6)) * 1000 }
+	c := Lease{Key: "tw:{k" + strconv.Itoa(rng.IntN(3)) + "}", Now: now, Oldest: now/500 - 20, TTL: time.Hour,
+		Member: 1 + rng.Int64N(4), Slot: rng.IntN(5) - 1, Life: life(), Hot: rng.IntN(4) != 0,
+		Floor: rng.Int64N(8), Events: 20 + rng.Int64N(200), MaxInstances: 4, Settle: time.Duration(rng.IntN(2000)) * time.Millisecond,
+		Gap: time.Duration(rng.IntN(3000)) * time.Millisecond, Held: rng.Int64N(5), Want: rng.Int64N(30),
+		Until: now + rng.Int64N(12_000), View: rng.IntN(4) != 0}
+	for j := range 4 {
+		if rng.IntN(2) == 0 {
+			c.Lives = append(c.Lives, SlotLives{Slot: j, Holder: life(), Before: rng.Int64N(2) * life()})
+		}
+	}
+	for range rng.IntN(3) {
+		c.Push = append(c.Push, SlotCount{Slot: now/500 - rng.Int64N(25), Count: 1 + rng.Int64N(9)})
+	}
+	return c
 }

@@ -27,7 +27,7 @@ func TestLastSyncAndSyncErrors(t *testing.T) {
 	}
 	srv.Stop()
 	for i := 1; i <= 2; i++ {
-		allow(e, z, l, "k", time.Now().UnixNano())
+		queue(e, z, "k")
 		if err := e.pass(context.Background(), time.Now().UnixNano(), false); err == nil {
 			t.Fatal("a pass against a stopped Redis must fail")
 		}

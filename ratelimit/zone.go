@@ -43,13 +43,9 @@ type shard struct {
 	// untracked holds the local caps of the shard's keys that arrived while
 	// the zone was full; nil until the first such key.
 	untracked *untrackedTable
-	// hot are the shard's keys some instance named hot at the last
-	// heartbeat (until when, Unix ns); nil while there are none.
+	// hot are the shard's keys some instance called hot (until when, Unix
+	// ns), kept while they stay off the floor; nil while there are none.
 	hot map[keyhash.Hash]int64
-	// noFloor are the keys this slot's last holder handed over (until
-	// when, Unix ns): their marks may still count, so they stay off the
-	// floor. Nil while there are none.
-	noFloor map[keyhash.Hash]int64
 }
 
 // eachShard calls fn with each shard of z locked. The unlock is deferred, so
@@ -65,15 +61,6 @@ func (s *shard) locked(fn func(s *shard)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fn(s)
-}
-
-// isHot reports whether h was named hot and still is at now. The caller
-// holds the shard's lock.
-func (s *shard) isHot(h keyhash.Hash, now int64) bool {
-	if len(s.hot) == 0 {
-		return false
-	}
-	return s.hot[h] > now
 }
 
 func newZone(prefix, name string, id int, slots window.Slots) *Zone {
@@ -193,7 +180,7 @@ func (z *Zone) toLease(s *shard, h keyhash.Hash, e *entry) {
 // toFloor puts the key h of the locked shard s back on its floor.
 func (z *Zone) toFloor(s *shard, h keyhash.Hash, e *entry) {
 	e.flags &^= flagLease
-	e.block, e.blockUntil, e.markUntil = 0, 0, 0
+	e.block, e.blockUntil = 0, 0
 	delete(s.active, h)
 }
 

@@ -1,0 +1,140 @@
+package ratelimit
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+)
+
+// call is what one store call does for one key, captured under the key's
+// shard lock and carried out without it.
+type call struct {
+	zone   *Zone
+	hash   keyhash.Hash
+	hot    bool   // a hot call (see Lease.Hot), which measures the demand
+	demand uint32 // requests since the previous hot call
+	since  int64  // the previous hot call, Unix ns
+}
+
+// claim takes the key's unpushed admits and demand into a call. A key on
+// its floor goes to leases: the call pushes its floor admits and marks the
+// slot, and what the floor still allowed is held as a grant, so that it may
+// go on admitting while the call is under way. A key on leases asks for its
+// next grant. A push alone (flush: a stop, or a grant that ended) pushes
+// and gives the grant back. The caller holds the key's shard lock.
+func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32, now int64, flush bool) (call, Lease) {
+	en.advance(ring, z.slots.Of(now))
+	used, _ := en.scan(ring)
+	events := z.events.Load()
+	c := call{zone: z, hash: h, since: en.calledAt}
+	l := Lease{
+		Key: z.storeKey(h), Now: now / 1e6, Oldest: z.slots.Oldest(now), TTL: time.Duration(2 * z.window()),
+		Member: e.member, Slot: int(e.slot.Load()), Life: e.life.Load(), Floor: floorSize(events, e.MaxInstances()),
+		Events: events, MaxInstances: e.MaxInstances(), Settle: time.Duration(e.settle()), Gap: time.Duration(z.gap()),
+		Push: en.takeUnpushed(ring),
+	}
+	l.View, l.Lives = e.lives(now)
+	if now >= en.blockUntil || flush {
+		en.block = 0
+	}
+	if !flush {
+		if en.flags&flagLease == 0 {
+			held := max(e.floorOf(z, s, h, now)-used, 0)
+			z.toLease(s, h, en)
+			en.block = held
+		}
+		ahead, life := e.ahead(z, en)
+		l.Hot, l.Held = true, en.block
+		l.Want = max(int64(en.waiting)+ahead-en.block, 0)
+		// The grant (and what is held, counted again) may be used for its
+		// life; the store counts it a window more.
+		en.ahead, en.blockUntil = uint32(min(ahead, math.MaxUint32)), now+life
+		l.Until = (en.blockUntil + z.window()) / 1e6
+		en.calledAt = now
+		s.markHot(h, now+e.hotFor(z))
+		c.hot, c.demand, en.demand, en.waiting = true, en.demand, 0, 0
+	}
+	en.flags &^= flagQueued
+	return c, l
+}
+
+// ahead is how much of a key's demand a grant on leases holds ahead of its
+// requests, and for how long it may be used (ns), within a share of the
+// room last seen (half of it, split among the instances holding grants).
+// Far from the limit (as many instances as hold grants or live, each at
+// this instance's demand, would fill less than half the limit in a window),
+// a grant's life of demand: few calls. Near it, an interval's, for a few
+// intervals: what an instance killed held is lost to the fleet for a
+// window, so most requests there wait for their call instead. A key not
+// rated yet holds nothing ahead: its first call tells it the room.
+func (e *Engine) ahead(z *Zone, en *entry) (n, life int64) {
+	interval := e.interval.Load()
+	n, life = 0, min(leaseIntervals*interval, z.grantLife())
+	if en.flags&flagRated == 0 {
+		return n, life
+	}
+	holders := int64(max(en.holders, 1))
+	perNs := float64(en.rate) / float64(interval)
+	n = int64(en.rate)
+	if fleet := perNs * float64(z.window()*max(holders, e.live.Load())); fleet < float64(z.events.Load())/2 {
+		n, life = int64(math.Ceil(perNs*float64(z.grantLife()))), z.grantLife()
+	}
+	return max(min(n, en.room/(2*holders)), 0), life
+}
+
+// leaseIntervals is how long a grant near the limit may be used, in
+// intervals: a few calls.
+const leaseIntervals = 4
+
+// merge folds a call's reply into the key: its grant, the room and its
+// holders, and, for a hot call, its demand rate.
+func (e *Engine) merge(c *call, r *LeaseReply, now int64) {
+	z := c.zone
+	s := z.shardOf(c.hash)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	en, _ := z.lookup(s, c.hash)
+	if en == nil {
+		return
+	}
+	if dt := now - c.since; c.hot && dt > 0 {
+		own := float64(c.demand) * float64(e.interval.Load()) / float64(dt)
+		keep := math.Exp(-float64(dt) / float64(demandHorizon*e.interval.Load()))
+		if en.flags&flagRated == 0 {
+			keep = 0
+		}
+		en.rate = float32(keep*float64(en.rate) + (1-keep)*own)
+		en.flags |= flagRated
+	}
+	en.room, en.holders = r.Room, uint16(min(max(r.Holders, 1), math.MaxUint16))
+	if en.flags&flagLease != 0 {
+		en.block = max(en.block+r.Granted, 0)
+	}
+}
+
+// sync runs the calls of a pass in one round trip and merges their replies.
+// The caller holds passMu.
+func (e *Engine) sync(ctx context.Context, now int64, calls []call, leases []Lease) error {
+	if len(calls) == 0 {
+		return nil
+	}
+	replies := make([]LeaseReply, len(leases))
+	start := time.Now()
+	err := e.store.Lease(ctx, leases, replies)
+	if e.onPass != nil {
+		e.onPass(time.Since(start), err)
+	}
+	for i := range calls {
+		if replies[i].Err == nil {
+			e.merge(&calls[i], &replies[i], now)
+		}
+	}
+	if err != nil {
+		e.storeFailed(err)
+		return err
+	}
+	e.storeOK()
+	return nil
+}

@@ -1,0 +1,316 @@
+package ratelimit
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// MemoryStore is the embedded SlotStore (and, shared by several engines, a
+// fleet in tests). Each operation takes the steps of its Lua script, on a
+// hash of string fields as Redis holds it; TestStoreTwinsAgree runs both on
+// the same random calls.
+type MemoryStore struct {
+	mu   sync.Mutex
+	keys map[string]*memoryHash
+	now  func() time.Time
+}
+
+type memoryHash struct {
+	fields  map[string]string
+	expires int64 // Unix ms; 0: none
+}
+
+var _ SlotStore = (*MemoryStore)(nil)
+
+// NewMemoryStore returns an empty in-process store.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{keys: make(map[string]*memoryHash), now: time.Now}
+}
+
+// hash returns key's hash, made if absent (and dropped if expired).
+func (m *MemoryStore) hash(key string) *memoryHash {
+	now := m.now().UnixMilli()
+	h := m.keys[key]
+	if h != nil && h.expires != 0 && h.expires <= now {
+		h = nil
+	}
+	if h == nil {
+		h = &memoryHash{fields: make(map[string]string)}
+		m.keys[key] = h
+	}
+	return h
+}
+
+func (h *memoryHash) expire(after int64, now int64) { h.expires = now + after }
+
+func atoi(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// Lease implements SlotStore, step for step as lease.lua.
+func (m *MemoryStore) Lease(_ context.Context, calls []Lease, replies []LeaseReply) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range calls {
+		replies[i] = m.lease(&calls[i])
+	}
+	return nil
+}
+
+func (m *MemoryStore) lease(c *Lease) LeaseReply {
+	h := m.hash(c.Key)
+	had := len(h.fields) > 0
+	me := "g" + itoa(c.Member)
+	k := h.readKey(c, me)
+	if k.since < 0 || c.Now-k.last > c.Gap.Milliseconds() {
+		// A new hot period: the marks were of the last one.
+		k.since = c.Now
+		for j := range k.marks {
+			if c.Hot {
+				delete(h.fields, "p"+itoa(j))
+			}
+			delete(k.marks, j)
+		}
+	}
+	if c.Hot {
+		h.fields["h"] = itoa(k.since) + " " + itoa(c.Now)
+		if c.Slot >= 0 {
+			k.marks[int64(c.Slot)] = c.Life
+			h.fields["p"+strconv.Itoa(c.Slot)] = itoa(c.Life)
+		}
+	}
+	for _, p := range c.Push {
+		if f := itoa(p.Slot); p.Slot >= c.Oldest {
+			h.fields[f] = itoa(atoi(h.fields[f]) + p.Count)
+		}
+	}
+	used := c.Held + k.grants
+	for f, v := range h.fields {
+		if f[0] >= '0' && f[0] <= '9' {
+			used += atoi(v)
+		}
+	}
+	room := c.Events - used - reservedFloors(c, k.since, k.marks)
+	r := LeaseReply{Granted: max(min(c.Want, room), -c.Held), Holders: k.holders} // past the room, Held is cut back
+	if r.Granted+c.Held > 0 {
+		h.fields[me] = itoa(r.Granted+c.Held) + " " + itoa(c.Until)
+	} else {
+		r.Holders--
+	}
+	r.Room = room - r.Granted
+	if had || len(h.fields) > 0 {
+		h.expire(c.TTL.Milliseconds(), m.now().UnixMilli())
+	}
+	return r
+}
+
+// keyState is what a lease reads of a key's hash: the other members'
+// grants and how many hold one (the caller counted), the marks, and the hot
+// period (since -1: none).
+type keyState struct {
+	grants, holders int64
+	marks           map[int64]int64
+	since, last     int64
+}
+
+// readKey reads h for c, dropping what lapsed or left the window and the
+// caller's grant (me), which the lease sets again.
+func (h *memoryHash) readKey(c *Lease, me string) keyState {
+	k := keyState{holders: 1, marks: map[int64]int64{}, since: -1}
+	for f, v := range h.fields {
+		switch {
+		case f == me:
+			delete(h.fields, f)
+		case f[0] == 'g':
+			n, u, _ := strings.Cut(v, " ")
+			if atoi(u) <= c.Now {
+				delete(h.fields, f)
+			} else {
+				k.grants, k.holders = k.grants+atoi(n), k.holders+1
+			}
+		case f[0] == 'p':
+			k.marks[atoi(f[1:])] = atoi(v)
+		case f == "h":
+			s, l, _ := strings.Cut(v, " ")
+			k.since, k.last = atoi(s), atoi(l)
+		case f[0] < '0' || f[0] > '9' || atoi(f) < c.Oldest:
+			delete(h.fields, f)
+		}
+	}
+	return k
+}
+
+// reservedFloors is what a lease holds back for the floors of the slots that
+// may hold admits the store has not seen, as lease.lua counts it.
+func reservedFloors(c *Lease, since int64, marks map[int64]int64) int64 {
+	settled := since + c.Settle.Milliseconds()
+	if c.Now < settled || !c.View {
+		return c.Floor * int64(c.MaxInstances)
+	}
+	var n int64
+	for _, s := range c.Lives {
+		m, ok := marks[int64(s.Slot)]
+		for _, x := range [2]int64{s.Holder, s.Before} {
+			if x > 0 && x < settled && (!ok || x != m) {
+				n += c.Floor
+				break
+			}
+		}
+	}
+	return n
+}
+
+// slotRecord is one instance slot's record in the slot table (see
+// slots.lua).
+type slotRecord struct {
+	member               string
+	life, until, floorAt int64
+	before               int64
+	flushed              bool
+}
+
+// counts reports whether r's floor admits may count at now: while it lives,
+// and keep after a death.
+func (r *slotRecord) counts(now, keep int64) bool {
+	return r.until > now || !r.flushed && r.until+keep > now
+}
+
+func (r *slotRecord) String() string {
+	fl := "0"
+	if r.flushed {
+		fl = "1"
+	}
+	return r.member + " " + itoa(r.life) + " " + itoa(r.until) + " " + fl + " " + itoa(r.floorAt) + " " + itoa(r.before)
+}
+
+// Beat implements SlotStore, step for step as slots.lua.
+func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotTable, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tbl := m.hash(key)
+	recs := make([]*slotRecord, b.MaxInstances)
+	for f, v := range tbl.fields {
+		p := strings.Fields(v)
+		if j := atoi(f[1:]); f[0] == 's' && j < int64(len(recs)) && len(p) == 6 {
+			recs[j] = &slotRecord{member: p[0], life: atoi(p[1]), until: atoi(p[2]), flushed: p[3] == "1", floorAt: atoi(p[4]), before: atoi(p[5])}
+		}
+	}
+	member, keep, ttl := itoa(b.Member), b.Keep.Milliseconds(), b.TTL.Milliseconds()
+	slot := b.Slot
+	if slot >= len(recs) || slot >= 0 && (recs[slot] == nil || recs[slot].member != member) {
+		slot = -1 // lost: its record lapsed and another took it
+	}
+	switch {
+	case slot >= 0:
+		r := recs[slot]
+		r.until, r.flushed = b.Now+ttl, b.Flushed
+		if ttl == 0 {
+			r.until = b.Now
+		}
+		tbl.fields["s"+strconv.Itoa(slot)] = r.String()
+	case ttl > 0:
+		slot = takeSlot(recs, member, b.Now, ttl, keep)
+		if slot >= 0 {
+			tbl.fields["s"+strconv.Itoa(slot)] = recs[slot].String()
+		}
+	}
+	if ttl == 0 {
+		slot = -1
+	}
+	tbl.expire(keep+60_000, m.now().UnixMilli())
+	t := SlotTable{Slot: slot}
+	if slot >= 0 {
+		t.Life, t.FloorAt = recs[slot].life, recs[slot].floorAt
+	}
+	for j, r := range recs {
+		if r == nil {
+			continue
+		}
+		s := SlotLives{Slot: j}
+		if r.counts(b.Now, keep) {
+			s.Holder = r.life
+		}
+		if r.floorAt > b.Now {
+			s.Before = r.before
+		}
+		if r.until > b.Now {
+			t.Live++
+		}
+		if s.Holder != 0 || s.Before != 0 {
+			t.Lives = append(t.Lives, s)
+		}
+	}
+	t.Hot = m.hot(hotKey, b)
+	return t, nil
+}
+
+// takeSlot gives member the free slot whose floor is usable first (the
+// lowest of equals): one whose last holder died waits until that one's floor
+// admits have left the window. It returns -1 when every slot is held.
+func takeSlot(recs []*slotRecord, member string, now, ttl, keep int64) int {
+	best, bestAt, bestBefore := -1, int64(0), int64(0)
+	for j, r := range recs {
+		at, before := now, int64(0)
+		switch {
+		case r == nil:
+		case r.until > now:
+			continue
+		case r.floorAt > now:
+			at, before = r.floorAt, r.before // its holder left before its floor
+		case r.counts(now, keep):
+			at, before = r.until+keep, r.life
+		}
+		if best < 0 || at < bestAt {
+			best, bestAt, bestBefore = j, at, before
+		}
+	}
+	if best < 0 {
+		return -1
+	}
+	life := now
+	if r := recs[best]; r != nil {
+		life = max(now, r.life+1)
+	}
+	recs[best] = &slotRecord{member: member, life: life, until: now + ttl, floorAt: bestAt, before: bestBefore}
+	return best
+}
+
+// hot records the keys b called hot and answers every hot key not past its
+// keep, as slots.lua does.
+func (m *MemoryStore) hot(hotKey string, b Beat) []HotKey {
+	h := m.hash(hotKey)
+	for _, k := range b.Hot {
+		if k.Until > atoi(h.fields[k.Key]) {
+			h.fields[k.Key] = itoa(k.Until)
+		}
+	}
+	var out []HotKey
+	var latest int64
+	for k, v := range h.fields {
+		if u := atoi(v); u+b.HotKeep.Milliseconds() <= b.Now {
+			delete(h.fields, k)
+		} else {
+			out = append(out, HotKey{Key: k, Until: u})
+			latest = max(latest, u)
+		}
+	}
+	if latest > 0 {
+		h.expire(latest+b.HotKeep.Milliseconds()-b.Now, m.now().UnixMilli())
+	}
+	return out
+}
+
+// Sweep drops expired keys; the reconciler calls it with its evictions.
+func (m *MemoryStore) Sweep() {
+	now := m.now().UnixMilli()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, h := range m.keys {
+		if h.expires != 0 && h.expires <= now || len(h.fields) == 0 {
+			delete(m.keys, name)
+		}
+	}
+}
