@@ -11,27 +11,30 @@
 // An admit, in the model's words:
 //
 //   - Slot. Every instance holds one of MaxInstances numbered instance
-//     slots, taken and renewed by its heartbeat (slots.lua).
-//   - Floor. A slot may admit F = FloorFraction × events / MaxInstances of a
-//     key in any window on its own ring, with no store call. F does not
-//     depend on who else is live. A fresh slot's floor is usable once no
-//     grant made without it can still count (at once for the spare, the free
-//     slot every grant holds a floor back for); a dead holder's a window
-//     after its last heartbeat.
+//     slots, taken and renewed by its heartbeat (slots.lua). Its tenure of
+//     the slot is a life, named by when it began. A fresh or gracefully
+//     released slot's floor is usable at once; a dead holder's floor
+//     admits count a window after its record's end, and the next holder
+//     waits that long for its floor.
+//   - Floor. A life may admit F = FloorFraction × events / MaxInstances of
+//     a key in any window on its own ring, with no store call. F does not
+//     depend on who else is live.
 //   - Lease. From three quarters of F on, a key moves to leases: one call
-//     (lease.lua) pushes the slot's floor admits of the key, marks the slot
-//     pushed for it, and grants a block sized by this instance's demand and
-//     the room: events minus the window's pushed admits and outstanding
-//     grants, minus F for every slot that may still hold floor admits and is
-//     not marked. Admits on a grant are pushed, per time slot, at the next
-//     call; what is left is held on. A grant ends with the marks it relied
-//     on, and a mark outlives the grants that relied on it by a window.
-//   - Hot key. The heartbeat names the keys on leases; an instance holding
-//     one on its floor pushes and marks it at its next pass, so its F goes
-//     to the busy instance.
-//   - Window. So in any window a key's admits are at most the pushed admits,
-//     F per slot not marked, and the grants; the script never lets that sum
-//     pass events. Joins, restarts, kills and skew need no rule of their own.
+//     (lease.lua) pushes the life's floor admits of the key, marks its slot
+//     for the key, and grants a block: the requests waiting, and demand
+//     ahead as far as risk allows. The room is events minus the window's
+//     pushed admits and the grants, minus F for every slot whose floor may
+//     hold admits the store has not seen.
+//   - Hot key. A key on leases is hot: each call is announced at the
+//     caller's next heartbeat, every life hears the hot keys (a new one
+//     before it admits anything), pushes and marks those on its floor, and
+//     keeps them off its floor until a window after they cool. So once a
+//     key's hot period has settled, only the lives older than it that did
+//     not mark hold F back; free slots and dead lives that marked hold none.
+//   - Window. In any window a key's admits are at most the pushed admits,
+//     the grants and F per life that may hold floor admits unseen; the
+//     script never lets that sum pass events. Joins, restarts, kills and
+//     skew need no rule of their own.
 //   - Degrade. When the store is unreachable, an instance admits up to
 //     Events per window on its own ring, and the fleet view comes back by
 //     itself with the store.

@@ -274,8 +274,10 @@ type Verdict struct {
 	// Remaining is how many more requests the fleet can admit of the key
 	// after this one as far as this instance knows, never more (0 when
 	// denied): on a floor, what is left of it; on leases, what is left of
-	// the grant; with the store down or alone, the window's room on this
-	// instance's count.
+	// the grant and this instance's share of the room the fleet had left at
+	// its last call (the room split among the instances holding grants:
+	// the rest may have gone to them since); with the store down or alone,
+	// the window's room on this instance's count.
 	Remaining int64
 	// Reset is, for an admitted request, the time until the oldest request
 	// that counts leaves the window (when Remaining next grows).

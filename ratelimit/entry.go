@@ -20,10 +20,13 @@ type entry struct {
 	calledAt int64 // the last call (or the entry's creation), Unix ns
 	// On leases: block admits are left of the grant, usable until
 	// blockUntil (Unix ns), which held ahead admits past the requests
-	// waiting for it; room is what the fleet could admit past every grant
-	// at the last call, and holders how many instances held a grant then.
-	blockUntil  int64
-	block, room int64
+	// waiting for it; at the last call, room is what the fleet could admit
+	// past every grant, pushed the window's pushed admits, and holders how
+	// many instances held a grant. With no room, the next call waits until
+	// askAt (Unix ns), when the room may have grown.
+	blockUntil, askAt int64
+	block, room       int64
+	pushed      uint32
 
 	fromPushed uint32  // admits of slot from pushed already
 	demand     uint32  // requests seen (admitted or not) since the last call

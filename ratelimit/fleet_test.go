@@ -153,7 +153,7 @@ func TestAHotKeyReleasesTheOthersFloors(t *testing.T) {
 	room := func() int64 {
 		t.Helper()
 		r := leaseAll(t, store, []Lease{{Key: za.storeKey(keyhash.Of("k")), Now: (now + 2*a.settle()) / 1e6, Oldest: za.slots.Oldest(now), TTL: time.Minute,
-			Member: 999, Slot: -1, Floor: 5, Events: 160, MaxInstances: 16, Settle: time.Duration(a.settle()), Gap: time.Duration(za.gap()),
+			Member: 999, Floor: 5, Events: 160, MaxInstances: 16, Settle: time.Duration(a.settle()), Gap: time.Duration(za.gap()),
 			Hot: true, View: true, Lives: lives}})[0]
 		return r.Room
 	}

@@ -67,8 +67,9 @@ func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *V
 	interval := e.interval.Load()
 	var queue bool
 	if en.block == 0 {
-		// With no room at the last call, ask again once an interval.
-		queue = en.room > 0 || en.flags&flagRated == 0 || now-en.calledAt >= interval
+		// With no room at the last call, ask again once some may have
+		// grown.
+		queue = en.room > 0 || en.flags&flagRated == 0 || now >= en.askAt
 	} else {
 		// Half of what it held ahead spent, or about to end.
 		queue = en.block*2 <= int64(en.ahead) || en.blockUntil-now < 2*interval

@@ -31,7 +31,7 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	c := call{zone: z, hash: h, since: en.calledAt}
 	l := Lease{
 		Key: z.storeKey(h), Now: now / 1e6, Oldest: z.slots.Oldest(now), TTL: time.Duration(2 * z.window()),
-		Member: e.member, Slot: int(e.slot.Load()), Life: e.life.Load(), Floor: floorSize(events, e.MaxInstances()),
+		Member: e.member, Life: e.life.Load(), Floor: floorSize(events, e.MaxInstances()),
 		Events: events, MaxInstances: e.MaxInstances(), Settle: time.Duration(e.settle()), Gap: time.Duration(z.gap()),
 		Push: en.takeUnpushed(ring),
 	}
@@ -63,9 +63,9 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 // ahead is how much of a key's demand a grant on leases holds ahead of its
 // requests, and for how long it may be used (ns), within a share of the
 // room last seen (half of it, split among the instances holding grants).
-// Far from the limit (as many instances as hold grants or live, each at
-// this instance's demand, would fill less than half the limit in a window),
-// a grant's life of demand: few calls. Near it, an interval's, for a few
+// Far from the limit (neither the window's pushed admits nor as many
+// instances as hold grants or live, each at this instance's demand, fill
+// half the limit), a grant's life of demand: few calls. Near it, an interval's, for a few
 // intervals: what an instance killed held is lost to the fleet for a
 // window, so most requests there wait for their call instead. A key not
 // rated yet holds nothing ahead: its first call tells it the room.
@@ -78,7 +78,8 @@ func (e *Engine) ahead(z *Zone, en *entry) (n, life int64) {
 	holders := int64(max(en.holders, 1))
 	perNs := float64(en.rate) / float64(interval)
 	n = int64(en.rate)
-	if fleet := perNs * float64(z.window()*max(holders, e.live.Load())); fleet < float64(z.events.Load())/2 {
+	fleet := max(perNs*float64(z.window()*max(holders, e.live.Load())), float64(en.pushed))
+	if fleet < float64(z.events.Load())/2 {
 		n, life = int64(math.Ceil(perNs*float64(z.grantLife()))), z.grantLife()
 	}
 	return max(min(n, en.room/(2*holders)), 0), life
@@ -109,6 +110,17 @@ func (e *Engine) merge(c *call, r *LeaseReply, now int64) {
 		en.flags |= flagRated
 	}
 	en.room, en.holders = r.Room, uint16(min(max(r.Holders, 1), math.MaxUint16))
+	en.pushed = uint32(min(max(r.Pushed, 0), math.MaxUint32))
+	// With no room, ask again once some grows: the oldest pushed admits
+	// leave the window, another's grant lapses, or (others give back what
+	// they held) a few intervals on.
+	en.askAt = now + leaseIntervals*e.interval.Load()
+	if r.Oldest > 0 {
+		en.askAt = min(en.askAt, z.slots.LeavesAt(r.Oldest))
+	}
+	if r.Lapses > 0 {
+		en.askAt = min(en.askAt, r.Lapses*1e6)
+	}
 	if en.flags&flagLease != 0 {
 		en.block = max(en.block+r.Granted, 0)
 	}

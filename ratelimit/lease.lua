@@ -3,42 +3,44 @@
 -- is a hash:
 --   "<time slot>"  the admits pushed into that time slot
 --   "g<member>"    "<count> <until>": an instance's grant, counted until then
---   "p<slot>"      the life of the instance slot's holder that marked the key:
---                  it pushed its floor admits and admits the key on leases only
+--   "m<life>"      that life pushed its floor admits of the key and admits
+--                  it on leases only, for the rest of the hot period
 --   "h"            "<since> <last>": the key's hot period, which lasts while
---                  hot calls come no more than a gap apart; a new one clears
+--                  hot calls come no more than a gap apart; a new one drops
 --                  the marks
 -- KEYS[1] the key
--- ARGV[1] now (Unix ms)         ARGV[2] the oldest time slot that counts
--- ARGV[3] the key's expiry (ms) ARGV[4] the member (instance id)
--- ARGV[5] its instance slot (-1: none)   ARGV[6] that slot's life (Unix ms)
--- ARGV[7] 1: a hot call (it marks the slot and keeps the period), 0: a push
--- ARGV[8] the floor F           ARGV[9] events   ARGV[10] max instances
--- ARGV[11] settle (ms): a life that began this long after the period did has
+-- ARGV[1] now (Unix ms)          ARGV[2] the oldest time slot that counts
+-- ARGV[3] the key's expiry (ms)  ARGV[4] the member (instance id)
+-- ARGV[5] its life (0: it holds no slot)
+-- ARGV[6] 1: a hot call (it marks the life and keeps the period), 0: a push
+-- ARGV[7] the floor F            ARGV[8] events   ARGV[9] max instances
+-- ARGV[10] settle (ms): a life that began this long after the period did has
 --          heard the key is hot and keeps it off its floor
--- ARGV[12] gap (ms)             ARGV[13] held    ARGV[14] want
--- ARGV[15] the grant counts until (Unix ms)
--- ARGV[16] 1: the lives of the slots follow, 0: unknown (every floor is held)
--- ARGV[17] n, then n triples: instance slot, its holder's life, the life
---          before it (0: none) whose floor admits may still count
+-- ARGV[11] gap (ms)              ARGV[12] held    ARGV[13] want
+-- ARGV[14] the grant counts until (Unix ms)
+-- ARGV[15] 1: the slots' lives follow, 0: unknown (every floor is held back)
+-- ARGV[16] n, then n pairs, one per slot: its holder's life and the life
+--          before it whose floor admits may still count (0: none)
 -- then pairs of time slot and admits to push.
--- Returns { granted, room left, holders of grants }.
-local function each(cmd, key, args)
-	for i = 1, #args, 1000 do -- unpack has a limit
-		redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
-	end
-end
+-- Returns { granted, room left, holders of grants, the window's pushed
+-- admits, the oldest time slot that holds some (0: none), when the first
+-- other grant lapses (0: none) }: the room grows by then at the latest.
 local set, old = {}, {}
 local function put(f, v)
 	set[#set + 1] = f
 	set[#set + 1] = v
 end
+local function each(cmd, key, args)
+	for i = 1, #args, 1000 do -- unpack has a limit
+		redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
+	end
+end
 local key, now, oldest = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
-local me, slot, life = 'g' .. ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local hot, floor, events = ARGV[7] == '1', tonumber(ARGV[8]), tonumber(ARGV[9])
-local settle, gap, held, want = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local me, life, hot = 'g' .. ARGV[4], tonumber(ARGV[5]), ARGV[6] == '1'
+local floor, events, settle, gap = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local held, want, view, n = tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[15] == '1', tonumber(ARGV[16])
 local used, holders, counts, marks = held, 1, {}, {}
-local since, last, had
+local since, last, had, lapses
 local fields = redis.call('HGETALL', key)
 for i = 1, #fields, 2 do
 	local f, v = fields[i], fields[i + 1]
@@ -46,14 +48,16 @@ for i = 1, #fields, 2 do
 	if f == me then
 		had = true -- given back; set again below if it holds anything
 	elseif kind == 'g' then
-		local n, u = string.match(v, '^(%d+) (%d+)$')
-		if tonumber(u) <= now then
+		local c, u = string.match(v, '^(%d+) (%d+)$')
+		u = tonumber(u)
+		if u <= now then
 			old[#old + 1] = f
 		else
-			used, holders = used + tonumber(n), holders + 1
+			used, holders = used + tonumber(c), holders + 1
+			lapses = math.min(lapses or u, u)
 		end
-	elseif kind == 'p' then
-		marks[tonumber(string.sub(f, 2))] = tonumber(v)
+	elseif kind == 'm' then
+		marks[tonumber(string.sub(f, 2))] = true
 	elseif f == 'h' then
 		local s, l = string.match(v, '^(%d+) (%d+)$')
 		since, last = tonumber(s), tonumber(l)
@@ -67,41 +71,59 @@ if not since or now - last > gap then
 	-- A new hot period: the marks were of the last one. A push alone only
 	-- reads as if it began one.
 	since = now
-	for j in pairs(marks) do
+	for x in pairs(marks) do
 		if hot then
-			old[#old + 1] = 'p' .. j
+			old[#old + 1] = 'm' .. x
 		end
-		marks[j] = nil
+		marks[x] = nil
 	end
 end
+local settled = since + settle
 if hot then
 	put('h', since .. ' ' .. now)
-	if slot >= 0 then
-		marks[slot] = life
-		put('p' .. slot, life)
+	-- Only a life older than the settle needs a mark; one no slot lists
+	-- counts no more.
+	if life > 0 and life < settled and not marks[life] then
+		marks[life] = true
+		put('m' .. life, 1)
+	end
+	if view then
+		local listed = { [life] = true }
+		for i = 17, 16 + 2 * n do
+			listed[tonumber(ARGV[i])] = true
+		end
+		for x in pairs(marks) do
+			if not listed[x] then
+				old[#old + 1] = 'm' .. x
+				marks[x] = nil
+			end
+		end
 	end
 end
-for i = 18 + 3 * tonumber(ARGV[17]), #ARGV, 2 do
-	local s, n = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+for i = 17 + 2 * n, #ARGV, 2 do
+	local s, c = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
 	if s >= oldest then
-		counts[s] = (counts[s] or 0) + n
+		counts[s] = (counts[s] or 0) + c
 		put(s, counts[s])
 	end
 end
-for _, n in pairs(counts) do
-	used = used + n
+local pushed, first = 0, 0
+for s, c in pairs(counts) do
+	pushed = pushed + c
+	if c > 0 and (first == 0 or s < first) then
+		first = s
+	end
 end
+used = used + pushed
 -- Each slot whose floor may hold admits the store has not seen holds F back:
 -- every slot while the period is young (a life may not have heard yet), and
 -- after that each slot with a life older than that which did not mark.
-local settled = since + settle
-local reserved = floor * tonumber(ARGV[10])
-if now >= settled and ARGV[16] == '1' then
+local reserved = floor * tonumber(ARGV[9])
+if now >= settled and view then
 	reserved = 0
-	for i = 18, 17 + 3 * tonumber(ARGV[17]), 3 do
-		local m = marks[tonumber(ARGV[i])]
-		for _, x in ipairs({ tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]) }) do
-			if x > 0 and x < settled and x ~= m then
+	for i = 17, 16 + 2 * n, 2 do
+		for _, x in ipairs({ tonumber(ARGV[i]), tonumber(ARGV[i + 1]) }) do
+			if x > 0 and x < settled and not marks[x] then
 				reserved = reserved + floor
 				break
 			end
@@ -112,14 +134,14 @@ local room = events - used - reserved
 -- Past the room, what it holds is cut back (a negative grant).
 local grant = math.max(math.min(want, room), -held)
 if grant + held > 0 then
-	put(me, (grant + held) .. ' ' .. ARGV[15])
+	put(me, (grant + held) .. ' ' .. ARGV[14])
 else
 	holders = holders - 1
 	if had then
 		old[#old + 1] = me
 	end
 end
--- Deletes first: a mark a new period cleared may be set again.
+-- Deletes first: a mark a new period dropped may be set again.
 if #old > 0 then
 	each('HDEL', key, old)
 end
@@ -129,4 +151,4 @@ end
 if #set > 0 or #fields > 0 then
 	redis.call('PEXPIRE', key, ARGV[3])
 end
-return { grant, room - grant, holders }
+return { grant, room - grant, holders, pushed, first, lapses or 0 }

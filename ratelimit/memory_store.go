@@ -68,18 +68,17 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 	if k.since < 0 || c.Now-k.last > c.Gap.Milliseconds() {
 		// A new hot period: the marks were of the last one.
 		k.since = c.Now
-		for j := range k.marks {
-			if c.Hot {
-				delete(h.fields, "p"+itoa(j))
-			}
-			delete(k.marks, j)
-		}
+		h.dropMarks(k.marks, c.Hot, func(int64) bool { return false })
 	}
+	settled := k.since + c.Settle.Milliseconds()
 	if c.Hot {
 		h.fields["h"] = itoa(k.since) + " " + itoa(c.Now)
-		if c.Slot >= 0 {
-			k.marks[int64(c.Slot)] = c.Life
-			h.fields["p"+strconv.Itoa(c.Slot)] = itoa(c.Life)
+		if c.Life > 0 && c.Life < settled {
+			k.marks[c.Life] = true
+			h.fields["m"+itoa(c.Life)] = "1"
+		}
+		if c.View {
+			h.dropMarks(k.marks, true, func(x int64) bool { return x == c.Life || listed(c.Lives, x) })
 		}
 	}
 	for _, p := range c.Push {
@@ -87,14 +86,17 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 			h.fields[f] = itoa(atoi(h.fields[f]) + p.Count)
 		}
 	}
-	used := c.Held + k.grants
+	r := LeaseReply{Holders: k.holders, Lapses: k.lapses}
 	for f, v := range h.fields {
-		if f[0] >= '0' && f[0] <= '9' {
-			used += atoi(v)
+		if n := atoi(v); f[0] >= '0' && f[0] <= '9' && n > 0 {
+			r.Pushed += n
+			if s := atoi(f); r.Oldest == 0 || s < r.Oldest {
+				r.Oldest = s
+			}
 		}
 	}
-	room := c.Events - used - reservedFloors(c, k.since, k.marks)
-	r := LeaseReply{Granted: max(min(c.Want, room), -c.Held), Holders: k.holders} // past the room, Held is cut back
+	room := c.Events - r.Pushed - c.Held - k.grants - reservedFloors(c, settled, k.marks)
+	r.Granted = max(min(c.Want, room), -c.Held) // past the room, Held is cut back
 	if r.Granted+c.Held > 0 {
 		h.fields[me] = itoa(r.Granted+c.Held) + " " + itoa(c.Until)
 	} else {
@@ -107,32 +109,58 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 	return r
 }
 
+// dropMarks forgets the marks not kept, and deletes them from h if del.
+func (h *memoryHash) dropMarks(marks map[int64]bool, del bool, keep func(int64) bool) {
+	for x := range marks {
+		if !keep(x) {
+			delete(marks, x)
+			if del {
+				delete(h.fields, "m"+itoa(x))
+			}
+		}
+	}
+}
+
+// listed reports whether some slot lists the life x.
+func listed(lives []SlotLives, x int64) bool {
+	for _, l := range lives {
+		if l.Holder == x || l.Before == x {
+			return true
+		}
+	}
+	return false
+}
+
 // keyState is what a lease reads of a key's hash: the other members'
 // grants and how many hold one (the caller counted), the marks, and the hot
 // period (since -1: none).
 type keyState struct {
 	grants, holders int64
-	marks           map[int64]int64
+	lapses          int64 // when the first of them lapses (0: none)
+	marks           map[int64]bool
 	since, last     int64
 }
 
 // readKey reads h for c, dropping what lapsed or left the window and the
 // caller's grant (me), which the lease sets again.
 func (h *memoryHash) readKey(c *Lease, me string) keyState {
-	k := keyState{holders: 1, marks: map[int64]int64{}, since: -1}
+	k := keyState{holders: 1, marks: map[int64]bool{}, since: -1}
 	for f, v := range h.fields {
 		switch {
 		case f == me:
 			delete(h.fields, f)
 		case f[0] == 'g':
 			n, u, _ := strings.Cut(v, " ")
-			if atoi(u) <= c.Now {
+			if u := atoi(u); u <= c.Now {
 				delete(h.fields, f)
 			} else {
 				k.grants, k.holders = k.grants+atoi(n), k.holders+1
+				if k.lapses == 0 || u < k.lapses {
+					k.lapses = u
+				}
 			}
-		case f[0] == 'p':
-			k.marks[atoi(f[1:])] = atoi(v)
+		case f[0] == 'm':
+			k.marks[atoi(f[1:])] = true
 		case f == "h":
 			s, l, _ := strings.Cut(v, " ")
 			k.since, k.last = atoi(s), atoi(l)
@@ -145,16 +173,14 @@ func (h *memoryHash) readKey(c *Lease, me string) keyState {
 
 // reservedFloors is what a lease holds back for the floors of the slots that
 // may hold admits the store has not seen, as lease.lua counts it.
-func reservedFloors(c *Lease, since int64, marks map[int64]int64) int64 {
-	settled := since + c.Settle.Milliseconds()
+func reservedFloors(c *Lease, settled int64, marks map[int64]bool) int64 {
 	if c.Now < settled || !c.View {
 		return c.Floor * int64(c.MaxInstances)
 	}
 	var n int64
 	for _, s := range c.Lives {
-		m, ok := marks[int64(s.Slot)]
 		for _, x := range [2]int64{s.Holder, s.Before} {
-			if x > 0 && x < settled && (!ok || x != m) {
+			if x > 0 && x < settled && !marks[x] {
 				n += c.Floor
 				break
 			}
@@ -212,9 +238,10 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 		}
 		tbl.fields["s"+strconv.Itoa(slot)] = r.String()
 	case ttl > 0:
-		slot = takeSlot(recs, member, b.Now, ttl, keep)
+		slot = takeSlot(recs, member, b.Now, ttl, keep, atoi(tbl.fields["l"]))
 		if slot >= 0 {
 			tbl.fields["s"+strconv.Itoa(slot)] = recs[slot].String()
+			tbl.fields["l"] = itoa(recs[slot].life)
 		}
 	}
 	if ttl == 0 {
@@ -248,9 +275,10 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 }
 
 // takeSlot gives member the free slot whose floor is usable first (the
-// lowest of equals): one whose last holder died waits until that one's floor
-// admits have left the window. It returns -1 when every slot is held.
-func takeSlot(recs []*slotRecord, member string, now, ttl, keep int64) int {
+// lowest of equals), with a life one past the last at least: one whose last
+// holder died waits until that one's floor admits have left the window. It
+// returns -1 when every slot is held.
+func takeSlot(recs []*slotRecord, member string, now, ttl, keep, lastLife int64) int {
 	best, bestAt, bestBefore := -1, int64(0), int64(0)
 	for j, r := range recs {
 		at, before := now, int64(0)
@@ -270,11 +298,7 @@ func takeSlot(recs []*slotRecord, member string, now, ttl, keep int64) int {
 	if best < 0 {
 		return -1
 	}
-	life := now
-	if r := recs[best]; r != nil {
-		life = max(now, r.life+1)
-	}
-	recs[best] = &slotRecord{member: member, life: life, until: now + ttl, floorAt: bestAt, before: bestBefore}
+	recs[best] = &slotRecord{member: member, life: max(now, lastLife+1), until: now + ttl, floorAt: bestAt, before: bestBefore}
 	return best
 }
 

@@ -172,11 +172,11 @@ func leaseArgs(c *Lease) []any {
 	if c.View {
 		view = 1
 	}
-	args := make([]any, 0, 17+3*len(c.Lives)+2*len(c.Push))
-	args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Slot, c.Life, hot, c.Floor, c.Events, c.MaxInstances,
+	args := make([]any, 0, 16+2*len(c.Lives)+2*len(c.Push))
+	args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Life, hot, c.Floor, c.Events, c.MaxInstances,
 		c.Settle.Milliseconds(), c.Gap.Milliseconds(), c.Held, c.Want, c.Until, view, len(c.Lives))
 	for _, l := range c.Lives {
-		args = append(args, l.Slot, l.Holder, l.Before)
+		args = append(args, l.Holder, l.Before)
 	}
 	for _, a := range c.Push {
 		args = append(args, a.Slot, a.Count)
@@ -211,10 +211,10 @@ func (r *RedisStore) runPipeline(ctx context.Context, calls []Lease, replies []L
 
 func parseLease(key string, res any) LeaseReply {
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 3 {
+	if !ok || len(vals) != 6 {
 		return LeaseReply{Err: fmt.Errorf("leasing %s: unexpected reply %v", key, res)}
 	}
-	var ints [3]int64
+	var ints [6]int64
 	for i, v := range vals {
 		n, err := toInt(v)
 		if err != nil {
@@ -222,7 +222,7 @@ func parseLease(key string, res any) LeaseReply {
 		}
 		ints[i] = n
 	}
-	return LeaseReply{Granted: ints[0], Room: ints[1], Holders: ints[2]}
+	return LeaseReply{Granted: ints[0], Room: ints[1], Holders: ints[2], Pushed: ints[3], Oldest: ints[4], Lapses: ints[5]}
 }
 
 func toInt(v any) (int64, error) {

@@ -108,9 +108,10 @@ func (e *Engine) announce(since int64) []HotKey {
 }
 
 // learnHot takes the fleet's hot keys of z at now: each stays off this
-// instance's floor until its hot time and offFloor have passed. One held on
-// the floor here is queued, so that the next pass pushes its floor admits
-// and marks the slot, and the fleet need not hold its floor back.
+// instance's floor until its hot time and offFloor have passed. A key not
+// on leases here (on the floor, or not seen yet) is queued, so that the
+// next pass pushes its floor admits and marks the slot, and the fleet need
+// not hold this floor back.
 func (z *Zone) learnHot(hot []HotKey, e *Engine, now int64) {
 	for _, k := range hot {
 		h, ok := z.keyOf(k.Key)
@@ -120,7 +121,7 @@ func (z *Zone) learnHot(hot []HotKey, e *Engine, now int64) {
 		s := z.shardOf(h)
 		s.mu.Lock()
 		s.markHot(h, k.Until*1e6)
-		if en, _ := z.lookup(s, h); en != nil && en.flags&flagLease == 0 {
+		if en, _ := z.track(s, h, now); en != nil && en.flags&flagLease == 0 {
 			e.enqueue(z, h, en)
 		}
 		s.mu.Unlock()

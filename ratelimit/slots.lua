@@ -1,8 +1,8 @@
 -- One instance's beat on the slot table (see Beat in store.go; MemoryStore.Beat
 -- takes the same steps). KEYS[1] is the slot table: "s<j>" = "<member> <life>
 -- <until> <flushed> <floor at> <before>" for instance slot j: its holder, the
--- holder's life (when it took the slot, Unix ms, one life per holder), live
--- until then, 1 if its release pushed every floor admit, when its floor is
+-- holder's life (when it took the slot, Unix ms; "l" is the last life given,
+-- and each is one past it at least), live until then, 1 if its release pushed every floor admit, when its floor is
 -- usable, and the life before it whose floor admits count until then.
 -- KEYS[2] is the hot keys: key -> until (Unix ms). Both share a hash tag.
 -- ARGV[1] member            ARGV[2] the slot it holds (-1: none, take one)
@@ -17,9 +17,12 @@
 local tbl, hot = KEYS[1], KEYS[2]
 local member, slot, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, keep, n = tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local recs = {}
+local recs, lastLife = {}, 0
 local fields = redis.call('HGETALL', tbl)
 for i = 1, #fields, 2 do
+	if fields[i] == 'l' then
+		lastLife = tonumber(fields[i + 1])
+	end
 	local j = tonumber(string.sub(fields[i], 2))
 	local m, l, u, fl, at, b = string.match(fields[i + 1], '^(%d+) (%d+) (%d+) (%d) (%d+) (%d+)$')
 	if j and m then
@@ -64,13 +67,11 @@ elseif ttl > 0 then
 		end
 	end
 	if best >= 0 then
-		local life = now
-		if recs[best] then
-			life = math.max(now, recs[best].life + 1)
-		end
+		local life = math.max(now, lastLife + 1)
 		slot = best
 		recs[slot] = { m = member, life = life, untl = now + ttl, flushed = false, at = bestAt, before = bestBefore }
 		save(slot)
+		redis.call('HSET', tbl, 'l', life)
 	end
 end
 if ttl == 0 then

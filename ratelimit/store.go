@@ -13,8 +13,9 @@ type SlotCount struct {
 
 // SlotLives are the lives of one instance slot whose floor admits may count:
 // its holder's (live, or dead within a window) and the one before it, whose
-// admits count until the holder's floor is usable. A life is named by when it
-// took the slot (Unix ms); 0 is none.
+// admits count until the holder's floor is usable. A life is an instance's
+// tenure of a slot, named by when it began (Unix ms, one apart at least
+// across the fleet); 0 is none.
 type SlotLives struct {
 	Slot           int
 	Holder, Before int64
@@ -22,21 +23,20 @@ type SlotLives struct {
 
 // Lease is one store call for one key, run atomically: give back the
 // member's grant but Held, push admits into their time slots, and, for a hot
-// call, mark Slot's life as having pushed its floor admits of the key and
-// grant up to Want admits more, as far as the room allows. The room is Events
-// minus the window's pushed admits, the grants (Held included) and F for each
-// slot whose floor may hold admits the store has not seen (see lease.lua).
+// call, mark Life as having pushed its floor admits of the key and grant up
+// to Want admits more, as far as the room allows. The room is Events minus
+// the window's pushed admits, the grants (Held included) and F for each slot
+// whose floor may hold admits the store has not seen (see lease.lua).
 type Lease struct {
 	Key    string
 	Now    int64 // Unix ms
 	Oldest int64 // the oldest time slot that counts
 	TTL    time.Duration
 	Member int64
-	Slot   int   // the member's instance slot, -1 if none
-	Life   int64 // the life of the member in Slot
+	Life   int64 // the member's life in its instance slot (0: none)
 	// Hot says the call is of a key on leases: it begins or goes on with the
-	// key's hot period and marks Slot. Without it the call only pushes and
-	// gives the grant back (a stop).
+	// key's hot period and marks Life. Without it the call only pushes and
+	// gives the grant back.
 	Hot          bool
 	Floor        int64 // F
 	Events       int64 // the limit
@@ -64,6 +64,11 @@ type LeaseReply struct {
 	// Holders is how many members hold a grant of the key (the caller
 	// included, and at least 1).
 	Holders int64
+	// Pushed is the window's pushed admits; Oldest the oldest time slot
+	// that holds some (0: none) and Lapses when the first other grant
+	// lapses (Unix ms, 0: none): the room grows when either leaves, at the
+	// latest.
+	Pushed, Oldest, Lapses int64
 	// Err is set when the call failed; it may or may not have applied.
 	Err error
 }

@@ -67,7 +67,7 @@ func TestSlotStoreConformance(t *testing.T) {
 		{"pushes land in their slots; old slots leave the window", func(t *testing.T, s SlotStore, prefix string) {
 			var calls []Lease
 			for k := range keys {
-				calls = append(calls, Lease{Key: prefix + strconv.Itoa(k), Now: t0, Oldest: 80, TTL: time.Minute, Member: 1, Slot: -1, Events: 1000,
+				calls = append(calls, Lease{Key: prefix + strconv.Itoa(k), Now: t0, Oldest: 80, TTL: time.Minute, Member: 1, Events: 1000,
 					Push: []SlotCount{{Slot: 100, Count: int64(k + 1)}, {Slot: 99, Count: 2}, {Slot: 79, Count: 50}}})
 			}
 			leaseAll(t, s, calls)
@@ -90,13 +90,13 @@ func TestSlotStoreConformance(t *testing.T) {
 		{"a grant holds back every floor while the period is young, then those of lives that may not know", func(t *testing.T, s SlotStore, prefix string) {
 			// Four slots with floors of 10. Lives older than the period's
 			// settle may hold floor admits unless they marked the key.
-			old, young := t0-5000, t0+1500
+			old0, old1, old2, young := t0-5000, t0-4000, t0-3000, t0+1500
 			base := Lease{Now: t0, TTL: time.Minute, Floor: 10, Events: 100, MaxInstances: 4, Settle: time.Second, Gap: 5 * time.Second,
-				Until: t0 + 4000, Hot: true, View: true, Lives: []SlotLives{{Slot: 0, Holder: old}, {Slot: 1, Holder: old}, {Slot: 2, Holder: young, Before: old}}}
+				Until: t0 + 4000, Hot: true, View: true, Lives: []SlotLives{{Slot: 0, Holder: old0}, {Slot: 1, Holder: old1}, {Slot: 2, Holder: young, Before: old2}}}
 			var calls []Lease
 			for k := range keys {
 				c := base
-				c.Key, c.Member, c.Slot, c.Life, c.Want = prefix+strconv.Itoa(k), 2, 1, old, 1000
+				c.Key, c.Member, c.Life, c.Want = prefix+strconv.Itoa(k), 2, old1, 1000
 				c.Push = []SlotCount{{Slot: 5, Count: 40}}
 				calls = append(calls, c)
 			}
@@ -106,12 +106,12 @@ func TestSlotStoreConformance(t *testing.T) {
 					t.Fatalf("key %d: %+v, want 20 granted and no room left", k, r)
 				}
 			}
-			// Settled, a second member of slot 0 holds 3 and asks for 5:
-			// slot 1 marked, slot 0 marks now, slot 2's life is younger
-			// than the settle but the one before it is not; slot 3 is
-			// free. 100 - 40 - 20 - 3 - 10 = 27.
+			// Settled, the member of slot 0 holds 3 and asks for 5: slot
+			// 1's life marked, slot 0's marks now, slot 2's life is
+			// younger than the settle but the one before it is not; slot
+			// 3 is free. 100 - 40 - 20 - 3 - 10 = 27.
 			c := base
-			c.Key, c.Now, c.Member, c.Slot, c.Life, c.Held, c.Want = prefix+"0", t0+1000, 3, 0, old, 3, 5
+			c.Key, c.Now, c.Member, c.Life, c.Held, c.Want = prefix+"0", t0+1000, 3, old0, 3, 5
 			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 5 || r.Room != 22 || r.Holders != 2 {
 				t.Fatalf("settled: %+v, want 5 granted, 22 left, 2 holders", r)
 			}
@@ -124,7 +124,7 @@ func TestSlotStoreConformance(t *testing.T) {
 			// A push alone gives the grant back, marks nothing and begins no
 			// period: a hot call then still finds the period young.
 			p := base
-			p.Key, p.Now, p.Member, p.Slot, p.Hot = prefix+"1", t0+20_000, 2, 1, false
+			p.Key, p.Now, p.Member, p.Life, p.Hot = prefix+"1", t0+20_000, 2, old1, false
 			leaseAll(t, s, []Lease{p})
 			p.Now, p.Hot = t0+21_500, true
 			if r := leaseAll(t, s, []Lease{p})[0]; r.Room != 100-40-40 {
@@ -132,7 +132,7 @@ func TestSlotStoreConformance(t *testing.T) {
 			}
 		}},
 		{"without a view every floor is held back", func(t *testing.T, s SlotStore, prefix string) {
-			c := Lease{Key: prefix + "v", Now: t0, TTL: time.Minute, Member: 9, Slot: 2, Life: t0 - 9000, Floor: 7, Events: 50, MaxInstances: 3,
+			c := Lease{Key: prefix + "v", Now: t0, TTL: time.Minute, Member: 9, Life: t0 - 9000, Floor: 7, Events: 50, MaxInstances: 3,
 				Settle: time.Second, Gap: time.Minute, Hot: true, Want: 100, Until: t0 + 60_000}
 			leaseAll(t, s, []Lease{c})
 			c.Now, c.Held, c.Want = t0+2000, 29, 0
@@ -229,7 +229,7 @@ func TestRedisStoreSpreadsOverClusterNodes(t *testing.T) {
 	z := newZone("spread", "z", 0, mustLimit(t, 10, time.Minute, 0).slots)
 	var calls []Lease
 	for k := 0; k < 50; k++ {
-		calls = append(calls, Lease{Key: z.storeKey(hashOf(strconv.Itoa(k))), TTL: time.Minute, Events: 10, Slot: -1,
+		calls = append(calls, Lease{Key: z.storeKey(hashOf(strconv.Itoa(k))), TTL: time.Minute, Events: 10,
 			Push: []SlotCount{{Slot: 1, Count: 1}}})
 	}
 	leaseAll(t, s, calls)
@@ -320,7 +320,7 @@ func randomLease(rng *rand.Rand, now int64) Lease {
 	// Lives from a few, so that marks match them.
 	life := func() int64 { return (now/1000 - rng.Int64N(6)) * 1000 }
 	c := Lease{Key: "tw:{k" + strconv.Itoa(rng.IntN(3)) + "}", Now: now, Oldest: now/500 - 20, TTL: time.Hour,
-		Member: 1 + rng.Int64N(4), Slot: rng.IntN(5) - 1, Life: life(), Hot: rng.IntN(4) != 0,
+		Member: 1 + rng.Int64N(4), Life: rng.Int64N(2) * life(), Hot: rng.IntN(4) != 0,
 		Floor: rng.Int64N(8), Events: 20 + rng.Int64N(200), MaxInstances: 4, Settle: time.Duration(rng.IntN(2000)) * time.Millisecond,
 		Gap: time.Duration(rng.IntN(3000)) * time.Millisecond, Held: rng.Int64N(5), Want: rng.Int64N(30),
 		Until: now + rng.Int64N(12_000), View: rng.IntN(4) != 0}

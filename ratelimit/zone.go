@@ -128,22 +128,30 @@ func (z *Zone) shardOf(h keyhash.Hash) *shard { return &z.shards[h.Lo&(shardCoun
 func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, *untrackedState) {
 	s := z.shardOf(h)
 	s.mu.Lock()
-	if i, ok := s.entries[h]; ok {
-		e, ring := z.arena.at(i)
-		return s, e, ring, nil
-	}
-	if z.reserveKey() {
-		e, ring := z.insert(s, h, now)
-		if s.untracked != nil {
-			// A key tracked from now on keeps what it spent of its burst.
-			e.tat = s.untracked.take(h)
-		}
+	if e, ring := z.track(s, h, now); e != nil {
 		return s, e, ring, nil
 	}
 	if s.untracked == nil {
 		s.untracked = new(untrackedTable)
 	}
 	return s, nil, nil, s.untracked.find(h)
+}
+
+// track returns the state of h in a locked shard s, made now if the zone
+// has room for it (nil if not).
+func (z *Zone) track(s *shard, h keyhash.Hash, now int64) (*entry, []uint32) {
+	if i, ok := s.entries[h]; ok {
+		return z.arena.at(i)
+	}
+	if !z.reserveKey() {
+		return nil, nil
+	}
+	e, ring := z.insert(s, h, now)
+	if s.untracked != nil {
+		// A key tracked from now on keeps what it spent of its burst.
+		e.tat = s.untracked.take(h)
+	}
+	return e, ring
 }
 
 // reserveKey counts one more tracked key if the zone has room for it. Shards
