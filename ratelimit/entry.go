@@ -26,7 +26,7 @@ type entry struct {
 	// askAt (Unix ns), when the room may have grown.
 	blockUntil, askAt int64
 	block, room       int64
-	pushed      uint32
+	pushed            uint32
 
 	fromPushed uint32  // admits of slot from pushed already
 	demand     uint32  // requests seen (admitted or not) since the last call
