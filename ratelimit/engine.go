@@ -101,17 +101,17 @@ type Engine struct {
 
 	// member is this instance's id in the slot table; slot the instance
 	// slot it holds (-1: none) and life its life there, its floor usable
-	// from floorAt until heldUntil (its record's end as of its last
-	// heartbeat); view the lives of the slots at the last heartbeat; live
-	// the live instances then.
-	member             int64
-	slot, life         atomic.Int64
-	floorAt, heldUntil atomic.Int64
-	view               atomic.Pointer[slotView]
-	live               atomic.Int64
-	lastBeat           atomic.Int64 // Unix ns
-	announced          int64        // the last heartbeat that reached the store, Unix ns (beatMu)
-	slotsKey, hotKey   string
+	// until heldUntil (its record's end as of its last heartbeat); view the
+	// lives of the slots at the last heartbeat; live the live instances
+	// then.
+	member           int64
+	slot, life       atomic.Int64
+	heldUntil        atomic.Int64
+	view             atomic.Pointer[slotView]
+	live             atomic.Int64
+	lastBeat         atomic.Int64 // Unix ns
+	announced        int64        // the last heartbeat that reached the store, Unix ns (beatMu)
+	slotsKey, hotKey string
 	// hot is the fleet's hot keys as the last heartbeat heard them, for the
 	// zones made after it.
 	hot atomic.Pointer[[]HotKey]
@@ -205,9 +205,6 @@ func (e *Engine) NearLimit() bool { return e.floors.Load() }
 // Members is how many instances the last heartbeat found live, this one
 // included (0 before the first, and for a solo engine).
 func (e *Engine) Members() int64 { return e.live.Load() }
-
-// Slot is the instance slot this engine holds (-1: none).
-func (e *Engine) Slot() int { return int(e.slot.Load()) }
 
 // SyncInterval is the reconciler's period.
 func (e *Engine) SyncInterval() time.Duration { return time.Duration(e.interval.Load()) }

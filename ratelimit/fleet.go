@@ -11,11 +11,10 @@ func floorSize(events int64, slots int) int64 {
 }
 
 // floor is this instance's floor of a key of events at now: 0 without a
-// slot, before its floor is usable, past its record's end (a heartbeat
-// that has not reached the store for a while: another may take the slot),
-// and with floors off.
+// slot, past its record's end (a heartbeat that has not reached the store
+// for a while: another may take the slot), and with floors off.
 func (e *Engine) floor(events, now int64) int64 {
-	if !e.floors.Load() || e.slot.Load() < 0 || now < e.floorAt.Load() || now >= e.heldUntil.Load() {
+	if !e.floors.Load() || e.slot.Load() < 0 || now >= e.heldUntil.Load() {
 		return 0
 	}
 	return floorSize(events, e.MaxInstances())

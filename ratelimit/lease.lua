@@ -19,8 +19,7 @@
 -- ARGV[11] gap (ms)              ARGV[12] held    ARGV[13] want
 -- ARGV[14] the grant counts until (Unix ms)
 -- ARGV[15] 1: the slots' lives follow, 0: unknown (every floor is held back)
--- ARGV[16] n, then n pairs, one per slot: its holder's life and the life
---          before it whose floor admits may still count (0: none)
+-- ARGV[16] n, then the n lives whose floor admits may count (one per slot)
 -- then pairs of time slot and admits to push.
 -- Returns { granted, room left, holders of grants, the window's pushed
 -- admits, the oldest time slot that holds some (0: none), when the first
@@ -89,7 +88,7 @@ if hot then
 	end
 	if view then
 		local listed = { [life] = true }
-		for i = 17, 16 + 2 * n do
+		for i = 17, 16 + n do
 			listed[tonumber(ARGV[i])] = true
 		end
 		for x in pairs(marks) do
@@ -100,7 +99,7 @@ if hot then
 		end
 	end
 end
-for i = 17 + 2 * n, #ARGV, 2 do
+for i = 17 + n, #ARGV, 2 do
 	local s, c = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
 	if s >= oldest then
 		counts[s] = (counts[s] or 0) + c
@@ -117,16 +116,14 @@ end
 used = used + pushed
 -- Each slot whose floor may hold admits the store has not seen holds F back:
 -- every slot while the period is young (a life may not have heard yet), and
--- after that each slot with a life older than that which did not mark.
+-- after that each life older than that which did not mark.
 local reserved = floor * tonumber(ARGV[9])
 if now >= settled and view then
 	reserved = 0
-	for i = 17, 16 + 2 * n, 2 do
-		for _, x in ipairs({ tonumber(ARGV[i]), tonumber(ARGV[i + 1]) }) do
-			if x > 0 and x < settled and not marks[x] then
-				reserved = reserved + floor
-				break
-			end
+	for i = 17, 16 + n do
+		local x = tonumber(ARGV[i])
+		if x < settled and not marks[x] then
+			reserved = reserved + floor
 		end
 	end
 end

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,7 +79,7 @@ func (m *MemoryStore) lease(c *Lease) LeaseReply {
 			h.fields["m"+itoa(c.Life)] = "1"
 		}
 		if c.View {
-			h.dropMarks(k.marks, true, func(x int64) bool { return x == c.Life || listed(c.Lives, x) })
+			h.dropMarks(k.marks, true, func(x int64) bool { return x == c.Life || slices.Contains(c.Lives, x) })
 		}
 	}
 	for _, p := range c.Push {
@@ -119,16 +120,6 @@ func (h *memoryHash) dropMarks(marks map[int64]bool, del bool, keep func(int64) 
 			}
 		}
 	}
-}
-
-// listed reports whether some slot lists the life x.
-func listed(lives []SlotLives, x int64) bool {
-	for _, l := range lives {
-		if l.Holder == x || l.Before == x {
-			return true
-		}
-	}
-	return false
 }
 
 // keyState is what a lease reads of a key's hash: the other members'
@@ -178,12 +169,9 @@ func reservedFloors(c *Lease, settled int64, marks map[int64]bool) int64 {
 		return c.Floor * int64(c.MaxInstances)
 	}
 	var n int64
-	for _, s := range c.Lives {
-		for _, x := range [2]int64{s.Holder, s.Before} {
-			if x > 0 && x < settled && !marks[x] {
-				n += c.Floor
-				break
-			}
+	for _, x := range c.Lives {
+		if x < settled && !marks[x] {
+			n += c.Floor
 		}
 	}
 	return n
@@ -192,14 +180,13 @@ func reservedFloors(c *Lease, settled int64, marks map[int64]bool) int64 {
 // slotRecord is one instance slot's record in the slot table (see
 // slots.lua).
 type slotRecord struct {
-	member               string
-	life, until, floorAt int64
-	before               int64
-	flushed              bool
+	member      string
+	life, until int64
+	flushed     bool
 }
 
 // counts reports whether r's floor admits may count at now: while it lives,
-// and keep after a death.
+// and keep after a death. Until then its slot is not free.
 func (r *slotRecord) counts(now, keep int64) bool {
 	return r.until > now || !r.flushed && r.until+keep > now
 }
@@ -209,7 +196,7 @@ func (r *slotRecord) String() string {
 	if r.flushed {
 		fl = "1"
 	}
-	return r.member + " " + itoa(r.life) + " " + itoa(r.until) + " " + fl + " " + itoa(r.floorAt) + " " + itoa(r.before)
+	return r.member + " " + itoa(r.life) + " " + itoa(r.until) + " " + fl
 }
 
 // Beat implements SlotStore, step for step as slots.lua.
@@ -220,8 +207,8 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 	recs := make([]*slotRecord, b.MaxInstances)
 	for f, v := range tbl.fields {
 		p := strings.Fields(v)
-		if j := atoi(f[1:]); f[0] == 's' && j < int64(len(recs)) && len(p) == 6 {
-			recs[j] = &slotRecord{member: p[0], life: atoi(p[1]), until: atoi(p[2]), flushed: p[3] == "1", floorAt: atoi(p[4]), before: atoi(p[5])}
+		if j := atoi(f[1:]); f[0] == 's' && j < int64(len(recs)) && len(p) == 4 {
+			recs[j] = &slotRecord{member: p[0], life: atoi(p[1]), until: atoi(p[2]), flushed: p[3] == "1"}
 		}
 	}
 	member, keep, ttl := itoa(b.Member), b.Keep.Milliseconds(), b.TTL.Milliseconds()
@@ -231,75 +218,32 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 	}
 	switch {
 	case slot >= 0:
-		r := recs[slot]
-		r.until, r.flushed = b.Now+ttl, b.Flushed
-		if ttl == 0 {
-			r.until = b.Now
-		}
-		tbl.fields["s"+strconv.Itoa(slot)] = r.String()
+		recs[slot].until, recs[slot].flushed = b.Now+ttl, b.Flushed
+		tbl.fields["s"+strconv.Itoa(slot)] = recs[slot].String()
 	case ttl > 0:
-		slot = takeSlot(recs, member, b.Now, ttl, keep, atoi(tbl.fields["l"]))
-		if slot >= 0 {
-			tbl.fields["s"+strconv.Itoa(slot)] = recs[slot].String()
-			tbl.fields["l"] = itoa(recs[slot].life)
+		for j, r := range recs {
+			if r == nil || !r.counts(b.Now, keep) {
+				slot, recs[j] = j, &slotRecord{member: member, life: max(b.Now, atoi(tbl.fields["l"])+1), until: b.Now + ttl}
+				tbl.fields["s"+strconv.Itoa(j)], tbl.fields["l"] = recs[j].String(), itoa(recs[j].life)
+				break
+			}
 		}
-	}
-	if ttl == 0 {
-		slot = -1
 	}
 	tbl.expire(keep+60_000, m.now().UnixMilli())
-	t := SlotTable{Slot: slot}
-	if slot >= 0 {
-		t.Life, t.FloorAt = recs[slot].life, recs[slot].floorAt
+	t := SlotTable{Slot: -1}
+	if slot >= 0 && ttl > 0 {
+		t.Slot, t.Life = slot, recs[slot].life
 	}
-	for j, r := range recs {
-		if r == nil {
-			continue
-		}
-		s := SlotLives{Slot: j}
-		if r.counts(b.Now, keep) {
-			s.Holder = r.life
-		}
-		if r.floorAt > b.Now {
-			s.Before = r.before
-		}
-		if r.until > b.Now {
+	for _, r := range recs {
+		if r != nil && r.until > b.Now {
 			t.Live++
 		}
-		if s.Holder != 0 || s.Before != 0 {
-			t.Lives = append(t.Lives, s)
+		if r != nil && r.counts(b.Now, keep) {
+			t.Lives = append(t.Lives, r.life)
 		}
 	}
 	t.Hot = m.hot(hotKey, b)
 	return t, nil
-}
-
-// takeSlot gives member the free slot whose floor is usable first (the
-// lowest of equals), with a life one past the last at least: one whose last
-// holder died waits until that one's floor admits have left the window. It
-// returns -1 when every slot is held.
-func takeSlot(recs []*slotRecord, member string, now, ttl, keep, lastLife int64) int {
-	best, bestAt, bestBefore := -1, int64(0), int64(0)
-	for j, r := range recs {
-		at, before := now, int64(0)
-		switch {
-		case r == nil:
-		case r.until > now:
-			continue
-		case r.floorAt > now:
-			at, before = r.floorAt, r.before // its holder left before its floor
-		case r.counts(now, keep):
-			at, before = r.until+keep, r.life
-		}
-		if best < 0 || at < bestAt {
-			best, bestAt, bestBefore = j, at, before
-		}
-	}
-	if best < 0 {
-		return -1
-	}
-	recs[best] = &slotRecord{member: member, life: max(now, lastLife+1), until: now + ttl, floorAt: bestAt, before: bestBefore}
-	return best
 }
 
 // hot records the keys b called hot and answers every hot key not past its

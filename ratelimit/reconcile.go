@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-
 	"math/rand/v2"
 	"time"
 
@@ -206,11 +205,6 @@ func (e *Engine) evict(now int64) {
 	if s, ok := e.store.(interface{ Sweep() }); ok {
 		s.Sweep()
 	}
-}
-
-// Reconcile runs one full pass now.
-func (e *Engine) Reconcile(ctx context.Context) error {
-	return e.pass(ctx, time.Now().UnixNano(), false)
 }
 
 // pass calls the store for the queued keys and, unless early, pushes the

@@ -98,10 +98,10 @@ func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (Slot
 	return t, nil
 }
 
-// parseSlotTable reads slots.lua's reply: slot, life, floor at, live, two
-// lives per slot, then pairs of hot key and until.
+// parseSlotTable reads slots.lua's reply: slot, life, live, a life per
+// slot, then pairs of hot key and until.
 func parseSlotTable(res []any, slots int) (SlotTable, error) {
-	head := 4 + 2*slots
+	head := 3 + slots
 	if len(res) < head || (len(res)-head)%2 != 0 {
 		return SlotTable{}, fmt.Errorf("unexpected reply %v", res)
 	}
@@ -113,10 +113,10 @@ func parseSlotTable(res []any, slots int) (SlotTable, error) {
 		}
 		ints[i] = n
 	}
-	t := SlotTable{Slot: int(ints[0]), Life: ints[1], FloorAt: ints[2], Live: int(ints[3])}
-	for j := range slots {
-		if a, b := ints[4+2*j], ints[5+2*j]; a != 0 || b != 0 {
-			t.Lives = append(t.Lives, SlotLives{Slot: j, Holder: a, Before: b})
+	t := SlotTable{Slot: int(ints[0]), Life: ints[1], Live: int(ints[2])}
+	for _, l := range ints[3:] {
+		if l != 0 {
+			t.Lives = append(t.Lives, l)
 		}
 	}
 	for i := head; i < len(res); i += 2 {
@@ -172,11 +172,11 @@ func leaseArgs(c *Lease) []any {
 	if c.View {
 		view = 1
 	}
-	args := make([]any, 0, 16+2*len(c.Lives)+2*len(c.Push))
+	args := make([]any, 0, 16+len(c.Lives)+2*len(c.Push))
 	args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Life, hot, c.Floor, c.Events, c.MaxInstances,
 		c.Settle.Milliseconds(), c.Gap.Milliseconds(), c.Held, c.Want, c.Until, view, len(c.Lives))
 	for _, l := range c.Lives {
-		args = append(args, l.Holder, l.Before)
+		args = append(args, l)
 	}
 	for _, a := range c.Push {
 		args = append(args, a.Slot, a.Count)

@@ -11,13 +11,13 @@ import (
 // them.
 type slotView struct {
 	at    int64
-	lives []SlotLives
+	lives []int64
 }
 
 // lives is what a lease call at now holds floors back by: the lives of the
 // slots as of the last heartbeat, while it is recent enough (see viewFor);
 // else none is known and every floor is held back.
-func (e *Engine) lives(now int64) (bool, []SlotLives) {
+func (e *Engine) lives(now int64) (bool, []int64) {
 	v := e.view.Load()
 	if v == nil || now-v.at >= e.viewFor() {
 		return false, nil
@@ -65,7 +65,6 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 	e.announced = now
 	e.slot.Store(int64(t.Slot))
 	e.life.Store(t.Life)
-	e.floorAt.Store(t.FloorAt * 1e6)
 	e.heldUntil.Store(now + e.staleAfter())
 	e.view.Store(&slotView{at: now, lives: t.Lives})
 	e.live.Store(int64(t.Live))
@@ -75,8 +74,8 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 	}
 }
 
-// release gives the instance slot back at now: its floor usable by the next
-// holder at once when flushed (every floor admit pushed), else a window on.
+// release gives the instance slot back at now: free for the next holder at
+// once when flushed (every floor admit pushed), else a window on.
 // It names the keys called hot since the last heartbeat, as one would.
 func (e *Engine) release(ctx context.Context, now int64, flushed bool) {
 	if e.solo || e.slot.Load() < 0 {

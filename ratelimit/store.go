@@ -11,16 +11,6 @@ type SlotCount struct {
 	Count int64
 }
 
-// SlotLives are the lives of one instance slot whose floor admits may count:
-// its holder's (live, or dead within a window) and the one before it, whose
-// admits count until the holder's floor is usable. A life is an instance's
-// tenure of a slot, named by when it began (Unix ms, one apart at least
-// across the fleet); 0 is none.
-type SlotLives struct {
-	Slot           int
-	Holder, Before int64
-}
-
 // Lease is one store call for one key, run atomically: give back the
 // member's grant but Held, push admits into their time slots, and, for a hot
 // call, mark Life as having pushed its floor admits of the key and grant up
@@ -48,9 +38,13 @@ type Lease struct {
 	Held        int64 // admits of its grant the member keeps
 	Want        int64
 	Until       int64 // the grant (and Held) counts until then (Unix ms)
-	// View says Lives is known: with it, slots not listed hold no floor.
+	// View says Lives is known: the lives whose floor admits may count,
+	// one per slot, its holder's (live, or dead within a window); a slot
+	// with none holds no floor back. A life is an instance's tenure of a
+	// slot, named by when it began (Unix ms, one apart at least across the
+	// fleet).
 	View  bool
-	Lives []SlotLives
+	Lives []int64
 	Push  []SlotCount
 }
 
@@ -87,9 +81,9 @@ type Beat struct {
 	Slot   int
 	Now    int64 // Unix ms
 	TTL    time.Duration
-	// Flushed says a release pushed every floor admit: the slot's floor is
-	// usable at once by its next holder. A holder that dies (or leaves
-	// without) keeps its floor from the next one for Keep after its end.
+	// Flushed says a release pushed every floor admit: the slot is free at
+	// once. A holder that dies (or leaves without) keeps it for Keep after
+	// its end, while its floor admits may count.
 	Flushed      bool
 	Keep         time.Duration
 	MaxInstances int
@@ -100,12 +94,11 @@ type Beat struct {
 
 // SlotTable is what a Beat learns.
 type SlotTable struct {
-	Slot    int   // the instance slot held (-1: none)
-	Life    int64 // this holder's life in it
-	FloorAt int64 // Unix ms: when its floor may be used
-	Live    int
-	// Lives lists every slot that has a life whose floor admits may count.
-	Lives []SlotLives
+	Slot int   // the instance slot held (-1: none)
+	Life int64 // this holder's life in it
+	Live int
+	// Lives are the lives whose floor admits may count (see Lease.Lives).
+	Lives []int64
 	Hot   []HotKey
 }
 

@@ -92,7 +92,7 @@ func TestSlotStoreConformance(t *testing.T) {
 			// settle may hold floor admits unless they marked the key.
 			old0, old1, old2, young := t0-5000, t0-4000, t0-3000, t0+1500
 			base := Lease{Now: t0, TTL: time.Minute, Floor: 10, Events: 100, MaxInstances: 4, Settle: time.Second, Gap: 5 * time.Second,
-				Until: t0 + 4000, Hot: true, View: true, Lives: []SlotLives{{Slot: 0, Holder: old0}, {Slot: 1, Holder: old1}, {Slot: 2, Holder: young, Before: old2}}}
+				Until: t0 + 4000, Hot: true, View: true, Lives: []int64{old0, old1, young, old2}}
 			var calls []Lease
 			for k := range keys {
 				c := base
@@ -108,8 +108,8 @@ func TestSlotStoreConformance(t *testing.T) {
 			}
 			// Settled, the member of slot 0 holds 3 and asks for 5: slot
 			// 1's life marked, slot 0's marks now, slot 2's life is
-			// younger than the settle but the one before it is not; slot
-			// 3 is free. 100 - 40 - 20 - 3 - 10 = 27.
+			// younger than the settle, slot 3's (dead) is not and did not
+			// mark. 100 - 40 - 20 - 3 - 10 = 27.
 			c := base
 			c.Key, c.Now, c.Member, c.Life, c.Held, c.Want = prefix+"0", t0+1000, 3, old0, 3, 5
 			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 5 || r.Room != 22 || r.Holders != 2 {
@@ -139,7 +139,7 @@ func TestSlotStoreConformance(t *testing.T) {
 			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 50-29-21 {
 				t.Fatalf("%+v, want 3 floors held back", r)
 			}
-			c.View, c.Lives = true, []SlotLives{{Slot: 2, Holder: t0 - 9000}}
+			c.View, c.Lives = true, []int64{t0 - 9000}
 			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 50-29 {
 				t.Fatalf("%+v, want none held back (only this slot's life, marked)", r)
 			}
@@ -158,10 +158,10 @@ func TestSlotStoreConformance(t *testing.T) {
 }
 
 // TestSlotTableConformance: every store hands out instance slots alike. A
-// newcomer takes the free slot whose floor is usable first, the lowest of
-// equals: a fresh or flushed one at once, one whose holder died a keep after
-// that one's end (the life before it counts until then); each holder has a
-// life of its own; hot keys are answered until HotKeep past their until.
+// newcomer takes the lowest free slot: never held, released flushed, or
+// whose holder's floor admits no longer count (a keep after its end); each
+// holder has a life of its own, one past the last at least; hot keys are
+// answered until HotKeep past their until.
 func TestSlotTableConformance(t *testing.T) {
 	for _, sc := range storeCases() {
 		t.Run(sc.name, func(t *testing.T) {
@@ -178,44 +178,33 @@ func TestSlotTableConformance(t *testing.T) {
 				return st
 			}
 			a := beat(Beat{Member: 11, Slot: -1, Now: t0, TTL: 2 * time.Second, Hot: []HotKey{{"k1", t0 + 1500}}})
-			if a.Slot != 0 || a.Life != t0 || a.FloorAt != t0 || a.Live != 1 || !slices.Equal(a.Hot, []HotKey{{"k1", t0 + 1500}}) ||
-				!slices.Equal(a.Lives, []SlotLives{{Slot: 0, Holder: t0}}) {
+			if a.Slot != 0 || a.Life != t0 || a.Live != 1 || !slices.Equal(a.Hot, []HotKey{{"k1", t0 + 1500}}) || !slices.Equal(a.Lives, []int64{t0}) {
 				t.Fatalf("first: %+v", a)
 			}
-			if b := beat(Beat{Member: 12, Slot: -1, Now: t0 + 100, TTL: 2 * time.Second, Hot: []HotKey{{"k1", t0 + 900}, {"k2", t0 + 2000}}}); b.Slot != 1 ||
-				b.Life != t0+100 || b.FloorAt != t0+100 || b.Live != 2 || !slices.Equal(b.Hot, []HotKey{{"k1", t0 + 1500}, {"k2", t0 + 2000}}) {
-				t.Fatalf("second: %+v", b)
+			if b := beat(Beat{Member: 12, Slot: -1, Now: t0, TTL: 2100 * time.Millisecond, Hot: []HotKey{{"k1", t0 + 900}, {"k2", t0 + 2000}}}); b.Slot != 1 ||
+				b.Life != t0+1 || b.Live != 2 || !slices.Equal(b.Hot, []HotKey{{"k1", t0 + 1500}, {"k2", t0 + 2000}}) {
+				t.Fatalf("second, in the same millisecond: %+v, want a life of its own", b)
 			}
 			// 11 releases flushed; 12 dies (its record ends at t0+2100).
 			if r := beat(Beat{Member: 11, Slot: 0, Now: t0 + 300, Flushed: true}); r.Slot != -1 || len(r.Hot) != 2 {
 				t.Fatalf("a release: %+v", r)
 			}
 			c := beat(Beat{Member: 13, Slot: -1, Now: t0 + 3000, TTL: 2 * time.Second})
-			if c.Slot != 0 || c.Life != t0+3000 || c.FloorAt != t0+3000 || c.Live != 1 || len(c.Hot) != 0 ||
-				!slices.Equal(c.Lives, []SlotLives{{Slot: 0, Holder: t0 + 3000}, {Slot: 1, Holder: t0 + 100}}) {
-				t.Fatalf("after a release and a death: %+v, want the flushed slot 0 at once, the dead one's life counted", c)
+			if c.Slot != 0 || c.Life != t0+3000 || c.Live != 1 || len(c.Hot) != 0 || !slices.Equal(c.Lives, []int64{t0 + 3000, t0 + 1}) {
+				t.Fatalf("after a release and a death: %+v, want the flushed slot 0, the dead one's life counted", c)
 			}
-			if d := beat(Beat{Member: 14, Slot: -1, Now: t0 + 3100, TTL: 2 * time.Second}); d.Slot != 2 || d.FloorAt != t0+3100 {
-				t.Fatalf("a newcomer: %+v, want the fresh slot 2 before the dead one", d)
+			beat(Beat{Member: 14, Slot: -1, Now: t0 + 3100, TTL: 2 * time.Second})
+			if d := beat(Beat{Member: 15, Slot: -1, Now: t0 + 3200, TTL: 2 * time.Second}); d.Slot != 3 {
+				t.Fatalf("a newcomer: %+v, want slot 3, not the dead one's", d)
 			}
-			beat(Beat{Member: 15, Slot: -1, Now: t0 + 3200, TTL: 2 * time.Second})
-			e := beat(Beat{Member: 16, Slot: -1, Now: t0 + 3300, TTL: 2 * time.Second})
-			if e.Slot != 1 || e.Life != t0+3300 || e.FloorAt != t0+2100+10_000 || e.Live != 4 ||
-				!slices.Contains(e.Lives, SlotLives{Slot: 1, Holder: t0 + 3300, Before: t0 + 100}) {
-				t.Fatalf("the last: %+v, want the dead slot 1, its floor a keep after its holder's end", e)
+			if e := beat(Beat{Member: 16, Slot: -1, Now: t0 + 3300, TTL: 2 * time.Second}); e.Slot != -1 || e.Live != 3 {
+				t.Fatalf("past the free slots: %+v, want none while the dead one's floor admits count", e)
 			}
-			if g := beat(Beat{Member: 17, Slot: -1, Now: t0 + 3400, TTL: 2 * time.Second}); g.Slot != -1 || g.Live != 4 {
-				t.Fatalf("past max instances: %+v, want no slot", g)
+			if f := beat(Beat{Member: 16, Slot: -1, Now: t0 + 12_100, TTL: 2 * time.Second}); f.Slot != 1 || f.Life != t0+12_100 {
+				t.Fatalf("a keep after the death: %+v, want slot 1", f)
 			}
-			if st := beat(Beat{Member: 12, Slot: 1, Now: t0 + 3500, TTL: 2 * time.Second}); st.Slot != -1 {
+			if st := beat(Beat{Member: 12, Slot: 1, Now: t0 + 12_200, TTL: 2 * time.Second}); st.Slot != -1 {
 				t.Fatalf("the dead holder back: %+v, want its slot lost", st)
-			}
-			// Slot 1's holder leaves before its floor was usable: the life
-			// before it still counts until then, and the next waits as long.
-			beat(Beat{Member: 16, Slot: 1, Now: t0 + 3600, Flushed: true})
-			if h := beat(Beat{Member: 18, Slot: -1, Now: t0 + 3700, TTL: 2 * time.Second}); h.Slot != 1 || h.FloorAt != t0+12_100 ||
-				!slices.Contains(h.Lives, SlotLives{Slot: 1, Holder: t0 + 3700, Before: t0 + 100}) {
-				t.Fatalf("after a holder that never had its floor: %+v", h)
 			}
 		})
 	}
@@ -291,7 +280,7 @@ func TestStoreTwinsAgree(t *testing.T) {
 			byKey := func(a, b HotKey) int { return strings.Compare(a.Key, b.Key) }
 			slices.SortFunc(m.Hot, byKey)
 			slices.SortFunc(r.Hot, byKey)
-			if err1 != nil || err2 != nil || m.Slot != r.Slot || m.Life != r.Life || m.FloorAt != r.FloorAt || m.Live != r.Live ||
+			if err1 != nil || err2 != nil || m.Slot != r.Slot || m.Life != r.Life || m.Live != r.Live ||
 				!slices.Equal(m.Lives, r.Lives) || !slices.Equal(m.Hot, r.Hot) {
 				t.Fatalf("call %d, %+v:\nmemory %+v %v\nredis  %+v %v", i, b, m, err1, r, err2)
 			}
@@ -324,10 +313,8 @@ func randomLease(rng *rand.Rand, now int64) Lease {
 		Floor: rng.Int64N(8), Events: 20 + rng.Int64N(200), MaxInstances: 4, Settle: time.Duration(rng.IntN(2000)) * time.Millisecond,
 		Gap: time.Duration(rng.IntN(3000)) * time.Millisecond, Held: rng.Int64N(5), Want: rng.Int64N(30),
 		Until: now + rng.Int64N(12_000), View: rng.IntN(4) != 0}
-	for j := range 4 {
-		if rng.IntN(2) == 0 {
-			c.Lives = append(c.Lives, SlotLives{Slot: j, Holder: life(), Before: rng.Int64N(2) * life()})
-		}
+	for range rng.IntN(5) {
+		c.Lives = append(c.Lives, life())
 	}
 	for range rng.IntN(3) {
 		c.Push = append(c.Push, SlotCount{Slot: now/500 - rng.Int64N(25), Count: 1 + rng.Int64N(9)})
