@@ -261,8 +261,10 @@ func (h *FleetLimit) gateMany(w http.ResponseWriter, r *http.Request) error {
 	return h.decide(w, r, c[:n], v[:n])
 }
 
-// leaseWait bounds how long a request waits for its key's first grant.
-const leaseWait = 100 * time.Millisecond
+// leaseWait bounds how long a request waits for its key's grant: two
+// passes (the one under way may not carry the call), each a round trip
+// once the reconciler gets the CPU.
+const leaseWait = 200 * time.Millisecond
 
 // decide checks every zone, filling checks and verdicts (one per zone).
 func (h *FleetLimit) decide(w http.ResponseWriter, r *http.Request, checks []ratelimit.Check, verdicts []ratelimit.Verdict) error {
@@ -273,10 +275,10 @@ func (h *FleetLimit) decide(w http.ResponseWriter, r *http.Request, checks []rat
 	lim := h.engines.limiter
 	denied := lim.Allow(time.Now().UnixNano(), checks, verdicts)
 	for try := 0; try < 2 && denied >= 0 && verdicts[denied].Leasing; try++ {
-		// The key waits for its first grant (a limit with no floor, or an
-		// instance whose floor is not usable yet): the reconciler asks for
-		// it at once; wait for that pass rather than refuse a request the
-		// fleet has room for.
+		// The key waits for a grant (a key on leases near its limit, whose
+		// grants cover the requests that wait; a limit with no floor; an
+		// instance with no slot): the reconciler asks for it at once; wait
+		// for that pass rather than refuse a request the fleet has room for.
 		lim.AwaitPass(leaseWait / 2)
 		denied = lim.Allow(time.Now().UnixNano(), checks, verdicts)
 	}

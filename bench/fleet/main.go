@@ -430,14 +430,14 @@ func (l *traffic) replay(f *fleet, r *result, reqs []req, changes []change, star
 		e := f.engines[q.Inst]
 		if e.Allow(now, checks, out) >= 0 && out[0].Leasing {
 			// As the fleetlimit handler does: a request denied for want of
-			// its key's first grant waits for the reconciler's pass (at
-			// most 100 ms) and is decided again, off the schedule.
+			// its key's grant waits for the reconciler's pass (at most
+			// 200 ms) and is decided again, off the schedule.
 			waiting.Add(1)
 			go func(c ratelimit.Check, key int) {
 				defer waiting.Done()
 				checks, out := []ratelimit.Check{c}, make([]ratelimit.Verdict, 1)
 				for try := 0; try < 2; try++ {
-					e.AwaitPass(50 * time.Millisecond)
+					e.AwaitPass(100 * time.Millisecond)
 					if e.Allow(time.Now().UnixNano(), checks, out) < 0 {
 						l.count(r, &mu, key, time.Now().UnixNano(), true)
 						return
