@@ -58,8 +58,10 @@ func (e *Engine) hotFor(z *Zone) int64 { return z.gap() + e.settle() }
 func (z *Zone) window() int64 { return z.slots.N * z.slots.Len }
 
 // gap is the longest pause between hot calls of one hot period: past it the
-// next call begins a new period, and the marks of the last are dropped.
-func (z *Zone) gap() int64 { return z.window() / 4 }
+// next call begins a new period (every floor held back until it settles),
+// and the marks of the last are dropped. A grant's life: a key in demand on
+// leases calls at least that often.
+func (z *Zone) gap() int64 { return z.grantLife() }
 
 // grantLife is how long a grant may be used; its admits count a window
 // more, and so does its record in the store.

@@ -55,7 +55,7 @@ func (e *Engine) judgeFloor(c *Check, s *shard, en *entry, used, now int64, v *V
 // next call when it runs short. A key with no grant left goes back to its
 // floor once it is no longer hot (floorOf is 0 until then). It returns what
 // is left: the grant, and this instance's share of the room the fleet had
-// at the last call (the rest may have gone to the others since).
+// at the last call (the rest may go to the others).
 func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
 	if now >= en.blockUntil {
 		en.block = 0
@@ -84,7 +84,7 @@ func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *V
 			en.waiting++
 		}
 	}
-	return en.block - 1 + max(en.room, 0)/int64(max(en.holders, 1))
+	return en.block - 1 + e.share(en)
 }
 
 // settle completes a verdict the fleet did not refuse by the key's GCRA

@@ -61,28 +61,34 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 }
 
 // ahead is how much of a key's demand a grant on leases holds ahead of its
-// requests, and for how long it may be used (ns), within a share of the
-// room last seen (half of it, split among the instances holding grants).
-// Far from the limit (neither the window's pushed admits nor as many
-// instances as hold grants or live, each at this instance's demand, fill
-// half the limit), a grant's life of demand: few calls. Near it, an interval's, for a few
-// intervals: what an instance killed held is lost to the fleet for a
-// window, so most requests there wait for their call instead. A key not
-// rated yet holds nothing ahead: its first call tells it the room.
+// requests, and for how long it may be used (ns), within this instance's
+// share of the room. Far from the limit (neither the window's pushed admits
+// nor the instances that hold grants or live, each at this instance's
+// demand, fill half of it), a grant's life of demand: few calls. Near it,
+// an interval's, for a few intervals: what an instance killed held is lost
+// to the fleet for a window, so most requests there wait for their call
+// instead. A key not rated yet holds nothing ahead: its first call tells it
+// the room.
 func (e *Engine) ahead(z *Zone, en *entry) (n, life int64) {
 	interval := e.interval.Load()
 	n, life = 0, min(leaseIntervals*interval, z.grantLife())
 	if en.flags&flagRated == 0 {
 		return n, life
 	}
-	holders := int64(max(en.holders, 1))
 	perNs := float64(en.rate) / float64(interval)
 	n = int64(en.rate)
-	fleet := max(perNs*float64(z.window()*max(holders, e.live.Load())), float64(en.pushed))
+	fleet := max(perNs*float64(z.window()*max(int64(en.holders), e.live.Load(), 1)), float64(en.pushed))
 	if fleet < float64(z.events.Load())/2 {
 		n, life = int64(math.Ceil(perNs*float64(z.grantLife()))), z.grantLife()
 	}
-	return max(min(n, en.room/(2*holders)), 0), life
+	return max(min(n, e.share(en)), 0), life
+}
+
+// share is this instance's share of the room the fleet had at the key's
+// last call: half of it, split among the instances that held grants or
+// lived, so that what the others take of the rest leaves it.
+func (e *Engine) share(en *entry) int64 {
+	return max(en.room, 0) / (2 * max(int64(en.holders), e.live.Load(), 1))
 }
 
 // leaseIntervals is how long a grant near the limit may be used, in

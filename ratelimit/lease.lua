@@ -15,7 +15,8 @@
 -- ARGV[6] 1: a hot call (it marks the life and keeps the period), 0: a push
 -- ARGV[7] the floor F            ARGV[8] events   ARGV[9] max instances
 -- ARGV[10] settle (ms): a life that began this long after the period did has
---          heard the key is hot and keeps it off its floor
+--          heard the key is hot and keeps it off its floor; a slot released
+--          is free no sooner than that after its release
 -- ARGV[11] gap (ms)              ARGV[12] held    ARGV[13] want
 -- ARGV[14] the grant counts until (Unix ms)
 -- ARGV[15] 1: the slots' lives follow, 0: unknown (every floor is held back)
@@ -115,14 +116,20 @@ for s, c in pairs(counts) do
 end
 used = used + pushed
 -- Each slot whose floor may hold admits the store has not seen holds F back:
--- every slot while the period is young (a life may not have heard yet), and
--- after that each life older than that which did not mark.
+-- a life that did not mark, older than the period's settle (a younger one
+-- has heard the key is hot and keeps it off its floor); while the period is
+-- young, any that did not mark, and every free slot (a newcomer may take
+-- it before it hears).
+local young = now < settled
 local reserved = floor * tonumber(ARGV[9])
-if now >= settled and view then
+if view then
 	reserved = 0
+	if young then
+		reserved = floor * (tonumber(ARGV[9]) - n)
+	end
 	for i = 17, 16 + n do
 		local x = tonumber(ARGV[i])
-		if x < settled and not marks[x] then
+		if not marks[x] and (young or x < settled) then
 			reserved = reserved + floor
 		end
 	end

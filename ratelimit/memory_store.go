@@ -165,12 +165,16 @@ func (h *memoryHash) readKey(c *Lease, me string) keyState {
 // reservedFloors is what a lease holds back for the floors of the slots that
 // may hold admits the store has not seen, as lease.lua counts it.
 func reservedFloors(c *Lease, settled int64, marks map[int64]bool) int64 {
-	if c.Now < settled || !c.View {
+	if !c.View {
 		return c.Floor * int64(c.MaxInstances)
 	}
+	young := c.Now < settled
 	var n int64
+	if young {
+		n = c.Floor * int64(c.MaxInstances-len(c.Lives))
+	}
 	for _, x := range c.Lives {
-		if x < settled && !marks[x] {
+		if !marks[x] && (young || x < settled) {
 			n += c.Floor
 		}
 	}
@@ -186,9 +190,15 @@ type slotRecord struct {
 }
 
 // counts reports whether r's floor admits may count at now: while it lives,
-// and keep after a death. Until then its slot is not free.
+// and keep after a death.
 func (r *slotRecord) counts(now, keep int64) bool {
 	return r.until > now || !r.flushed && r.until+keep > now
+}
+
+// free reports whether r's slot is free at now: once its floor admits do not
+// count, and once released a settle after (see slots.lua).
+func (r *slotRecord) free(now, keep, settle int64) bool {
+	return !r.counts(now, keep) && (!r.flushed || r.until+settle <= now)
 }
 
 func (r *slotRecord) String() string {
@@ -222,7 +232,7 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 		tbl.fields["s"+strconv.Itoa(slot)] = recs[slot].String()
 	case ttl > 0:
 		for j, r := range recs {
-			if r == nil || !r.counts(b.Now, keep) {
+			if r == nil || r.free(b.Now, keep, b.Settle.Milliseconds()) {
 				slot, recs[j] = j, &slotRecord{member: member, life: max(b.Now, atoi(tbl.fields["l"])+1), until: b.Now + ttl}
 				tbl.fields["s"+strconv.Itoa(j)], tbl.fields["l"] = recs[j].String(), itoa(recs[j].life)
 				break

@@ -82,8 +82,9 @@ func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (Slot
 	if b.Flushed {
 		flushed = 1
 	}
-	args := make([]any, 0, 8+2*len(b.Hot))
-	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.MaxInstances, b.HotKeep.Milliseconds())
+	args := make([]any, 0, 9+2*len(b.Hot))
+	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.MaxInstances, b.HotKeep.Milliseconds(),
+		b.Settle.Milliseconds())
 	for _, h := range b.Hot {
 		args = append(args, h.Key, h.Until)
 	}

@@ -33,7 +33,7 @@ func (e *Engine) beat(now int64, ttl time.Duration, flushed bool) Beat {
 		keep, hotKeep = max(keep, z.window()), max(hotKeep, z.offFloor())
 	}
 	return Beat{Member: e.member, Slot: int(e.slot.Load()), Now: now / 1e6, TTL: ttl, Flushed: flushed,
-		Keep: time.Duration(keep), MaxInstances: e.MaxInstances(), HotKeep: time.Duration(hotKeep)}
+		Keep: time.Duration(keep), Settle: time.Duration(e.settle()), MaxInstances: e.MaxInstances(), HotKeep: time.Duration(hotKeep)}
 }
 
 // heartbeat renews (or takes) this instance's slot, names the keys it

@@ -10,7 +10,8 @@
 -- ARGV[5] 1: the release pushed every floor admit
 -- ARGV[6] keep (ms): a dead holder's floor admits count this long after it
 -- ARGV[7] max instances     ARGV[8] a hot key is kept this long past its until
--- ARGV[9…] pairs of a key this instance called hot and until when
+-- ARGV[9] settle (ms): a slot released flushed is free this long after
+-- ARGV[10…] pairs of a key this instance called hot and until when
 -- Returns { slot, life, live, the lives whose floor admits may count (one
 -- per slot, 0: none), then pairs of hot key and until }.
 local tbl, hot = KEYS[1], KEYS[2]
@@ -27,10 +28,15 @@ for i = 1, #fields, 2 do
 		recs[j] = { m = m, life = tonumber(l), untl = tonumber(u), flushed = fl == '1' }
 	end
 end
--- A record's floor admits count while it lives, and a keep after a death;
--- until then its slot is not free.
+-- A record's floor admits count while it lives, and a keep after a death.
+-- Its slot is free once they do not, and a released one a settle after its
+-- release: by then a hot period that began before has been heard of.
+local settle = tonumber(ARGV[9])
 local function counts(r)
 	return r.untl > now or not r.flushed and r.untl + keep > now
+end
+local function free(r)
+	return not counts(r) and (not r.flushed or r.untl + settle <= now)
 end
 local function save(j)
 	local r = recs[j]
@@ -45,7 +51,7 @@ if slot >= 0 then
 	save(slot)
 elseif ttl > 0 then
 	for j = 0, n - 1 do
-		if not recs[j] or not counts(recs[j]) then
+		if not recs[j] or free(recs[j]) then
 			slot, lastLife = j, math.max(now, lastLife + 1)
 			recs[j] = { m = member, life = lastLife, untl = now + ttl, flushed = false }
 			save(j)
@@ -72,7 +78,7 @@ fields = redis.call('HGETALL', hot)
 for i = 1, #fields, 2 do
 	untils[fields[i]] = tonumber(fields[i + 1])
 end
-for i = 9, #ARGV, 2 do
+for i = 10, #ARGV, 2 do
 	local u = tonumber(ARGV[i + 1])
 	if u > (untils[ARGV[i]] or 0) then
 		untils[ARGV[i]] = u

@@ -55,8 +55,8 @@ type LeaseReply struct {
 	// Room is what the fleet may still admit of the key past every grant
 	// and every floor held back: can be negative.
 	Room int64
-	// Holders is how many members hold a grant of the key (the caller
-	// included, and at least 1).
+	// Holders is how many members hold a grant of the key after the call,
+	// the caller included.
 	Holders int64
 	// Pushed is the window's pushed admits; Oldest the oldest time slot
 	// that holds some (0: none) and Lapses when the first other grant
@@ -81,11 +81,12 @@ type Beat struct {
 	Slot   int
 	Now    int64 // Unix ms
 	TTL    time.Duration
-	// Flushed says a release pushed every floor admit: the slot is free at
-	// once. A holder that dies (or leaves without) keeps it for Keep after
+	// Flushed says a release pushed every floor admit: the slot is free
+	// Settle after it (a hot period that began before has been heard of by
+	// then). A holder that dies (or leaves without) keeps it for Keep after
 	// its end, while its floor admits may count.
 	Flushed      bool
-	Keep         time.Duration
+	Keep, Settle time.Duration
 	MaxInstances int
 	// HotKeep is how long a hot key is answered past its Until.
 	HotKeep time.Duration

@@ -87,7 +87,7 @@ func TestSlotStoreConformance(t *testing.T) {
 				t.Fatalf("expires in %s, want the call's TTL", d)
 			}
 		}},
-		{"a grant holds back every floor while the period is young, then those of lives that may not know", func(t *testing.T, s SlotStore, prefix string) {
+		{"a grant holds back the floors that may hold admits unseen: young, every unmarked life and free slot; settled, the older ones", func(t *testing.T, s SlotStore, prefix string) {
 			// Four slots with floors of 10. Lives older than the period's
 			// settle may hold floor admits unless they marked the key.
 			old0, old1, old2, young := t0-5000, t0-4000, t0-3000, t0+1500
@@ -101,34 +101,42 @@ func TestSlotStoreConformance(t *testing.T) {
 				calls = append(calls, c)
 			}
 			for k, r := range leaseAll(t, s, calls) {
-				// 100 - 40 pushed - 4 floors (the period began now): 20.
-				if r.Granted != 20 || r.Room != 0 || r.Holders != 1 {
-					t.Fatalf("key %d: %+v, want 20 granted and no room left", k, r)
+				// The period began now: 100 - 40 pushed - 3 floors (old1
+				// marks now): 30.
+				if r.Granted != 30 || r.Room != 0 || r.Holders != 1 {
+					t.Fatalf("key %d: %+v, want 30 granted and no room left", k, r)
 				}
 			}
-			// Settled, the member of slot 0 holds 3 and asks for 5: slot
-			// 1's life marked, slot 0's marks now, slot 2's life is
-			// younger than the settle, slot 3's (dead) is not and did not
-			// mark. 100 - 40 - 20 - 3 - 10 = 27.
+			// Settled, the member of old0 holds 3 and asks for 5: old1
+			// marked, old0 marks now, young is younger than the settle,
+			// old2 is not and did not mark. 100 - 40 - 30 - 3 - 10 = 17.
 			c := base
 			c.Key, c.Now, c.Member, c.Life, c.Held, c.Want = prefix+"0", t0+1000, 3, old0, 3, 5
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 5 || r.Room != 22 || r.Holders != 2 {
-				t.Fatalf("settled: %+v, want 5 granted, 22 left, 2 holders", r)
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 5 || r.Room != 12 || r.Holders != 2 {
+				t.Fatalf("settled: %+v, want 5 granted, 12 left, 2 holders", r)
 			}
-			// Past the gap a new period begins: the marks are dropped and
-			// every floor is held back again; member 2's grant has lapsed.
+			// Past the gap a new period begins: the marks are dropped (old0
+			// marks again) and member 2's grant has lapsed.
 			c.Now, c.Held, c.Want = t0+6500, 8, 0
-			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 0 || r.Room != 100-40-8-40 {
-				t.Fatalf("a new period: %+v, want every floor held back again", r)
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Granted != 0 || r.Room != 100-40-8-30 {
+				t.Fatalf("a new period: %+v, want the three other floors held back again", r)
 			}
-			// A push alone gives the grant back, marks nothing and begins no
-			// period: a hot call then still finds the period young.
+			// A free slot is held back while the period is young.
+			c.Now, c.Lives = t0+6600, []int64{old0, old1, young}
+			if r := leaseAll(t, s, []Lease{c})[0]; r.Room != 100-40-8-30 {
+				t.Fatalf("a free slot in a young period: %+v", r)
+			}
+			// A push alone gives the grant back and marks nothing.
+			m := base
+			m.Key, m.Member, m.Life = prefix+"x", 3, old0
+			leaseAll(t, s, []Lease{m})
 			p := base
-			p.Key, p.Now, p.Member, p.Life, p.Hot = prefix+"1", t0+20_000, 2, old1, false
+			p.Key, p.Now, p.Member, p.Life, p.Hot = prefix+"x", t0+100, 2, old1, false
 			leaseAll(t, s, []Lease{p})
-			p.Now, p.Hot = t0+21_500, true
-			if r := leaseAll(t, s, []Lease{p})[0]; r.Room != 100-40-40 {
-				t.Fatalf("after a push alone: %+v, want a young period (every floor held back)", r)
+			o := base
+			o.Key, o.Now, o.Member, o.Life = prefix+"x", t0+200, 9, 0
+			if r := leaseAll(t, s, []Lease{o})[0]; r.Room != 100-30 {
+				t.Fatalf("after a push alone: %+v, want old1 still held back", r)
 			}
 		}},
 		{"without a view every floor is held back", func(t *testing.T, s SlotStore, prefix string) {
@@ -158,8 +166,8 @@ func TestSlotStoreConformance(t *testing.T) {
 }
 
 // TestSlotTableConformance: every store hands out instance slots alike. A
-// newcomer takes the lowest free slot: never held, released flushed, or
-// whose holder's floor admits no longer count (a keep after its end); each
+// newcomer takes the lowest free slot: never held, released flushed a settle
+// ago, or whose holder's floor admits no longer count (a keep after its end); each
 // holder has a life of its own, one past the last at least; hot keys are
 // answered until HotKeep past their until.
 func TestSlotTableConformance(t *testing.T) {
@@ -169,7 +177,7 @@ func TestSlotTableConformance(t *testing.T) {
 			const tbl, hot = "st:slots:{fleet}", "st:hot:{fleet}"
 			beat := func(b Beat) SlotTable {
 				t.Helper()
-				b.Keep, b.MaxInstances, b.HotKeep = 10*time.Second, 4, time.Second
+				b.Keep, b.Settle, b.MaxInstances, b.HotKeep = 10*time.Second, time.Second, 4, time.Second
 				st, err := s.Beat(context.Background(), tbl, hot, b)
 				if err != nil {
 					t.Fatal(err)
@@ -189,6 +197,10 @@ func TestSlotTableConformance(t *testing.T) {
 			if r := beat(Beat{Member: 11, Slot: 0, Now: t0 + 300, Flushed: true}); r.Slot != -1 || len(r.Hot) != 2 {
 				t.Fatalf("a release: %+v", r)
 			}
+			if r := beat(Beat{Member: 20, Slot: -1, Now: t0 + 400, TTL: 2 * time.Second}); r.Slot != 2 {
+				t.Fatalf("right after a release: %+v, want slot 2 (slot 0 is free a settle after its release)", r)
+			}
+			beat(Beat{Member: 20, Slot: 2, Now: t0 + 500, Flushed: true})
 			c := beat(Beat{Member: 13, Slot: -1, Now: t0 + 3000, TTL: 2 * time.Second})
 			if c.Slot != 0 || c.Life != t0+3000 || c.Live != 1 || len(c.Hot) != 0 || !slices.Equal(c.Lives, []int64{t0 + 3000, t0 + 1}) {
 				t.Fatalf("after a release and a death: %+v, want the flushed slot 0, the dead one's life counted", c)
@@ -297,7 +309,7 @@ func TestStoreTwinsAgree(t *testing.T) {
 
 func randomBeat(rng *rand.Rand, now int64) Beat {
 	b := Beat{Member: 1 + rng.Int64N(6), Slot: rng.IntN(6) - 2, Now: now, TTL: time.Duration(rng.IntN(3)) * time.Second,
-		Flushed: rng.IntN(2) == 0, Keep: time.Duration(rng.IntN(5000)) * time.Millisecond, MaxInstances: 5,
+		Flushed: rng.IntN(2) == 0, Keep: time.Duration(rng.IntN(5000)) * time.Millisecond, Settle: time.Duration(rng.IntN(2000)) * time.Millisecond, MaxInstances: 5,
 		HotKeep: time.Duration(rng.IntN(3000)) * time.Millisecond}
 	for range rng.IntN(3) {
 		b.Hot = append(b.Hot, HotKey{Key: "h" + strconv.Itoa(rng.IntN(5)), Until: now + rng.Int64N(3000)})
