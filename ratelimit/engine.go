@@ -112,9 +112,6 @@ type Engine struct {
 	lastBeat         atomic.Int64 // Unix ns
 	announced        int64        // the last heartbeat that reached the store, Unix ns (beatMu)
 	slotsKey, hotKey string
-	// hot is the fleet's hot keys as the last heartbeat heard them, for the
-	// zones made after it.
-	hot atomic.Pointer[[]HotKey]
 
 	// passed is closed, and replaced, when a pass ends (see AwaitPass).
 	passed atomic.Pointer[chan struct{}]
@@ -226,9 +223,9 @@ func (e *Engine) Zone(name string, l *Limit) *Zone {
 		return z
 	}
 	z := e.addZone(name, l, find)
-	if e.started.Load() && e.healthy.Load() && e.slot.Load() < 0 {
-		// The first zone of a running engine takes its slot now, so that
-		// its first requests have their floors.
+	if e.started.Load() && e.healthy.Load() {
+		// A zone made on a running engine hears the fleet's hot keys (and
+		// the first takes the slot) before its first request.
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		e.heartbeat(ctx, time.Now().UnixNano())
 		cancel()
@@ -247,9 +244,6 @@ func (e *Engine) addZone(name string, l *Limit, find func([]*Zone) *Zone) *Zone 
 	}
 	z := newZone(e.prefix, name, len(cur), l.slots)
 	z.events.Store(l.Events)
-	if hot := e.hot.Load(); hot != nil {
-		z.learnHot(*hot, e, time.Now().UnixNano())
-	}
 	next := append(append(make([]*Zone, 0, len(cur)+1), cur...), z)
 	e.zones.Store(&next)
 	return z

@@ -21,10 +21,11 @@ func (e *Engine) floor(events, now int64) int64 {
 }
 
 // floorOf is the key's floor here at now: 0 while the key is hot, as the
-// fleet may have granted its floor to others (see Zone.offFloor). The
-// caller holds the key's shard lock, s.
+// fleet may have granted its floor to others (see Zone.offFloor), and in a
+// zone that has not heard the hot keys yet. The caller holds the key's
+// shard lock, s.
 func (e *Engine) floorOf(z *Zone, s *shard, h keyhash.Hash, now int64) int64 {
-	if len(s.hot) > 0 && s.hot[h]+z.offFloor() > now {
+	if !z.heard.Load() || len(s.hot) > 0 && s.hot[h]+z.offFloor() > now {
 		return 0
 	}
 	return e.floor(z.events.Load(), now)

@@ -68,46 +68,42 @@ const (
 // flush gives back every grant and pushes every admit of the keys on
 // leases, and of the keys on the floor if they are few, and reports
 // whether every floor admit was pushed (the slot may then go to the next
-// holder at once).
+// holder).
 func (e *Engine) flush(ctx context.Context, now int64) bool {
 	if e.solo {
 		return true
 	}
 	e.passMu.Lock()
 	defer e.passMu.Unlock()
+	floorKeys := 0
+	e.eachEntry(now, func(_ *Zone, _ *shard, _ keyhash.Hash, en *entry, ring []uint32) {
+		if used, _ := en.scan(ring); en.flags&flagLease == 0 && used > 0 {
+			floorKeys++
+		}
+	})
 	var calls []call
 	var leases []Lease
-	var floorKeys []keyhash.Hash
-	var floorZones []*Zone
+	e.eachEntry(now, func(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32) {
+		if used, _ := en.scan(ring); len(calls) < flushKeys && (en.flags&flagLease != 0 || used > 0 && floorKeys <= flushFloorKeys) {
+			c, l := e.claim(z, s, h, en, ring, now, true)
+			calls, leases = append(calls, c), append(leases, l)
+		}
+	})
+	return e.sync(ctx, now, calls, leases) == nil && floorKeys <= flushFloorKeys && len(calls) < flushKeys
+}
+
+// eachEntry calls fn with every tracked key, its ring advanced to now, under
+// its shard's lock.
+func (e *Engine) eachEntry(now int64, fn func(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32)) {
 	for _, z := range *e.zones.Load() {
 		z.eachShard(func(s *shard) {
 			for h, idx := range s.entries {
 				en, ring := z.arena.at(idx)
 				en.advance(ring, z.slots.Of(now))
-				switch used, _ := en.scan(ring); {
-				case en.flags&flagLease != 0 && len(calls) < flushKeys:
-					c, l := e.claim(z, s, h, en, ring, now, true)
-					calls, leases = append(calls, c), append(leases, l)
-				case en.flags&flagLease == 0 && used > 0:
-					floorKeys, floorZones = append(floorKeys, h), append(floorZones, z)
-				}
+				fn(z, s, h, en, ring)
 			}
 		})
 	}
-	all := len(floorKeys) <= flushFloorKeys && len(calls) < flushKeys
-	if all {
-		for i, h := range floorKeys {
-			z := floorZones[i]
-			s := z.shardOf(h)
-			s.mu.Lock()
-			if en, ring := z.lookup(s, h); en != nil {
-				c, l := e.claim(z, s, h, en, ring, now, true)
-				calls, leases = append(calls, c), append(leases, l)
-			}
-			s.mu.Unlock()
-		}
-	}
-	return e.sync(ctx, now, calls, leases) == nil && all
 }
 
 func (e *Engine) run() {

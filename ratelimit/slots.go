@@ -68,7 +68,6 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 	e.heldUntil.Store(now + e.staleAfter())
 	e.view.Store(&slotView{at: now, lives: t.Lives})
 	e.live.Store(int64(t.Live))
-	e.hot.Store(&t.Hot)
 	for _, z := range *e.zones.Load() {
 		z.learnHot(t.Hot, e, now)
 	}
@@ -125,6 +124,7 @@ func (z *Zone) learnHot(hot []HotKey, e *Engine, now int64) {
 		}
 		s.mu.Unlock()
 	}
+	z.heard.Store(true)
 	after := z.offFloor()
 	z.eachShard(func(s *shard) {
 		for h, until := range s.hot {

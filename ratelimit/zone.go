@@ -30,6 +30,7 @@ type Zone struct {
 	maxKeys     atomic.Int64
 	keys        atomic.Int64 // tracked keys
 	events      atomic.Int64 // the zone's limit, for the reconciler
+	heard       atomic.Bool  // a heartbeat told it the fleet's hot keys: its floors may be used
 	shards      [shardCount]shard
 	arena       arena
 }
