@@ -12,15 +12,15 @@
 //
 //   - Slot. Every instance holds one of MaxInstances numbered instance
 //     slots, taken and renewed by its heartbeat (slots.lua). Its tenure of
-//     the slot is a life, named by when it began. A fresh or gracefully
-//     released slot's floor is usable at once; a dead holder's floor
-//     admits count a window after its record's end, and the next holder
-//     waits that long for its floor.
+//     the slot is a life, named by when it began, with its floor usable at
+//     once. A slot released gracefully is free again within seconds; a dead
+//     holder's a window after its record's end, while its floor admits may
+//     count.
 //   - Floor. A life may admit F = FloorFraction × events / MaxInstances of
 //     a key in any window on its own ring, with no store call. F does not
 //     depend on who else is live.
 //   - Lease. From three quarters of F on, a key moves to leases: one call
-//     (lease.lua) pushes the life's floor admits of the key, marks its slot
+//     (lease.lua) pushes the life's floor admits of the key, marks the life
 //     for the key, and grants a block: the requests waiting, and demand
 //     ahead as far as risk allows. The room is events minus the window's
 //     pushed admits and the grants, minus F for every slot whose floor may

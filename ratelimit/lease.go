@@ -19,9 +19,9 @@ type call struct {
 }
 
 // claim takes the key's unpushed admits and demand into a call. A key on
-// its floor goes to leases: the call pushes its floor admits and marks the
-// slot, and what the floor still allowed is held as a grant, so that it may
-// go on admitting while the call is under way. A key on leases asks for its
+// its floor goes to leases: the call pushes its floor admits and marks this
+// instance's life, and what the floor still allowed is held as a grant, so
+// that it may go on admitting while the call is under way. A key on leases asks for its
 // next grant. A push alone (flush: a stop, or a grant that ended) pushes
 // and gives the grant back. The caller holds the key's shard lock.
 func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32, now int64, flush bool) (call, Lease) {

@@ -108,7 +108,7 @@ func (e *Engine) announce(since int64) []HotKey {
 // learnHot takes the fleet's hot keys of z at now: each stays off this
 // instance's floor until its hot time and offFloor have passed. A key not
 // on leases here (on the floor, or not seen yet) is queued, so that the
-// next pass pushes its floor admits and marks the slot, and the fleet need
+// next pass pushes its floor admits and marks this life, and the fleet need
 // not hold this floor back.
 func (z *Zone) learnHot(hot []HotKey, e *Engine, now int64) {
 	for _, k := range hot {
