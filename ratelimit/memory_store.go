@@ -202,11 +202,7 @@ func (r *slotRecord) free(now, keep, settle int64) bool {
 }
 
 func (r *slotRecord) String() string {
-	fl := "0"
-	if r.flushed {
-		fl = "1"
-	}
-	return r.member + " " + itoa(r.life) + " " + itoa(r.until) + " " + fl
+	return r.member + " " + itoa(r.life) + " " + itoa(r.until) + " " + strconv.FormatBool(r.flushed)
 }
 
 // Beat implements SlotStore, step for step as slots.lua.
@@ -218,7 +214,7 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 	for f, v := range tbl.fields {
 		p := strings.Fields(v)
 		if j := atoi(f[1:]); f[0] == 's' && j < int64(len(recs)) && len(p) == 4 {
-			recs[j] = &slotRecord{member: p[0], life: atoi(p[1]), until: atoi(p[2]), flushed: p[3] == "1"}
+			recs[j] = &slotRecord{member: p[0], life: atoi(p[1]), until: atoi(p[2]), flushed: p[3] == "true"}
 		}
 	}
 	member, keep, ttl := itoa(b.Member), b.Keep.Milliseconds(), b.TTL.Milliseconds()

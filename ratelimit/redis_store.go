@@ -78,12 +78,8 @@ func (r *RedisStore) Lease(ctx context.Context, calls []Lease, replies []LeaseRe
 
 // Beat implements SlotStore.
 func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (SlotTable, error) {
-	flushed := 0
-	if b.Flushed {
-		flushed = 1
-	}
 	args := make([]any, 0, 9+2*len(b.Hot))
-	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), flushed, b.Keep.Milliseconds(), b.MaxInstances, b.HotKeep.Milliseconds(),
+	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), bit(b.Flushed), b.Keep.Milliseconds(), b.MaxInstances, b.HotKeep.Milliseconds(),
 		b.Settle.Milliseconds())
 	for _, h := range b.Hot {
 		args = append(args, h.Key, h.Until)
@@ -166,16 +162,9 @@ const pipelineCalls = 4096
 
 // leaseArgs are lease.lua's arguments for c.
 func leaseArgs(c *Lease) []any {
-	hot, view := 0, 0
-	if c.Hot {
-		hot = 1
-	}
-	if c.View {
-		view = 1
-	}
 	args := make([]any, 0, 16+len(c.Lives)+2*len(c.Push))
-	args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Life, hot, c.Floor, c.Events, c.MaxInstances,
-		c.Settle.Milliseconds(), c.Gap.Milliseconds(), c.Held, c.Want, c.Until, view, len(c.Lives))
+	args = append(args, c.Now, c.Oldest, c.TTL.Milliseconds(), c.Member, c.Life, bit(c.Hot), c.Floor, c.Events, c.MaxInstances,
+		c.Settle.Milliseconds(), c.Gap.Milliseconds(), c.Held, c.Want, c.Until, bit(c.View), len(c.Lives))
 	for _, l := range c.Lives {
 		args = append(args, l)
 	}
@@ -224,6 +213,14 @@ func parseLease(key string, res any) LeaseReply {
 		ints[i] = n
 	}
 	return LeaseReply{Granted: ints[0], Room: ints[1], Holders: ints[2], Pushed: ints[3], Oldest: ints[4], Lapses: ints[5]}
+}
+
+// bit is a flag as the scripts read it.
+func bit(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func toInt(v any) (int64, error) {

@@ -129,6 +129,10 @@ func (z *Zone) shardOf(h keyhash.Hash) *shard { return &z.shards[h.Lo&(shardCoun
 func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, *untrackedState) {
 	s := z.shardOf(h)
 	s.mu.Lock()
+	if i, ok := s.entries[h]; ok {
+		e, ring := z.arena.at(i)
+		return s, e, ring, nil
+	}
 	if e, ring := z.track(s, h, now); e != nil {
 		return s, e, ring, nil
 	}
