@@ -47,7 +47,8 @@ func (e *Engine) viewFor() int64 { return 2 * e.beatEvery() }
 // settle is how long after a key's hot period began every life that takes a
 // slot has heard of it: a hot call is announced at the caller's next
 // heartbeat (within three), and the callers' views of who holds a slot are
-// up to viewFor old. Until then every floor is held back.
+// up to viewFor old. Until then every floor not marked is held back, free
+// slots' too.
 func (e *Engine) settle() int64 { return e.viewFor() + 3*e.beatEvery() }
 
 // hotFor is how long after a call a key is hot: a period's gap and its
@@ -59,8 +60,8 @@ func (e *Engine) hotFor(z *Zone) int64 { return z.gap() + e.settle() }
 func (z *Zone) window() int64 { return z.slots.N * z.slots.Len }
 
 // gap is the longest pause between hot calls of one hot period: past it the
-// next call begins a new period (every floor held back until it settles),
-// and the marks of the last are dropped. A grant's life: a key in demand on
+// next call begins a new period (young until it settles), and the marks of
+// the last are dropped. A grant's life: a key in demand on
 // leases calls at least that often.
 func (z *Zone) gap() int64 { return z.grantLife() }
 
