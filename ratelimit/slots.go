@@ -106,11 +106,12 @@ func (e *Engine) announce(since int64) []HotKey {
 }
 
 // learnHot takes the fleet's hot keys of z at now: each stays off this
-// instance's floor until its hot time and offFloor have passed. A key not
-// on leases here (on the floor, or not seen yet) is queued, so that the
-// next pass pushes its floor admits and marks this life, and the fleet need
-// not hold this floor back.
+// instance's floor until its hot time and offFloor have passed. With a slot,
+// a key not on leases here (on the floor, or not seen yet) is queued, so
+// that the next pass pushes its floor admits and marks this life, and the
+// fleet need not hold this floor back.
 func (z *Zone) learnHot(hot []HotKey, e *Engine, now int64) {
+	slot := e.slot.Load() >= 0
 	for _, k := range hot {
 		h, ok := z.keyOf(k.Key)
 		if !ok {
@@ -119,8 +120,10 @@ func (z *Zone) learnHot(hot []HotKey, e *Engine, now int64) {
 		s := z.shardOf(h)
 		s.mu.Lock()
 		s.markHot(h, k.Until*1e6)
-		if en, _ := z.track(s, h, now); en != nil && en.flags&flagLease == 0 {
-			e.enqueue(z, h, en)
+		if slot {
+			if en, _ := z.track(s, h, now); en != nil && en.flags&flagLease == 0 {
+				e.enqueue(z, h, en)
+			}
 		}
 		s.mu.Unlock()
 	}
