@@ -184,7 +184,9 @@ func (m *MemoryStore) Settle(_ context.Context, rec Record, ttl time.Duration, a
 	held := m.keys[record].held
 	delete(m.keys, record)
 	if o := m.owners[rec.Owners][rec.Owner]; o != nil {
-		delete(o.open, record)
+		if delete(o.open, record); len(o.open) == 0 {
+			delete(m.owners[rec.Owners], rec.Owner)
+		}
 	}
 	for i, a := range adjs {
 		v, _ := m.get(a.Key, now)

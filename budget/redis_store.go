@@ -165,13 +165,15 @@ return {1, 0, unpack(used)}
 //
 // KEYS[1]: the record; KEYS[2..n+1]: its counters, in the reserve's order;
 // then, for each counter in order, its top set if it has a member and its
-// alerted hash if it has alerts; last, its owner's open set. ARGV[1]: ttl_ms of a tombstone; then, for
-// each counter, amount (-1: keep what is held), ttl_ms, member ("" for
-// none) and alerts ("<amount> <field> ...", "" for none). Returns {0} if
-// not applied, else {1, then each counter's alerts reached first (a bit
-// each, in order) and value after}.
+// alerted hash if it has alerts; last, the owners' set and its owner's open
+// set (an owner with nothing open leaves the owners' set). ARGV[1]: ttl_ms
+// of a tombstone; then, for each counter, amount (-1: keep what is held),
+// ttl_ms, member ("" for none) and alerts ("<amount> <field> ...", "" for
+// none); last, the owner. Returns {0} if not applied, else {1, then each
+// counter's alerts reached first (a bit each, in order) and value after}.
 var settleScript = redis.NewScript(`
-local n = (#ARGV - 1) / 4
+local n = (#ARGV - 2) / 4
+local rec_owner = ARGV[#ARGV]
 local fields = {'s'}
 for i = 1, n do
   fields[i+1] = 'h' .. i
@@ -229,6 +231,9 @@ for i = 1, n do
 end
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[#KEYS], KEYS[1])
+if redis.call('SCARD', KEYS[#KEYS]) == 0 then
+  redis.call('ZREM', KEYS[#KEYS-1], rec_owner)
+end
 return out
 `)
 
@@ -350,7 +355,7 @@ func settleInput(rec Record, ttl time.Duration, adjs []Adjustment) ([]string, []
 			keys = append(keys, a.Alerted)
 		}
 	}
-	return append(keys, rec.open()), args
+	return append(keys, rec.Owners, rec.open()), append(args, rec.Owner)
 }
 
 // alertsArg is alerts as settleScript reads them: "<amount> <field> ...".
