@@ -71,7 +71,7 @@ func TestKillingCaddyMidStreamIsSettledByTheFleet(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newFakeLLM(t)
 	up.Output, up.Words, up.Interval = 3000, true, 20*time.Millisecond // 50 words a second, as an LLM streams
-	port := freePort(t)
+	port, adminPort := freePort(t), freePort(t)
 	caddyfile := fmt.Sprintf(`{
 	admin localhost:%d
 	fleetguard {
@@ -95,7 +95,7 @@ func TestKillingCaddyMidStreamIsSettledByTheFleet(t *testing.T) {
 	}
 	reverse_proxy %s
 }
-`, freePort(t), srv.URL(), port, strings.TrimPrefix(up.URL, "http://"))
+`, adminPort, srv.URL(), port, strings.TrimPrefix(up.URL, "http://"))
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	cmd := startCaddyProcess(t, caddyfile, addr)
 	c := srv.Client(t)
@@ -183,6 +183,10 @@ func TestKillingCaddyMidStreamIsSettledByTheFleet(t *testing.T) {
 		t.Fatalf("after the restart: %d %s", resp2.StatusCode, got)
 	}
 	eventually(t, 20*time.Second, "the sweep of the killed Caddy's streams", func() bool { return reserved() == 0 })
+	_, metricsText := get(t, fmt.Sprintf("http://localhost:%d/metrics", adminPort))
+	if want := fmt.Sprintf("fleetguard_llmbudget_swept_reservations_total %d\n", streams); !strings.Contains(metricsText, want) {
+		t.Fatalf("the sweeping Caddy's metrics do not show %q", strings.TrimSpace(want))
+	}
 	after, _ := held()
 	swept := after - baseTotal - int64(up.Input) - int64(min(up.Output, 4096))
 	t.Logf("%d streams killed: the upstream billed %d; %d held at the kill, %d after the sweep", streams, billed, total, swept)
