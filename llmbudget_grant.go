@@ -2,7 +2,6 @@ package fleetguard
 
 import (
 	"context"
-	"math"
 	"time"
 )
 
@@ -23,36 +22,32 @@ const (
 	// grant covers beyond its count.
 	grantAhead = time.Second
 	// grantLeast is the least a grant covers beyond a stream's count, in
-	// tokens: a stream's first events come before it has a rate.
+	// tokens.
 	grantLeast = 64
-	// noGate: the stream forwards all its lease holds.
-	noGate = math.MaxInt64
 )
 
-// grant is a lease's grant: gate is the output the stream may forward;
-// raise, a higher gate asked for, and raiseSeq its number (0: none); next,
-// the need past which the next raise is asked for; started, when the stream
-// began, for its rate.
+// grant is a lease's grant, kept as what a lapse would give back of the
+// output the lease holds (back; the gate is the lease less it, so an
+// extension raises both alike, in the store and here): a smaller back
+// waiting to be written (raiseBack, its number raiseSeq; 0: none), and next,
+// the need past which the next grant is asked for. ungated: nothing is
+// gated (shadow mode, fail_open in an outage).
 type grant struct {
-	gate, raise, raiseSeq, next int64
-	started                     time.Time
+	back, raiseBack, raiseSeq, next int64
+	started                         time.Time
+	ungated                         bool
 }
 
-// startGrant gives a new lease its first grant, written with the next word:
-// the least grant, the rest of the first lease given back by a sweep. The
-// stream forwards within it before the store has it: until then a sweep
-// would keep the whole hold, which is more. In shadow mode nothing is held
-// back, so nothing is gated.
+// startGrant starts a lease's grant: all of its first lease, as the store
+// has it, until the stream's pace says how much of it a grant needs.
 func (l *lease) startGrant() {
-	l.grant = grant{gate: noGate, next: noGate, started: time.Now()}
-	if l.h.Shadow || l.held <= 2*grantLeast {
-		return
-	}
-	l.grant.gate, l.grant.next = grantLeast, grantLeast/2
-	l.h.engines.budgets.Grant(l.res, l.spendOf(l.held-grantLeast))
+	l.grant = grant{started: time.Now(), ungated: l.h.Shadow}
 }
 
-// step is how far past the need a grant goes: the stream's output in
+// gate is the output the stream may forward.
+func (l *lease) gate() int64 { return l.held - l.grant.back }
+
+// grantStep is how far past the need a grant goes: the stream's output in
 // grantAhead at its rate so far, its margin, and at least grantLeast.
 func (l *lease) grantStep() int64 {
 	elapsed := max(time.Since(l.grant.started), time.Millisecond)
@@ -60,65 +55,66 @@ func (l *lease) grantStep() int64 {
 	return max(rate, grantLeast) + l.margin
 }
 
-// granted reports whether the output counted so far is within the grant,
-// asking for a higher one once the need passes next, and waiting for one
-// written at once when the need passes the gate. It is false when the
-// stream must end where it is: the store holds its reservation no more (a
-// sweep took this instance for dead), or did not answer for maxLeaseWait,
-// or is known down.
+// granted reports whether the output counted so far is within the grant.
+// Past next it asks for the grant a step past the need, written with the
+// instance's next word: a lower one (the stream is slower than the lease is
+// long) holds here at once, a higher one once the store has it. Past the
+// gate it waits for one written at once. It is false when the stream must
+// end where it is: the store holds its reservation no more (a sweep took
+// this instance for dead), or did not answer for maxLeaseWait, or is known
+// down.
 func (l *lease) granted() bool {
 	g := &l.grant
-	if g.gate == noGate {
+	if g.ungated {
 		return true
 	}
 	if g.raiseSeq > 0 && l.res.GrantWritten() >= g.raiseSeq {
-		l.setGate(g.raise)
+		g.back, g.raiseSeq = g.raiseBack, 0
 	}
 	need := l.need()
 	if g.raiseSeq == 0 && need > g.next {
-		if target := min(need+l.grantStep(), l.held); target > g.gate {
-			g.raise = target
-			g.raiseSeq = l.h.engines.budgets.Grant(l.res, l.spendOf(l.held-target))
+		step := l.grantStep()
+		switch back := l.held - min(need+step, l.held); {
+		case back > g.back:
+			l.h.engines.budgets.Grant(l.res, l.spendOf(back))
+			g.back = back // held to at once: the store's is higher until written
+		case back < g.back:
+			g.raiseBack, g.raiseSeq = back, l.h.engines.budgets.Grant(l.res, l.spendOf(back))
 		}
+		// Asked again half a step on, or halfway to the lease's end: a
+		// stream's first rate (of its first events) can be far above its
+		// pace.
+		g.next = need + min(step, l.held-need)/2
 	}
-	if need <= g.gate {
+	if need <= l.gate() {
 		return true
 	}
 	return l.waitGrant(need)
 }
 
-// setGate moves the gate to target, and the next raise to half a step
-// short of it.
-func (l *lease) setGate(target int64) {
-	g := &l.grant
-	g.gate, g.raiseSeq = target, 0
-	g.next = target - l.grantStep()/2
-	if target >= l.held {
-		g.next = target // raised again only once the lease grows
-	}
-}
-
 // waitGrant writes a grant past need at once, trying again while the store
-// does not answer, as an extension does.
+// does not answer, as an extension does. A stream it ends takes the
+// extension in flight first, so what it is told it used is what is charged.
 func (l *lease) waitGrant(need int64) bool {
-	target := min(need+l.grantStep(), l.held)
+	step := l.grantStep()
+	back := l.held - min(need+step, l.held)
 	budgets := l.h.engines.budgets
 	deadline := time.Now().Add(maxLeaseWait)
 	for backoff := extendBackoff; ; backoff = min(2*backoff, maxExtendBackoff) {
 		ctx, cancel := context.WithTimeout(context.Background(), l.h.storeTimeout)
-		gone, err := budgets.GrantNow(ctx, l.res, l.spendOf(l.held-target))
+		gone, err := budgets.GrantNow(ctx, l.res, l.spendOf(back))
 		cancel()
 		switch {
 		case err == nil && !gone:
-			l.setGate(target)
+			l.grant.back, l.grant.raiseSeq, l.grant.next = back, 0, need+min(step, l.held-need)/2
 			return true
-		case err == nil:
-			l.refused = true // swept: the fleet took this instance for dead
-			return false
-		case l.h.FailOpen:
-			l.grant.gate = noGate // fail_open: the stream runs on unleased
-			return true
-		case budgets.Down() || time.Now().After(deadline):
+		case err == nil, budgets.Down(), time.Now().After(deadline):
+			// Gone: a sweep took this instance for dead.
+			if l.h.FailOpen && err != nil {
+				l.grant.ungated = true // fail_open: the stream runs on unleased
+				return true
+			}
+			l.wait()
 			l.refused = true
 			return false
 		}
