@@ -100,7 +100,8 @@ func (e *Engine) Down() bool { return e.down.Load() }
 // StoreErrors counts, since the engine was built, the store calls that
 // failed: reserves, each settle attempt and background release attempt,
 // reads and resets. The breaker's probes are not counted, and neither are
-// the reserves the open breaker answers without asking the store.
+// the reserves the open breaker answers without asking the store, nor the
+// instance's word and sweeps (lapse.go), which are not a request's.
 func (e *Engine) StoreErrors() uint64 { return e.storeErrors.Load() }
 
 // failed counts a failed store call and returns its error.

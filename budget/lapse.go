@@ -189,8 +189,8 @@ func (e *Engine) say(grants []Grant, of []*Reservation) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	gone, err := e.store.Grant(ctx, e.ownersKey(), e.owner, grants)
-	if e.failed(err) != nil {
-		return false
+	if err != nil {
+		return false // not a store error of a request's: like a probe's
 	}
 	for i, g := range grants {
 		if !gone[i] {
@@ -205,7 +205,7 @@ func (e *Engine) sweep() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	n, err := e.store.Sweep(ctx, e.ownersKey(), e.owner, e.Lapse, sweepBatch)
-	if e.failed(err) == nil && n > 0 && e.OnSweep != nil {
+	if err == nil && n > 0 && e.OnSweep != nil {
 		e.OnSweep(n)
 	}
 }
