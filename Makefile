@@ -4,11 +4,12 @@ GO ?= go
 
 .PHONY: test redis-server vet unit fuzz fuzz-build bench caddy
 
-# On an empty build cache most of make test is compiling: Caddy's tree with
-# the race detector (vet, unit) and again instrumented for the fuzzers (go
-# test -fuzz instruments every package it links). The unit tests leave most
-# of the 2 cores idle, so the fuzzers' build runs beside them at nice 19,
-# taking only the CPU the tests leave; then the fuzzers run.
+# On an empty build cache most of make test is compiling Caddy's tree twice:
+# with the race detector (vet, unit) and instrumented for the fuzzers (go test
+# -fuzz instruments every package it links; -race with it would be a third
+# build). The unit tests leave much of the 2 cores idle, so the fuzzers'
+# build runs beside them at nice 19: it takes only the CPU they leave, not
+# the CPU the timing-sensitive suites need (see unit).
 test: redis-server vet
 	@nice -n 19 $(MAKE) --no-print-directory fuzz-build & build=$$!; \
 	$(MAKE) --no-print-directory unit; unit=$$?; \
@@ -31,8 +32,8 @@ redis-server:
 	fi
 
 # go vet with -race compiles every package as the race-detector tests below
-# do, two at a time: the tests then link what it built (on an empty build
-# cache, the race build of Caddy and its dependencies is most of make test).
+# do, two at a time (unit's -p 1 would compile one at a time): the tests then
+# link what it built.
 vet:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
 	@echo "go vet -race ./... (on an empty build cache this first builds Caddy and its dependencies with the race detector: minutes)"
