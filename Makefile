@@ -2,9 +2,20 @@
 
 GO ?= go
 
-.PHONY: test redis-server vet unit fuzz bench caddy
+.PHONY: test redis-server vet unit fuzz fuzz-build bench caddy
 
-test: redis-server vet unit fuzz
+# On an empty build cache most of make test is compiling Caddy's tree twice:
+# with the race detector (vet, unit) and instrumented for the fuzzers (go test
+# -fuzz instruments every package it links; -race with it would be a third
+# build). The unit tests leave much of the 2 cores idle, so the fuzzers'
+# build runs beside them at nice 19: it takes only the CPU they leave, not
+# the CPU the timing-sensitive suites need (see unit).
+test: redis-server vet
+	@nice -n 19 $(MAKE) --no-print-directory fuzz-build & build=$$!; \
+	$(MAKE) --no-print-directory unit; unit=$$?; \
+	wait $$build; built=$$?; \
+	test $$unit -eq 0 && test $$built -eq 0
+	@$(MAKE) --no-print-directory fuzz
 
 # Tests start real redis-server processes (internal/redistest) and build
 # clusters with redis-cli. Install the Debian package (it brings redis-cli)
@@ -21,20 +32,22 @@ redis-server:
 	fi
 
 # go vet with -race compiles every package as the race-detector tests below
-# do, two at a time: the tests then link what it built (on an empty build
-# cache, the race build of Caddy and its dependencies is most of make test).
+# do, two at a time (unit's -p 1 would compile one at a time): the tests then
+# link what it built.
 vet:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
 	@echo "go vet -race ./... (on an empty build cache this first builds Caddy and its dependencies with the race detector: minutes)"
 	$(GO) vet -race ./...
 
+# -vet=off: vet above ran every analyzer on every package and test file (go
+# test's own vet would check a subset again, over the whole tree).
 # One package at a time (-p 1): the budget's ceiling suite holds only while
 # the upstream sees a cut within its margin (two events), and a fake upstream
 # that streams an event every 2 ms on a machine shared with another
 # package's race-detector tests outran it (CI, 2026-12-03: billed 3,103 of a
 # counter of 2,999).
 unit:
-	$(GO) test -race -count=1 -p 1 ./...
+	$(GO) test -race -vet=off -count=1 -p 1 ./...
 
 # The stream meter and the JSON usage readers take bytes from upstreams (and
 # must read what the encoding/json readers they replaced read: the
@@ -45,15 +58,22 @@ unit:
 FUZZ_FAST ?= 150000x
 FUZZ_SLOW ?= 3000x
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzMeter$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
-	$(GO) test -run '^$$' -fuzz '^FuzzFromJSON$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
-	$(GO) test -run '^$$' -fuzz '^FuzzMeterMatchesReference$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
-	$(GO) test -run '^$$' -fuzz '^FuzzFromJSONMatchesReference$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
-	$(GO) test -run '^$$' -fuzz '^FuzzParseRequestReadsExactCase$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
-	$(GO) test -run '^$$' -fuzz '^FuzzCountsAsTiktoken$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/bpe
-	$(GO) test -run '^$$' -fuzz '^FuzzLLMBudgetBodies$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
-	$(GO) test -run '^$$' -fuzz '^FuzzLeasedStream$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
-	$(GO) test -run '^$$' -fuzz '^FuzzClosedWorld$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzMeter$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzFromJSON$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzMeterMatchesReference$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzFromJSONMatchesReference$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzParseRequestReadsExactCase$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/usage
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzCountsAsTiktoken$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_FAST)) ./budget/bpe
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzLLMBudgetBodies$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzLeasedStream$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
+	$(GO) test -vet=off -run '^$$' -fuzz '^FuzzClosedWorld$$' -fuzztime $(or $(FUZZTIME),$(FUZZ_SLOW)) .
+
+# Compiles what fuzz runs (its test binaries are not cached, their packages
+# are), without vet: the same flags as fuzz.
+fuzz-build:
+	$(GO) test -vet=off -c -fuzz . -o /dev/null .
+	$(GO) test -vet=off -c -fuzz . -o /dev/null ./budget/usage
+	$(GO) test -vet=off -c -fuzz . -o /dev/null ./budget/bpe
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
