@@ -621,58 +621,67 @@ func (e *Engine) shareAdmits(z *Zone, s *shard, h keyhash.Hash, en *entry, limit
 		e.enqueue(z, h, en)
 		allowance = firstAllowance(z, s, h, limit, now)
 	} else {
-		// The fleet's headroom as of the last read, plus what has left the
-		// window since.
-		headroom := events - used + since
-		allowance = headroom
-		// This instance's part: its share of the demand, but no more than
-		// an even part, for an instance whose demand the reads have not
-		// shown may admit as much unseen.
-		part = headroom / (z.fleet.others.Load() + 1)
-		if en.flags&flagRated == 0 {
-			// No demand measured yet (one read): an even part.
-			allowance = part
-		} else if en.fleetRate > 0 {
-			part = min(part, int64(float64(headroom)*float64(en.ownRate/en.fleetRate)))
-		}
-		// If the fleet could spend the headroom before the next read (the
-		// read's age and two intervals more: a busy machine's reconciler
-		// runs late), take only this instance's share of it, and keep the
-		// reads coming: every admit asks for an early sync (coalesced: one
-		// pass per earlySpacing at most).
-		intervals := float64(now-en.readAt)/float64(e.interval.Load()) + 2
-		shared := en.flags&flagRated != 0 && intervals*float64(en.fleetRate) >= float64(headroom) && en.fleetRate > 0
-		if shared {
-			// What the others admitted since the read (its age, and an
-			// early pass's spacing for their pushes) is not in it.
-			unseen := float64(en.fleetRate-en.ownRate) * (intervals - 2 + 1.0/earlySyncsPerInterval)
-			// Rounded to the nearest request: the parts of many instances
-			// add up to the headroom, give or take half a request each
-			// (rounded down, a key evenly at 95% of its limit, whose window
-			// reads full by the one slot it over-counts, is denied).
-			allowance = int64(float64(headroom-int64(unseen))*float64(en.ownRate/en.fleetRate) + 0.5)
-		}
-		// A key near its limit pushes every admit at once: one lost with
-		// the instance (kill -9) would be admitted again by the others.
-		// Nor does any key hold more than unpushedMost unpushed here.
-		nearFull := used*5 >= events*4
-		unpushed := int64(en.pendCur) + int64(en.pendPrev) + 1
-		if since < allowance && (shared || nearFull || (since+1)*2 >= allowance || unpushed >= unpushedMost(limit)) {
-			e.enqueue(z, h, en)
-		}
-		if since >= allowance && headroom > since && en.flags&flagRated != 0 && 8*en.ownRate >= en.fleetRate {
-			// This instance's part is spent, the fleet's is not: what
-			// rounding down left goes by reservations, which the store
-			// hands out exactly (see reserve.go). An instance with less
-			// than an eighth of the demand asks for none: it would hold one
-			// that busier ones could use.
-			e.askReservation(z, h, en)
-		}
+		allowance, part = e.readAllowance(z, h, en, limit, events, used, now)
 	}
 	if part < 0 || part > allowance {
 		part = allowance
 	}
 	return since < allowance, part - since - 1
+}
+
+// readAllowance is what this instance may admit of a key read fresh, and
+// its part of the fleet's headroom; it asks for the early syncs and the
+// reservations the key's standing calls for.
+func (e *Engine) readAllowance(z *Zone, h keyhash.Hash, en *entry, limit, events, used, now int64) (allowance, part int64) {
+	since := int64(en.sinceRead)
+	// The fleet's headroom as of the last read, plus what has left the
+	// window since.
+	headroom := events - used + since
+	allowance = headroom
+	// This instance's part: its share of the demand, but no more than
+	// an even part, for an instance whose demand the reads have not
+	// shown may admit as much unseen.
+	part = headroom / (z.fleet.others.Load() + 1)
+	if en.flags&flagRated == 0 {
+		// No demand measured yet (one read): an even part.
+		allowance = part
+	} else if en.fleetRate > 0 {
+		part = min(part, int64(float64(headroom)*float64(en.ownRate/en.fleetRate)))
+	}
+	// If the fleet could spend the headroom before the next read (the
+	// read's age and two intervals more: a busy machine's reconciler
+	// runs late), take only this instance's share of it, and keep the
+	// reads coming: every admit asks for an early sync (coalesced: one
+	// pass per earlySpacing at most).
+	intervals := float64(now-en.readAt)/float64(e.interval.Load()) + 2
+	shared := en.flags&flagRated != 0 && intervals*float64(en.fleetRate) >= float64(headroom) && en.fleetRate > 0
+	if shared {
+		// What the others admitted since the read (its age, and an
+		// early pass's spacing for their pushes) is not in it.
+		unseen := float64(en.fleetRate-en.ownRate) * (intervals - 2 + 1.0/earlySyncsPerInterval)
+		// Rounded to the nearest request: the parts of many instances
+		// add up to the headroom, give or take half a request each
+		// (rounded down, a key evenly at 95% of its limit, whose window
+		// reads full by the one slot it over-counts, is denied).
+		allowance = int64(float64(headroom-int64(unseen))*float64(en.ownRate/en.fleetRate) + 0.5)
+	}
+	// A key near its limit pushes every admit at once: one lost with
+	// the instance (kill -9) would be admitted again by the others.
+	// Nor does any key hold more than unpushedMost unpushed here.
+	nearFull := used*5 >= events*4
+	unpushed := int64(en.pendCur) + int64(en.pendPrev) + 1
+	if since < allowance && (shared || nearFull || (since+1)*2 >= allowance || unpushed >= unpushedMost(limit)) {
+		e.enqueue(z, h, en)
+	}
+	if since >= allowance && headroom > since && en.flags&flagRated != 0 && 8*en.ownRate >= en.fleetRate {
+		// This instance's part is spent, the fleet's is not: what
+		// rounding down left goes by reservations, which the store
+		// hands out exactly (see reserve.go). An instance with less
+		// than an eighth of the demand asks for none: it would hold one
+		// that busier ones could use.
+		e.askReservation(z, h, en)
+	}
+	return allowance, part
 }
 
 // unpushedMost is the most of a synced key's admits (limit) an instance

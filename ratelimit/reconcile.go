@@ -362,14 +362,20 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			onProbation[i] = false
 		}
 	}
+	c.countProbation(f, terms, onProbation, e.member, nowMs)
+	return c
+}
+
+// countProbation counts the probation shares the others of the fleet may
+// hold: those whose term has started (for one gone, before its last
+// heartbeat) and not ended.
+func (c *fleetCount) countProbation(f Fleet, terms []probationTerm, onProbation []bool, self, nowMs int64) {
 	timeline := timelineOf(terms)
 	c.probationClaims = timeline.claimsAt(nowMs)
 	for i, r := range f.Members {
 		t := terms[i]
-		// Those that may hold a share: whose term has started (for one
-		// gone, before its last heartbeat) and not ended.
 		live := r.Until > nowMs
-		if !onProbation[i] || r.Member == e.member || nowMs >= t.to || nowMs < t.from || !live && r.Seen < t.from {
+		if !onProbation[i] || r.Member == self || nowMs >= t.to || nowMs < t.from || !live && r.Seen < t.from {
 			continue
 		}
 		fewest := timeline.fewestClaims(t, nowMs)
@@ -379,7 +385,6 @@ func (e *Engine) countFleet(f Fleet, windowMs, staleMs, nowMs int64) fleetCount 
 			c.gone = append(c.gone, goneRecord{seen: r.Seen * int64(time.Millisecond), flushed: flushedAt(r), fewest: fewest, promise: r.Promise})
 		}
 	}
-	return c
 }
 
 // flushedAt is when a gone instance left having pushed every floor admit it
@@ -690,14 +695,6 @@ func (e *Engine) claimStopping(now int64) (plans []plan, steps []Step, all bool)
 // shard lock.
 func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32, now int64) (plan, Step) {
 	p := plan{zone: z, hash: h, demand: en.demand, readAt: en.readAt}
-	floor := e.floorOf(z, z.events.Load(), now)
-	// A founder is to take its floor share with the others: a key busy
-	// against that share already syncs (see below).
-	founding := z.fleet.founding.Load()
-	joinFloor := floor
-	if floor == 0 && founding {
-		joinFloor = share(z.events.Load(), z.fleet.widest())
-	}
 	st := Step{
 		Key:    z.storeKey(h),
 		Adds:   [2]SlotCount{{Slot: en.head, Count: int64(en.pendCur)}, {Slot: en.head - 1, Count: int64(en.pendPrev)}},
@@ -705,8 +702,36 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 		Oldest: z.slots.Oldest(now),
 		TTL:    time.Duration(2 * z.slots.N * z.slots.Len),
 	}
-	// Every step but an unregistered key's names this instance; one that
-	// registers (or renews) it as syncing the key gives its TTL.
+	if e.registers(z, s, h, en, ring, now, &p, &st) && (z.fleet.eligible.Load() || z.fleet.founding.Load()) {
+		// (An instance on probation registers no key: the others leave
+		// its probation share aside in every key, see probationAside.)
+		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
+	}
+	st.Moved = s.claimMoved(h)
+	if en.flags&flagReserved != 0 && en.demand > 0 && !e.stopped.Load() && s.reservedOf(h, e.lapseSlot(z, now)) == 0 {
+		// Asked for here and none held: reserve some, within what the key
+		// leaves aside for the floor admits of others.
+		events := z.events.Load()
+		st.Reserve, st.Limit = reserveWant(en, events), events-e.setAside(z, s, h, en, events, now)
+		p.reserveSlot = en.head
+	}
+	en.pendCur, en.pendPrev, en.demand = 0, 0, 0
+	en.flags &^= flagQueued
+	return p, st
+}
+
+// registers decides what the key's step says of this instance: a floor
+// push, a join, a leave, or nothing; it reports whether the step registers
+// (or renews) this instance as syncing the key. Every step but an
+// unregistered key's names this instance.
+func (e *Engine) registers(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32, now int64, p *plan, st *Step) bool {
+	floor := e.floorOf(z, z.events.Load(), now)
+	// A founder is to take its floor share with the others: a key busy
+	// against that share already syncs (see below).
+	joinFloor := floor
+	if floor == 0 && z.fleet.founding.Load() {
+		joinFloor = share(z.events.Load(), z.fleet.widest())
+	}
 	register := true
 	switch {
 	case en.flags&flagFloor != 0:
@@ -744,22 +769,7 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	default:
 		register = false
 	}
-	if register && (z.fleet.eligible.Load() || founding) {
-		// (An instance on probation registers no key: the others leave
-		// its probation share aside in every key, see probationAside.)
-		st.Member, st.Now, st.MemberTTL = e.member, now/int64(time.Millisecond), e.memberTTL()
-	}
-	st.Moved = s.claimMoved(h)
-	if en.flags&flagReserved != 0 && en.demand > 0 && !e.stopped.Load() && s.reservedOf(h, e.lapseSlot(z, now)) == 0 {
-		// Asked for here and none held: reserve some, within what the key
-		// leaves aside for the floor admits of others.
-		events := z.events.Load()
-		st.Reserve, st.Limit = reserveWant(en, events), events-e.setAside(z, s, h, en, events, now)
-		p.reserveSlot = en.head
-	}
-	en.pendCur, en.pendPrev, en.demand = 0, 0, 0
-	en.flags &^= flagQueued
-	return p, st
+	return register
 }
 
 // merge folds a step's reply into the key: its registration, the ring's

@@ -267,33 +267,14 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 		delete(m.keys, st.Key)
 		k = nil
 	}
-	writes := st.Demand > 0 || (st.Member != 0 && st.MemberTTL > 0) || st.Reserve > 0
-	for _, a := range st.Adds {
-		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
-	}
-	for _, adds := range [][]SlotCount{{st.Moved}, st.Floor} {
-		for _, a := range adds {
-			writes = writes || (a.Count != 0 && a.Slot >= st.Oldest)
-		}
-	}
-	if k == nil && !writes {
+	if k == nil && !st.writes() {
 		return Reply{}
 	}
 	if k == nil {
 		k = &memoryKey{slots: make(map[int64]int64), syncing: make(map[int64]int64)}
 		m.keys[st.Key] = k
 	}
-	floor := st.Floor
-	if st.FloorID != "" {
-		if k.floorPushes == nil {
-			k.floorPushes = make(map[string]bool)
-		}
-		if k.floorPushes[st.FloorID] {
-			floor = nil // applied before
-		}
-		k.floorPushes[st.FloorID] = true
-	}
-	for _, adds := range [][]SlotCount{st.Adds[:], {st.Moved}, floor} {
+	for _, adds := range [][]SlotCount{st.Adds[:], {st.Moved}, k.floorOnce(st)} {
 		for _, a := range adds {
 			if a.Count != 0 && a.Slot >= st.Oldest {
 				k.slots[a.Slot] += a.Count
@@ -326,6 +307,37 @@ func (m *MemoryStore) step(st *Step, now time.Time) Reply {
 	}
 	k.expires = now.Add(st.TTL)
 	return r
+}
+
+// writes reports whether a step writes anything to a key that does not
+// exist: a step that only reads creates none.
+func (st *Step) writes() bool {
+	writes := st.Demand > 0 || (st.Member != 0 && st.MemberTTL > 0) || st.Reserve > 0
+	for _, a := range st.Adds {
+		writes = writes || (a.Count > 0 && a.Slot >= st.Oldest)
+	}
+	for _, adds := range [][]SlotCount{{st.Moved}, st.Floor} {
+		for _, a := range adds {
+			writes = writes || (a.Count != 0 && a.Slot >= st.Oldest)
+		}
+	}
+	return writes
+}
+
+// floorOnce is the step's floor push, unless the key took that push
+// before (a push sent again after a lost reply).
+func (k *memoryKey) floorOnce(st *Step) []SlotCount {
+	if st.FloorID == "" {
+		return st.Floor
+	}
+	if k.floorPushes == nil {
+		k.floorPushes = make(map[string]bool)
+	}
+	if k.floorPushes[st.FloorID] {
+		return nil
+	}
+	k.floorPushes[st.FloorID] = true
+	return st.Floor
 }
 
 // Sweep drops expired keys; the reconciler calls it with its evictions.
