@@ -82,6 +82,9 @@ type lease struct {
 	// out its backoff.
 	waiting, ended atomic.Bool
 	wake           chan struct{}
+	// The grant (llmbudget_grant.go): what the stream may forward, as a
+	// sweep would settle its reservation should this instance fall silent.
+	grant grant
 }
 
 const (
@@ -259,7 +262,7 @@ func (l *lease) admit() bool {
 	}
 	full := l.full()
 	if l.held >= full {
-		return true // the forwarded cap bounds the rest
+		return l.granted() // the forwarded cap bounds the rest
 	}
 	if l.pending == nil && !l.refused && l.need() > min(l.next, l.held) {
 		l.extend()
@@ -273,7 +276,7 @@ func (l *lease) admit() bool {
 			l.extend()
 		}
 	}
-	return true
+	return l.granted()
 }
 
 // waitExtension waits for the extension in flight, telling it that the

@@ -82,6 +82,7 @@ func newMeteringWriter(w http.ResponseWriter, r *http.Request, h *LLMBudget, res
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	mw.lease, mw.cancelUpstream = newLease(h, res, c), cancel
+	mw.lease.startGrant()
 	return mw, r.WithContext(ctx)
 }
 

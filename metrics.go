@@ -36,6 +36,7 @@ var metrics = struct {
 	llmOversizedEvents prometheus.Counter
 	llmLeaseExtensions *prometheus.CounterVec
 	llmTruncations     prometheus.Counter
+	llmSwept           prometheus.Counter
 	llmSettleWaits     prometheus.Counter
 	llmThresholds      *prometheus.CounterVec
 	llmKeysDenied      *prometheus.CounterVec
@@ -152,6 +153,12 @@ var metrics = struct {
 		Name:      "truncations_total",
 		Help:      "Streamed responses ended at their output lease, in the API's own terminal form (finish_reason length, stop_reason max_tokens...), because an extension was refused or failed; the upstream request is cancelled.",
 	}),
+	llmSwept: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "fleetguard",
+		Subsystem: "llmbudget",
+		Name:      "swept_reservations_total",
+		Help:      "Reservations of another instance that fell silent (killed, or cut off from the store) which this instance settled: each to what its stream had been granted, or to its whole hold.",
+	}),
 	llmSettleWaits: prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "fleetguard",
 		Subsystem: "llmbudget",
@@ -232,7 +239,7 @@ func collectors() []prometheus.Collector {
 	m := &metrics
 	return []prometheus.Collector{m.fleetDecisions, m.reconcilePasses, m.reconcileDuration, m.earlySyncs, m.storeErrors, m.storeState,
 		m.llmCharged, m.llmChargedUSD, m.llmRequests, m.llmTokens, m.llmCost, m.llmSettles, m.llmSettleOutcomes, m.llmResolved, m.llmUsageRatio,
-		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSettleWaits, m.llmThresholds, m.llmKeysDenied, m.budgetStandings, m.panics}
+		m.llmInvalidUsage, m.llmOversizedEvents, m.llmLeaseExtensions, m.llmTruncations, m.llmSwept, m.llmSettleWaits, m.llmThresholds, m.llmKeysDenied, m.budgetStandings, m.panics}
 }
 
 // observePass counts a reconcile pass.

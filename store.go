@@ -215,6 +215,10 @@ func newEngines(id storeIdentity, connect func() redis.UniversalClient, interval
 				zap.String("reservation", r.ID), zap.Strings("budgets", holdNames(r.Holds)))
 		}
 	}
+	e.budgets.OnSweep = func(n int) {
+		metrics.llmSwept.Add(float64(n))
+		budgetLog.Warn("settled the open reservations of an instance that fell silent (killed, or cut off from the store)", zap.Int("reservations", n))
+	}
 	lim, err := ratelimit.NewEngine(ratelimit.Options{
 		Store:        slots,
 		Prefix:       prefix,

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetguard/fleetguard/internal/keyhash"
 	"github.com/fleetguard/fleetguard/internal/redistest"
 )
@@ -44,6 +46,12 @@ func storeCases() []storeCase {
 	}
 }
 
+// recordOf names a record owned by "test" in the owners' set of its prefix.
+func recordOf(key string) Record {
+	prefix, _, _ := strings.Cut(key, ":res:")
+	return Record{Key: key, Owners: prefix + ":owners", Owner: "test"}
+}
+
 func tokenBudget(name string, scope Scope, limit int64) Budget {
 	return Budget{Name: name, Scope: scope, Unit: Tokens, Limit: limit, Window: time.Hour}
 }
@@ -73,6 +81,71 @@ func TestStoreConformance(t *testing.T) {
 			}
 			if got, _ := e.MergeLearned(ctx, "another-model", Learned{}); got != (Learned{}) {
 				t.Fatalf("another model read %+v, want nothing learned", got)
+			}
+		}},
+		{"a silent owner's open reservations are settled to their grants", func(t *testing.T, s Store) {
+			ctx := context.Background()
+			const owners, counter = "c20:bg:{b}:owners", "c20:bg:{b}:x"
+			a := func(id string) Record { return Record{Key: "c20:bg:{b}:res:" + id, Owners: owners, Owner: "a"} }
+			reserve := func(id string, n int64) {
+				t.Helper()
+				if res, err := s.Reserve(ctx, a(id), time.Minute, []Charge{{Key: counter, Amount: n, Limit: 10000, TTL: time.Hour}}); err != nil || !res.Admitted {
+					t.Fatalf("reserve %s: %+v %v", id, res, err)
+				}
+			}
+			reserve("granted", 1000)
+			reserve("whole", 500)
+			reserve("settled", 200)
+			// Grant 2 returns 600 of the 1000; grant 1, written after it, is stale.
+			for _, g := range []Grant{{Record: a("granted").Key, Seq: 2, Returns: []int64{600}}, {Record: a("granted").Key, Seq: 1, Returns: []int64{900}}} {
+				if gone, err := s.Grant(ctx, owners, "a", []Grant{g}); err != nil || gone[0] {
+					t.Fatalf("grant %d: %v %v", g.Seq, gone, err)
+				}
+			}
+			if ok, err := s.Settle(ctx, a("settled"), time.Minute, []Adjustment{{Key: counter, Amount: 150, TTL: time.Hour}}); err != nil || !ok {
+				t.Fatalf("settle: %v %v", ok, err)
+			}
+			used := func() int64 {
+				t.Helper()
+				v, err := s.Get(ctx, []string{counter})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v[0]
+			}
+			if got := used(); got != 1650 {
+				t.Fatalf("before any sweep: %d, want 1650", got)
+			}
+			if n, err := s.Sweep(ctx, owners, "b", time.Hour, 10); err != nil || n != 0 {
+				t.Fatalf("an owner that spoke within the lapse was swept: %d %v", n, err)
+			}
+			time.Sleep(80 * time.Millisecond)
+			if n, err := s.Sweep(ctx, owners, "a", 50*time.Millisecond, 10); err != nil || n != 0 {
+				t.Fatalf("the sweeper's own reservations were swept: %d %v", n, err)
+			}
+			n1, err := s.Sweep(ctx, owners, "b", 50*time.Millisecond, 1)
+			if err != nil || n1 != 1 {
+				t.Fatalf("a sweep of at most 1: %d %v", n1, err)
+			}
+			if n2, err := s.Sweep(ctx, owners, "b", 50*time.Millisecond, 10); err != nil || n2 != 1 {
+				t.Fatalf("the next sweep: %d %v, want the other open reservation", n2, err)
+			}
+			// The granted one returns 600; the one never granted keeps its hold.
+			if got := used(); got != 1050 {
+				t.Fatalf("after the sweep: %d, want 1050 (1000-600 + 500 + 150)", got)
+			}
+			if ok, err := s.Settle(ctx, a("granted"), time.Minute, []Adjustment{{Key: counter, Amount: 10, TTL: time.Hour}}); err != nil || ok {
+				t.Fatalf("the owner's settle after the sweep applied: %v %v", ok, err)
+			}
+			if gone, err := s.Grant(ctx, owners, "a", []Grant{{Record: a("whole").Key, Seq: 1, Returns: []int64{100}}}); err != nil || !gone[0] {
+				t.Fatalf("a grant to a swept reservation: %v %v, want gone", gone, err)
+			}
+			if got := used(); got != 1050 {
+				t.Fatalf("after the late settle and grant: %d, want 1050", got)
+			}
+			reserve("after", 50) // the owner speaks again: not silent
+			if n, err := s.Sweep(ctx, owners, "b", 2*time.Second, 10); err != nil || n != 0 {
+				t.Fatalf("an owner that spoke again was swept: %d %v", n, err)
 			}
 		}},
 		{"reserve within limit charges", func(t *testing.T, s Store) {
@@ -147,7 +220,7 @@ func TestStoreConformance(t *testing.T) {
 		}},
 		{"settle floors at zero", func(t *testing.T, s Store) {
 			ctx := context.Background()
-			if _, err := s.Reserve(ctx, "c7:bg:{b}:res:1", time.Minute, []Charge{{Key: "c7:bg:{b}:x", Amount: 10, Limit: 100, TTL: time.Hour}}); err != nil {
+			if _, err := s.Reserve(ctx, recordOf("c7:bg:{b}:res:1"), time.Minute, []Charge{{Key: "c7:bg:{b}:x", Amount: 10, Limit: 100, TTL: time.Hour}}); err != nil {
 				t.Fatal(err)
 			}
 			// A reset while the reservation is in flight: its settle moves the
@@ -156,14 +229,14 @@ func TestStoreConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			adj := []Adjustment{{Key: "c7:bg:{b}:x", Amount: 3, TTL: time.Hour}}
-			if ok, err := s.Settle(ctx, "c7:bg:{b}:res:1", time.Minute, adj); err != nil || !ok {
+			if ok, err := s.Settle(ctx, recordOf("c7:bg:{b}:res:1"), time.Minute, adj); err != nil || !ok {
 				t.Fatalf("settle: %v %v", ok, err)
 			}
 			got, _ := s.Get(ctx, []string{"c7:bg:{b}:x"})
 			if got[0] != 0 {
 				t.Fatalf("counter = %d, want 0", got[0])
 			}
-			if ok, _ := s.Settle(ctx, "c7:bg:{b}:res:1", time.Minute, adj); ok {
+			if ok, _ := s.Settle(ctx, recordOf("c7:bg:{b}:res:1"), time.Minute, adj); ok {
 				t.Fatal("a repeated settle must not apply")
 			}
 		}},
@@ -237,7 +310,7 @@ func TestStoreConformance(t *testing.T) {
 		{"extensions apply in order", func(t *testing.T, s Store) {
 			ctx := context.Background()
 			record, counter := "c14:bg:{b}:res:1", "c14:bg:{b}:x"
-			if _, err := s.Reserve(ctx, record, time.Minute, []Charge{{Key: counter, Amount: 10, Limit: 100, TTL: time.Hour}}); err != nil {
+			if _, err := s.Reserve(ctx, recordOf(record), time.Minute, []Charge{{Key: counter, Amount: 10, Limit: 100, TTL: time.Hour}}); err != nil {
 				t.Fatal(err)
 			}
 			res, err := s.Extend(ctx, record, 2, []Charge{{Key: counter, Amount: 10, Limit: 100, TTL: time.Hour}})
@@ -255,26 +328,26 @@ func TestStoreConformance(t *testing.T) {
 			ctx := context.Background()
 			record, counter := "c10:bg:{b}:res:1", "c10:bg:{b}:stranger"
 			charges := []Charge{{Key: counter, Amount: 30, Limit: 100, TTL: time.Hour}}
-			if res, err := s.Reserve(ctx, record, time.Minute, charges); err != nil || !res.Admitted {
+			if res, err := s.Reserve(ctx, recordOf(record), time.Minute, charges); err != nil || !res.Admitted {
 				t.Fatalf("reserve: %+v %v", res, err)
 			}
 			if !stored(t, s, record) || !stored(t, s, counter) {
 				t.Fatal("a reservation keeps its record and its counter")
 			}
-			if ok, err := s.Settle(ctx, record, time.Minute, []Adjustment{{Key: counter, Amount: 0, TTL: time.Hour}}); err != nil || !ok {
+			if ok, err := s.Settle(ctx, recordOf(record), time.Minute, []Adjustment{{Key: counter, Amount: 0, TTL: time.Hour}}); err != nil || !ok {
 				t.Fatalf("release: %v %v", ok, err)
 			}
 			if stored(t, s, record) || stored(t, s, counter) {
 				t.Fatalf("after the release: record kept %v, counter kept %v; want neither", stored(t, s, record), stored(t, s, counter))
 			}
 			// The record is gone, not tombstoned: the same id reserves again.
-			if res, err := s.Reserve(ctx, record, time.Minute, charges); err != nil || !res.Admitted {
+			if res, err := s.Reserve(ctx, recordOf(record), time.Minute, charges); err != nil || !res.Admitted {
 				t.Fatalf("a reserve of the same id after the settle: %+v %v, want admitted", res, err)
 			}
 		}},
 		{"a charge of 0 writes no counter", func(t *testing.T, s Store) {
 			ctx := context.Background()
-			if res, err := s.Reserve(ctx, "c11:bg:{b}:res:1", time.Minute, []Charge{{Key: "c11:bg:{b}:free", Amount: 0, Limit: 100, TTL: time.Hour}}); err != nil || !res.Admitted {
+			if res, err := s.Reserve(ctx, recordOf("c11:bg:{b}:res:1"), time.Minute, []Charge{{Key: "c11:bg:{b}:free", Amount: 0, Limit: 100, TTL: time.Hour}}); err != nil || !res.Admitted {
 				t.Fatalf("reserve: %+v %v", res, err)
 			}
 			if stored(t, s, "c11:bg:{b}:free") {
@@ -285,10 +358,10 @@ func TestStoreConformance(t *testing.T) {
 			ctx := context.Background()
 			charges := []Charge{{Key: "c9:bg:{b}:x", Amount: 30, Limit: 100, TTL: time.Hour}}
 			release := []Adjustment{{Key: "c9:bg:{b}:x", Amount: 0, TTL: time.Hour}}
-			if ok, err := s.Settle(ctx, "c9:bg:{b}:res:late", time.Minute, release); err != nil || ok {
+			if ok, err := s.Settle(ctx, recordOf("c9:bg:{b}:res:late"), time.Minute, release); err != nil || ok {
 				t.Fatalf("a release of a reservation that never ran: applied %v, %v; want nothing applied", ok, err)
 			}
-			res, err := s.Reserve(ctx, "c9:bg:{b}:res:late", time.Minute, charges)
+			res, err := s.Reserve(ctx, recordOf("c9:bg:{b}:res:late"), time.Minute, charges)
 			if err != nil || !res.Cancelled || res.Admitted {
 				t.Fatalf("the late reserve: %+v, %v; want cancelled", res, err)
 			}
@@ -296,11 +369,11 @@ func TestStoreConformance(t *testing.T) {
 				t.Fatalf("counter = %d after a cancelled reserve, want 0", got[0])
 			}
 			// The usual order: reserve, then release, returns the charge once.
-			if res, err := s.Reserve(ctx, "c9:bg:{b}:res:on-time", time.Minute, charges); err != nil || !res.Admitted {
+			if res, err := s.Reserve(ctx, recordOf("c9:bg:{b}:res:on-time"), time.Minute, charges); err != nil || !res.Admitted {
 				t.Fatalf("reserve: %+v %v", res, err)
 			}
 			for i := 0; i < 2; i++ {
-				if _, err := s.Settle(ctx, "c9:bg:{b}:res:on-time", time.Minute, release); err != nil {
+				if _, err := s.Settle(ctx, recordOf("c9:bg:{b}:res:on-time"), time.Minute, release); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -612,8 +685,8 @@ func TestRedisKeysHideThePrincipalAndExpire(t *testing.T) {
 	b := []Budget{tokenBudget("daily", PerKey, 1000)}
 	mustReserve(t, e, b, Dims{Principal: "Bearer sk-secret-123"}, 10)
 	keys, err := c.Keys(context.Background(), "*").Result()
-	if err != nil || len(keys) != 2 {
-		t.Fatalf("keys %v %v, want the counter and the reservation's record", keys, err)
+	if err != nil || len(keys) != 4 {
+		t.Fatalf("keys %v %v, want the counter, the reservation's record, the owners and the owner's open set", keys, err)
 	}
 	for _, k := range keys {
 		if strings.Contains(k, "sk-secret") {
@@ -647,10 +720,18 @@ func TestFleetNeverOvershoots(t *testing.T) {
 	srv := redistest.Start(t)
 	const limit = 20_000
 	b := []Budget{tokenBudget("shared", Global, limit)}
+	// Clients that wait for their connections: 300 reserves at once dial
+	// about 60, which a busy machine's redis-server accepts slower than
+	// the test clients' 200 ms (made for outages) allow.
+	client := func() *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 5 * time.Second})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
 	engines := []*Engine{
-		NewEngine(NewRedisStore(srv.Client(t)), "fleet"),
-		NewEngine(NewRedisStore(srv.Client(t)), "fleet"),
-		NewEngine(NewRedisStore(srv.Client(t)), "fleet"),
+		NewEngine(NewRedisStore(client()), "fleet"),
+		NewEngine(NewRedisStore(client()), "fleet"),
+		NewEngine(NewRedisStore(client()), "fleet"),
 	}
 	watcher := engines[0]
 	stop := make(chan struct{})

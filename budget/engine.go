@@ -69,6 +69,18 @@ type Engine struct {
 	// OnPanic, when set, is told of a panic in a background resolution or
 	// probe, which is stopped there instead of ending the process.
 	OnPanic safego.Report
+	// The instance's word (lapse.go): its owner name, its open
+	// reservations, and the loop that says it is alive and writes grants.
+	owner     string
+	openMu    sync.Mutex
+	open      map[*Reservation]struct{}
+	speakOnce sync.Once
+	// Lapse is how long an instance may be silent before the fleet settles
+	// its open reservations (default DefaultLapse); set before first use.
+	Lapse time.Duration
+	// OnSweep, when set, is told how many reservations of silent
+	// instances a sweep settled (only when some were).
+	OnSweep func(settled int)
 	// background tracks resolves and probes, so Close can wait for them.
 	background sync.WaitGroup
 	closed     chan struct{}
@@ -77,7 +89,8 @@ type Engine struct {
 
 // NewEngine returns an engine keeping its counters in store under prefix.
 func NewEngine(store Store, prefix string) *Engine {
-	return &Engine{store: store, prefix: prefix, now: time.Now, closed: make(chan struct{})}
+	return &Engine{store: store, prefix: prefix, now: time.Now, closed: make(chan struct{}),
+		owner: newReservationID(), open: make(map[*Reservation]struct{}), Lapse: DefaultLapse}
 }
 
 // Down reports whether the breaker is open: a store call failed, a probe
@@ -87,7 +100,8 @@ func (e *Engine) Down() bool { return e.down.Load() }
 // StoreErrors counts, since the engine was built, the store calls that
 // failed: reserves, each settle attempt and background release attempt,
 // reads and resets. The breaker's probes are not counted, and neither are
-// the reserves the open breaker answers without asking the store.
+// the reserves the open breaker answers without asking the store, nor the
+// instance's word and sweeps (lapse.go), which are not a request's.
 func (e *Engine) StoreErrors() uint64 { return e.storeErrors.Load() }
 
 // failed counts a failed store call and returns its error.
@@ -166,6 +180,8 @@ type Reservation struct {
 	settle atomic.Uint32
 	// crossings are the alerts its settle reached first (see Crossings).
 	crossings []Crossing
+	// grants is what its stream was granted (lapse.go).
+	grants grants
 }
 
 // What an engine knows of a reservation's settle.
@@ -219,7 +235,7 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 		e.nameWindowKeys(&r.Holds[i], scopeID, now)
 		charges[i] = e.chargeOf(r, &r.Holds[i], scopeID)
 	}
-	res, err := e.store.Reserve(ctx, e.recordKey(r), recordTTL, charges)
+	res, err := e.store.Reserve(ctx, e.record(r), recordTTL, charges)
 	if e.failed(err) != nil {
 		e.suspect()
 		e.resolve(r, releaseOf(r), "reserve", "released", "cancelled")
@@ -239,6 +255,7 @@ func (e *Engine) reserve(ctx context.Context, budgets []Budget, dims Dims, estim
 	if !res.Admitted {
 		return nil, r.denial(res.Denied, r.Holds[res.Denied].Amount), nil
 	}
+	e.opened(r)
 	return r, nil, nil
 }
 
@@ -354,7 +371,7 @@ func (e *Engine) resolve(r *Reservation, adjs []Adjustment, kind, applied, notAp
 				closing = true // one last try on the way out
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			ok, err := e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs)
+			ok, err := e.store.Settle(ctx, e.record(r), settledTTL, adjs)
 			cancel()
 			if e.failed(err) == nil {
 				outcome = notApplied
@@ -366,6 +383,9 @@ func (e *Engine) resolve(r *Reservation, adjs []Adjustment, kind, applied, notAp
 			if closing {
 				break
 			}
+		}
+		if kind == "settle" {
+			e.settled(r)
 		}
 		if e.OnResolve != nil {
 			e.OnResolve(r, kind, outcome)
@@ -507,12 +527,13 @@ func (e *Engine) settle(ctx context.Context, r *Reservation, adjs []Adjustment) 
 			case <-time.After(settleBackoff << (attempt - 1)):
 			}
 		}
-		applied, err := e.store.Settle(ctx, e.recordKey(r), settledTTL, adjs)
+		applied, err := e.store.Settle(ctx, e.record(r), settledTTL, adjs)
 		if e.failed(err) != nil {
 			r.settle.CompareAndSwap(settleNone, settleUnsure)
 			lastErr = err
 			continue
 		}
+		e.settled(r)
 		if applied {
 			r.settle.Store(settleApplied)
 			r.collectCrossings(adjs)

@@ -23,6 +23,8 @@ type MemoryStore struct {
 	tops map[string]*memoryTop
 	// learned is what models' answers showed, by key.
 	learned map[string]learnedValue
+	// owners are the owners' sets, by key (memory_lapse.go).
+	owners map[string]map[string]*memoryOwner
 }
 
 // memoryTop is a top set: members' counters, kept while it is written.
@@ -41,6 +43,11 @@ type memoryValue struct {
 	// reserve's order; extended, the last extension applied.
 	held     []int64
 	extended int
+	// For the sweep (memory_lapse.go): the counters' keys and TTLs, the
+	// last grant's number and what a lapse returns of each counter.
+	counters []Charge
+	grantSeq int64
+	returns  []int64
 }
 
 const (
@@ -52,7 +59,8 @@ var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{keys: make(map[string]memoryValue), now: time.Now, overrides: make(map[string]map[string]int64), tops: make(map[string]*memoryTop)}
+	return &MemoryStore{keys: make(map[string]memoryValue), now: time.Now, overrides: make(map[string]map[string]int64), tops: make(map[string]*memoryTop),
+		owners: make(map[string]map[string]*memoryOwner)}
 }
 
 // get reads a live value; callers hold m.mu.
@@ -64,7 +72,8 @@ func (m *MemoryStore) get(key string, now time.Time) (int64, bool) {
 }
 
 // Reserve implements Store.
-func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
+func (m *MemoryStore) Reserve(_ context.Context, rec Record, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
+	record := rec.Key
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -78,7 +87,8 @@ func (m *MemoryStore) Reserve(_ context.Context, record string, recordTTL time.D
 	}
 	held := make([]int64, len(charges))
 	m.charge(charges, res.Used, held, now)
-	m.keys[record] = memoryValue{value: recordReserved, expires: now.Add(recordTTL), held: held}
+	m.keys[record] = memoryValue{value: recordReserved, expires: now.Add(recordTTL), held: held, counters: slices.Clone(charges)}
+	m.owner(rec.Owners, rec.Owner, now).open[record] = struct{}{}
 	res.Admitted = true
 	return res, nil
 }
@@ -158,7 +168,8 @@ func (m *MemoryStore) charge(charges []Charge, used, held []int64, now time.Time
 }
 
 // Settle implements Store.
-func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
+func (m *MemoryStore) Settle(_ context.Context, rec Record, ttl time.Duration, adjs []Adjustment) (bool, error) {
+	record := rec.Key
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -170,16 +181,21 @@ func (m *MemoryStore) Settle(_ context.Context, record string, ttl time.Duration
 	if state != recordReserved {
 		return false, nil
 	}
-	rec := m.keys[record]
+	held := m.keys[record].held
 	delete(m.keys, record)
+	if o := m.owners[rec.Owners][rec.Owner]; o != nil {
+		if delete(o.open, record); len(o.open) == 0 {
+			delete(m.owners[rec.Owners], rec.Owner)
+		}
+	}
 	for i, a := range adjs {
 		v, _ := m.get(a.Key, now)
 		if a.Amount != KeepHeld {
-			var held int64
-			if i < len(rec.held) {
-				held = rec.held[i]
+			var h int64
+			if i < len(held) {
+				h = held[i]
 			}
-			if v += a.Amount - held; v > 0 {
+			if v += a.Amount - h; v > 0 {
 				m.keys[a.Key] = memoryValue{value: v, expires: now.Add(a.TTL)}
 			} else {
 				delete(m.keys, a.Key)

@@ -15,7 +15,10 @@ import (
 // tombstone), n the last extension applied, and h<i> what it holds of the
 // i-th counter (1-based, in the order of the reserve's charges), so a settle
 // moves each counter from what is held, whatever extensions applied, to what
-// was used.
+// was used. For the fleet's sweep of a silent instance's reservations
+// (redis_lapse.go) it also names its owner (o), each counter (k<i>) and its
+// ttl_ms (t<i>), and, once granted, the grant's number (q) and what a lapse
+// returns of each counter (u<i>).
 
 // reserveScript checks every counter against its limit in force, then
 // charges every counter and writes the reservation's record, in one
@@ -27,21 +30,26 @@ import (
 // reservation was released before this script ran: nothing is charged. A
 // charge of 0 writes no counter.
 //
+// An admitted reservation joins its owner's open set, and its owner's last
+// word (in the owners' sorted set, by the store's clock) is now.
+//
 // KEYS[1]: the record; KEYS[2..n+1]: the counters; KEYS[n+2], if given: the
-// override table. ARGV[1]: record ttl_ms; then amount, limit, ttl_ms and
-// override field ("" for none) for each counter in order. Returns {admitted
+// override table; then the owners' set and the owner's open set.
+// ARGV[1]: record ttl_ms; then amount, limit, ttl_ms and override field (""
+// for none) for each counter in order; last, the owner. Returns {admitted
 // (0|1|-1 cancelled), denied index (1-based, 0 if admitted), used..., limits
 // in force...}.
 var reserveScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-1, 0}
 end
-local n = (#ARGV - 1) / 4
+local n = (#ARGV - 2) / 4
+local owner, owners, open = ARGV[#ARGV], KEYS[#KEYS-1], KEYS[#KEYS]
 local limits = {}
 for i = 1, n do
   limits[i] = tonumber(ARGV[4*i-1])
 end
-if KEYS[n+2] then
+if #KEYS == n + 4 then
   local fields, at = {}, {}
   for i = 1, n do
     if ARGV[4*i+1] ~= '' then
@@ -68,17 +76,24 @@ for i = 1, n do
 end
 local out = {0, denied}
 if denied == 0 then
-  local record = {'s', 'r'}
+  local record = {'s', 'r', 'o', owner}
   for i = 1, n do
     if tonumber(ARGV[4*i-2]) ~= 0 then
       used[i] = redis.call('INCRBY', KEYS[i+1], ARGV[4*i-2])
       redis.call('PEXPIRE', KEYS[i+1], ARGV[4*i])
     end
-    record[#record+1] = 'h' .. i
-    record[#record+1] = ARGV[4*i-2]
+    local c = #record
+    record[c+1], record[c+2] = 'h' .. i, ARGV[4*i-2]
+    record[c+3], record[c+4] = 'k' .. i, KEYS[i+1]
+    record[c+5], record[c+6] = 't' .. i, ARGV[4*i]
   end
   redis.call('HSET', KEYS[1], unpack(record))
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  redis.call('SADD', open, KEYS[1])
+  redis.call('PEXPIRE', open, ARGV[1])
+  local t = redis.call('TIME')
+  redis.call('ZADD', owners, t[1] * 1000 + math.floor(t[2] / 1000), owner)
+  redis.call('PEXPIRE', owners, ARGV[1])
   out[1] = 1
 end
 for i = 1, n do
@@ -150,13 +165,15 @@ return {1, 0, unpack(used)}
 //
 // KEYS[1]: the record; KEYS[2..n+1]: its counters, in the reserve's order;
 // then, for each counter in order, its top set if it has a member and its
-// alerted hash if it has alerts. ARGV[1]: ttl_ms of a tombstone; then, for
-// each counter, amount (-1: keep what is held), ttl_ms, member ("" for
-// none) and alerts ("<amount> <field> ...", "" for none). Returns {0} if
-// not applied, else {1, then each counter's alerts reached first (a bit
-// each, in order) and value after}.
+// alerted hash if it has alerts; last, the owners' set and its owner's open
+// set (an owner with nothing open leaves the owners' set). ARGV[1]: ttl_ms
+// of a tombstone; then, for each counter, amount (-1: keep what is held),
+// ttl_ms, member ("" for none) and alerts ("<amount> <field> ...", "" for
+// none); last, the owner. Returns {0} if not applied, else {1, then each
+// counter's alerts reached first (a bit each, in order) and value after}.
 var settleScript = redis.NewScript(`
-local n = (#ARGV - 1) / 4
+local n = (#ARGV - 2) / 4
+local rec_owner = ARGV[#ARGV]
 local fields = {'s'}
 for i = 1, n do
   fields[i+1] = 'h' .. i
@@ -213,6 +230,10 @@ for i = 1, n do
   out[#out+1] = v
 end
 redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[#KEYS], KEYS[1])
+if redis.call('SCARD', KEYS[#KEYS]) == 0 then
+  redis.call('ZREM', KEYS[#KEYS-1], rec_owner)
+end
 return out
 `)
 
@@ -252,8 +273,8 @@ func chargesInput(record string, first any, charges []Charge) ([]string, []any) 
 
 // reserveInput is the KEYS and ARGV of reserveScript: the record, each
 // counter, and the override table the charges name, if any.
-func reserveInput(record string, recordTTL time.Duration, charges []Charge) ([]string, []any, error) {
-	keys, args := scriptInput(record, recordTTL.Milliseconds(), len(charges)+1, 4)
+func reserveInput(rec Record, recordTTL time.Duration, charges []Charge) ([]string, []any, error) {
+	keys, args := scriptInput(rec.Key, recordTTL.Milliseconds(), len(charges)+3, 4)
 	table := ""
 	for _, c := range charges {
 		keys = append(keys, c.Key)
@@ -268,12 +289,14 @@ func reserveInput(record string, recordTTL time.Duration, charges []Charge) ([]s
 	if table != "" {
 		keys = append(keys, table)
 	}
+	keys = append(keys, rec.Owners, rec.open())
+	args = append(args, rec.Owner)
 	return keys, args, nil
 }
 
 // Reserve implements Store.
-func (r *RedisStore) Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
-	keys, args, err := reserveInput(record, recordTTL, charges)
+func (r *RedisStore) Reserve(ctx context.Context, rec Record, recordTTL time.Duration, charges []Charge) (ReserveResult, error) {
+	keys, args, err := reserveInput(rec, recordTTL, charges)
 	if err != nil {
 		return ReserveResult{}, err
 	}
@@ -318,8 +341,8 @@ func (r *RedisStore) Override(ctx context.Context, table, field string) (int64, 
 }
 
 // settleInput is the KEYS and ARGV of settleScript.
-func settleInput(record string, ttl time.Duration, adjs []Adjustment) ([]string, []any) {
-	keys, args := scriptInput(record, ttl.Milliseconds(), 3*len(adjs), 4)
+func settleInput(rec Record, ttl time.Duration, adjs []Adjustment) ([]string, []any) {
+	keys, args := scriptInput(rec.Key, ttl.Milliseconds(), 3*len(adjs)+1, 4)
 	for _, a := range adjs {
 		keys = append(keys, a.Key)
 		args = append(args, a.Amount, a.TTL.Milliseconds(), a.Member, alertsArg(a.Alerts))
@@ -332,7 +355,7 @@ func settleInput(record string, ttl time.Duration, adjs []Adjustment) ([]string,
 			keys = append(keys, a.Alerted)
 		}
 	}
-	return keys, args
+	return append(keys, rec.Owners, rec.open()), append(args, rec.Owner)
 }
 
 // alertsArg is alerts as settleScript reads them: "<amount> <field> ...".
@@ -348,8 +371,8 @@ func alertsArg(alerts []Alert) string {
 }
 
 // Settle implements Store.
-func (r *RedisStore) Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (bool, error) {
-	keys, args := settleInput(record, ttl, adjs)
+func (r *RedisStore) Settle(ctx context.Context, rec Record, ttl time.Duration, adjs []Adjustment) (bool, error) {
+	keys, args := settleInput(rec, ttl, adjs)
 	vals, err := settleScript.Run(ctx, r.client, keys, args...).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("budget settle script: %w", err)

@@ -91,6 +91,31 @@ type TopEntry struct {
 	Used   int64
 }
 
+// Record names a reservation's record and its owner, the instance that made
+// it, whose open reservations the fleet settles should it fall silent.
+type Record struct {
+	Key string
+	// Owners is the key of the owners' sorted set (by the store's clock of
+	// each owner's last word); Owner names this reservation's. Both carry
+	// the record's hash tag.
+	Owners, Owner string
+}
+
+// open is the key of the set of the owner's open reservations.
+func (r Record) open() string { return openKey(r.Owners, r.Owner) }
+
+func openKey(owners, owner string) string { return owners + ":" + owner }
+
+// Grant is what a lapse of a reservation returns of each of its counters
+// (in the reserve's order): the part of its hold its instance had not yet
+// been granted to use. Grants of a record are numbered from 1; a lower
+// number than the last written is stale and changes nothing.
+type Grant struct {
+	Record  string
+	Seq     int64
+	Returns []int64
+}
+
 // KeepHeld is the Adjustment amount that charges what a reservation holds.
 const KeepHeld = -1
 
@@ -105,7 +130,9 @@ type Store interface {
 	// Reserve adds every charge if each counter stays within its limit, and
 	// adds none otherwise, in one atomic step; when it adds, it writes the
 	// record (kept for recordTTL). A charge of 0 writes no counter.
-	Reserve(ctx context.Context, record string, recordTTL time.Duration, charges []Charge) (ReserveResult, error)
+	// The reservation joins its owner's open reservations, and the owner's
+	// last word is now (see Sweep).
+	Reserve(ctx context.Context, rec Record, recordTTL time.Duration, charges []Charge) (ReserveResult, error)
 	// Extend adds every charge to a reserved record's counters if each
 	// stays within its limit, and none otherwise, in one atomic step, and
 	// adds them to what the record holds. Extensions are numbered from 1 and
@@ -118,7 +145,23 @@ type Store interface {
 	// deletes the record and every counter that falls to 0 or below; applied is false when there was no reserved record (settled
 	// already, expired, lost with the store's data, or never reserved: then
 	// a tombstone is kept for ttl, which cancels a reserve arriving late).
-	Settle(ctx context.Context, record string, ttl time.Duration, adjs []Adjustment) (applied bool, err error)
+	// An applied settle takes the reservation out of its owner's open ones.
+	Settle(ctx context.Context, rec Record, ttl time.Duration, adjs []Adjustment) (applied bool, err error)
+	// Grant writes, for each grant whose number is above the last its
+	// record took, what a lapse of the reservation returns of each counter
+	// (see Sweep), and makes now the owner's last word, in one step. Gone
+	// reports, by grant, a record not reserved any more (settled, swept,
+	// expired): nothing is written to it. With no grants it is the owner's
+	// word alone.
+	Grant(ctx context.Context, owners, owner string, grants []Grant) (gone []bool, err error)
+	// Sweep settles, in one step, at most n open reservations of the owners
+	// whose last word is lapse or more ago by the store's clock, except's
+	// apart: each counter moves from what the reservation holds to that
+	// less what its last grant returns (nothing without a grant), and the
+	// record becomes a tombstone, so the owner's own settle, should it come
+	// after all, applies nothing. An owner with no open reservation left
+	// leaves the owners' set. It reports how many it settled.
+	Sweep(ctx context.Context, owners, except string, lapse time.Duration, n int) (int, error)
 	// Get reads counters; a missing one reads 0.
 	Get(ctx context.Context, keys []string) ([]int64, error)
 	// Reset zeroes counters (a missing one stays 0), in one step. The records
