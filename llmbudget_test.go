@@ -427,7 +427,7 @@ func TestOnRedisCluster(t *testing.T) {
 	eventuallyValue(t, 5*time.Second, "one fleet counter key on the cluster", func() int64 {
 		var n atomic.Int64 // ForEachMaster visits the nodes concurrently
 		_ = cc.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
-			keys, _ := node.Keys(ctx, "*:rl:{z:*").Result()
+			keys, _ := node.Keys(ctx, "*:rl3:{z:*").Result()
 			n.Add(int64(len(keys)))
 			return nil
 		})

@@ -164,7 +164,7 @@ func fleetSlots(t *testing.T, srv *redistest.Server, prefix string) map[int64]in
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 	defer c.Close()
 	ctx := context.Background()
-	keys, err := c.Keys(ctx, prefix+":rl:{*").Result()
+	keys, err := c.Keys(ctx, prefix+":rl3:{*").Result()
 	if err != nil || len(keys) > 1 {
 		t.Fatalf("fleet keys on %s: %v %v, want at most one", srv.Addr(), keys, err)
 	}

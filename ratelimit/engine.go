@@ -78,7 +78,11 @@ type Engine struct {
 	onPanic      safego.Report
 	solo         bool
 	maxInstances atomic.Int64
-	floors       atomic.Bool
+	// fleetSlots is the fleet's max instances as the last heartbeat learned
+	// it (0: none yet): floors are sized by it, not by this instance's
+	// configuration, and lastMismatch is the last differing number logged.
+	fleetSlots, lastMismatch atomic.Int64
+	floors                   atomic.Bool
 
 	interval atomic.Int64 // nanoseconds
 
@@ -153,8 +157,8 @@ func NewEngine(o Options) (*Engine, error) {
 		onEarly:  o.OnEarlySync,
 		onPanic:  o.OnPanic,
 		member:   1 + rand.Int64N(1<<53-1),
-		slotsKey: o.Prefix + ":rl:slots2:{fleet}",
-		hotKey:   o.Prefix + ":rl:hot4:{fleet}",
+		slotsKey: o.Prefix + ":rl3:slots:{fleet}",
+		hotKey:   o.Prefix + ":rl3:hot:{fleet}",
 		solo:     o.Solo,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -190,8 +194,18 @@ func (e *Engine) SetMaxInstances(n int) {
 	e.maxInstances.Store(int64(min(n, 64)))
 }
 
-// MaxInstances is the number of instance slots.
+// MaxInstances is the number of instance slots this instance is
+// configured with.
 func (e *Engine) MaxInstances() int { return int(e.maxInstances.Load()) }
+
+// slots is the number of instance slots floors are sized by: the fleet's,
+// once a heartbeat has learned it.
+func (e *Engine) slots() int {
+	if n := e.fleetSlots.Load(); n > 0 {
+		return int(n)
+	}
+	return e.MaxInstances()
+}
 
 // SetNearLimit turns the floors on or off (see Options.FixedInterval).
 func (e *Engine) SetNearLimit(on bool) { e.floors.Store(on) }

@@ -17,7 +17,7 @@ func (e *Engine) floor(events, now int64) int64 {
 	if !e.floors.Load() || e.slot.Load() < 0 || now >= e.heldUntil.Load() {
 		return 0
 	}
-	return floorSize(events, e.MaxInstances())
+	return floorSize(events, e.slots())
 }
 
 // floorOf is the key's floor here at now: 0 while the key is hot, as the

@@ -31,8 +31,8 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 	c := call{zone: z, hash: h, since: en.calledAt}
 	l := Lease{
 		Key: z.storeKey(h), Now: now / 1e6, Oldest: z.slots.Oldest(now), TTL: time.Duration(2 * z.window()),
-		Member: e.member, Life: e.life.Load(), Floor: floorSize(events, e.MaxInstances()),
-		Events: events, MaxInstances: e.MaxInstances(), Settle: time.Duration(e.settle()), Gap: time.Duration(z.gap()),
+		Member: e.member, Life: e.life.Load(), Floor: floorSize(events, e.slots()),
+		Events: events, MaxInstances: e.slots(), Settle: time.Duration(e.settle()), Gap: time.Duration(z.gap()),
 		Push: en.takeUnpushed(ring),
 	}
 	l.View, l.Lives = e.lives(now)

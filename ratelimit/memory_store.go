@@ -210,23 +210,24 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	tbl := m.hash(key)
-	recs := make([]*slotRecord, b.MaxInstances)
+	member, keep, ttl := itoa(b.Member), b.Keep.Milliseconds(), b.TTL.Milliseconds()
+	n := m.fleetSlots(tbl, b, keep)
+	recs := make([]*slotRecord, n)
 	for f, v := range tbl.fields {
 		p := strings.Fields(v)
-		if j := atoi(f[1:]); f[0] == 's' && j < int64(len(recs)) && len(p) == 4 {
+		if j := atoi(f[1:]); f[0] == 's' && j < int64(n) && len(p) == 4 {
 			recs[j] = &slotRecord{member: p[0], life: atoi(p[1]), until: atoi(p[2]), flushed: p[3] == "true"}
 		}
 	}
-	member, keep, ttl := itoa(b.Member), b.Keep.Milliseconds(), b.TTL.Milliseconds()
 	slot := b.Slot
-	if slot >= len(recs) || slot >= 0 && (recs[slot] == nil || recs[slot].member != member) {
-		slot = -1 // lost: its record lapsed and another took it
+	if n != b.MaxInstances || slot >= len(recs) || slot >= 0 && (recs[slot] == nil || recs[slot].member != member) {
+		slot = -1 // lost: its record lapsed and another took it (or n differs)
 	}
 	switch {
 	case slot >= 0:
 		recs[slot].until, recs[slot].flushed = b.Now+ttl, b.Flushed
 		tbl.fields["s"+strconv.Itoa(slot)] = recs[slot].String()
-	case ttl > 0:
+	case ttl > 0 && n == b.MaxInstances:
 		for j, r := range recs {
 			if r == nil || r.free(b.Now, keep, b.Settle.Milliseconds()) {
 				slot, recs[j] = j, &slotRecord{member: member, life: max(b.Now, atoi(tbl.fields["l"])+1), until: b.Now + ttl}
@@ -236,7 +237,7 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 		}
 	}
 	tbl.expire(keep+60_000, m.now().UnixMilli())
-	t := SlotTable{Slot: -1}
+	t := SlotTable{Slot: -1, Slots: n}
 	if slot >= 0 && ttl > 0 {
 		t.Slot, t.Life = slot, recs[slot].life
 	}
@@ -250,6 +251,23 @@ func (m *MemoryStore) Beat(_ context.Context, key, hotKey string, b Beat) (SlotT
 	}
 	t.Hot = m.hot(hotKey, b)
 	return t, nil
+}
+
+// fleetSlots is the fleet's max instances, as slots.lua keeps it: the
+// table's while a record of any slot counts, else b's (and kept).
+func (m *MemoryStore) fleetSlots(tbl *memoryHash, b Beat, keep int64) int {
+	n, stored := b.MaxInstances, int(atoi(tbl.fields["n"]))
+	for f, v := range tbl.fields {
+		if p := strings.Fields(v); f[0] == 's' && len(p) == 4 && stored > 0 {
+			r := slotRecord{until: atoi(p[2]), flushed: p[3] == "true"}
+			if r.counts(b.Now, keep) {
+				n = stored
+				break
+			}
+		}
+	}
+	tbl.fields["n"] = strconv.Itoa(n)
+	return n
 }
 
 // hot records the keys b called hot and answers every hot key not past its

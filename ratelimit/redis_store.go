@@ -88,30 +88,37 @@ func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (Slot
 	if err != nil {
 		return SlotTable{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
-	t, err := parseSlotTable(res, b.MaxInstances)
+	t, err := parseSlotTable(res)
 	if err != nil {
 		return SlotTable{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
 	return t, nil
 }
 
-// parseSlotTable reads slots.lua's reply: slot, life, live, a life per
-// slot, then pairs of hot key and until.
-func parseSlotTable(res []any, slots int) (SlotTable, error) {
-	head := 3 + slots
+// parseSlotTable reads slots.lua's reply: slot, life, live, the fleet's
+// max instances n, a life per slot of n, then pairs of hot key and until.
+func parseSlotTable(res []any) (SlotTable, error) {
+	if len(res) < 4 {
+		return SlotTable{}, fmt.Errorf("unexpected reply %v", res)
+	}
+	n, err := toInt(res[3])
+	if err != nil || n < 1 || n > 64 {
+		return SlotTable{}, fmt.Errorf("unexpected reply %v", res)
+	}
+	head := 4 + int(n)
 	if len(res) < head || (len(res)-head)%2 != 0 {
 		return SlotTable{}, fmt.Errorf("unexpected reply %v", res)
 	}
 	ints := make([]int64, head)
 	for i := range ints {
-		n, err := toInt(res[i])
+		v, err := toInt(res[i])
 		if err != nil {
 			return SlotTable{}, err
 		}
-		ints[i] = n
+		ints[i] = v
 	}
-	t := SlotTable{Slot: int(ints[0]), Life: ints[1], Live: int(ints[2])}
-	for _, l := range ints[3:] {
+	t := SlotTable{Slot: int(ints[0]), Life: ints[1], Live: int(ints[2]), Slots: int(n)}
+	for _, l := range ints[4:] {
 		if l != 0 {
 			t.Lives = append(t.Lives, l)
 		}

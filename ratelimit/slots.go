@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/fleetguard/fleetguard/internal/keyhash"
 )
 
@@ -68,8 +70,25 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 	e.heldUntil.Store(now + e.staleAfter())
 	e.view.Store(&slotView{at: now, lives: t.Lives})
 	e.live.Store(int64(t.Live))
+	e.learnSlots(t.Slots)
 	for _, z := range *e.zones.Load() {
 		z.learnHot(t.Hot, e, now)
+	}
+}
+
+// learnSlots takes the fleet's max instances from a heartbeat. An instance
+// configured otherwise holds no slot (its floors would not add up with the
+// fleet's) and admits every key on leases until no slot is held under the
+// fleet's number; it says so once per number.
+func (e *Engine) learnSlots(n int) {
+	e.fleetSlots.Store(int64(n))
+	if n == e.MaxInstances() {
+		e.lastMismatch.Store(0)
+		return
+	}
+	if e.lastMismatch.Swap(int64(n)) != int64(n) {
+		e.log.Warn("fleet max_instances differs from this instance's; taking no instance slot (every key on leases) until no instance holds one under the fleet's",
+			zap.Int("configured", e.MaxInstances()), zap.Int("fleet", n))
 	}
 }
 

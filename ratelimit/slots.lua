@@ -9,21 +9,28 @@
 -- ARGV[3] now (Unix ms)     ARGV[4] live for (ms; 0: it releases its slot)
 -- ARGV[5] 1: the release pushed every floor admit
 -- ARGV[6] keep (ms): a dead holder's floor admits count this long after it
--- ARGV[7] max instances     ARGV[8] a hot key is kept this long past its until
+-- ARGV[7] max instances as this instance is configured: the fleet's number
+--         ("n") is the one the table's counting records took their slots
+--         under, and an instance configured otherwise takes no slot
+--         (its floors would not add up with theirs) until none counts
+-- ARGV[8] a hot key is kept this long past its until
 -- ARGV[9] settle (ms): a slot released flushed is free this long after
 -- ARGV[10…] pairs of a key this instance called hot and until when
--- Returns { slot, life, live, the lives whose floor admits may count (one
--- per slot, 0: none), then pairs of hot key and until }.
+-- Returns { slot, life, live, the fleet's max instances n, the lives whose
+-- floor admits may count (one per slot of n, 0: none), then pairs of hot
+-- key and until }.
 local tbl, hot = KEYS[1], KEYS[2]
 local member, slot, now = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, keep, n = tonumber(ARGV[4]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local recs, lastLife = {}, 0
+local recs, lastLife, stored = {}, 0, nil
 local fields = redis.call('HGETALL', tbl)
 for i = 1, #fields, 2 do
 	local j = tonumber(string.sub(fields[i], 2))
 	local m, l, u, fl = string.match(fields[i + 1], '^(%d+) (%d+) (%d+) (%d)$')
 	if fields[i] == 'l' then
 		lastLife = tonumber(fields[i + 1])
+	elseif fields[i] == 'n' then
+		stored = tonumber(fields[i + 1])
 	elseif j and m then
 		recs[j] = { m = m, life = tonumber(l), untl = tonumber(u), flushed = fl == '1' }
 	end
@@ -42,14 +49,24 @@ local function save(j)
 	local r = recs[j]
 	redis.call('HSET', tbl, 's' .. j, r.m .. ' ' .. r.life .. ' ' .. r.untl .. ' ' .. (r.flushed and '1' or '0'))
 end
-if slot >= 0 and (slot >= n or not recs[slot] or recs[slot].m ~= member) then
-	slot = -1 -- lost: its record lapsed and another took it
+local configured, anyCounts = n, false
+for _, r in pairs(recs) do
+	anyCounts = anyCounts or counts(r)
+end
+if anyCounts and stored then
+	n = stored
+end
+if n ~= stored then
+	redis.call('HSET', tbl, 'n', n)
+end
+if n ~= configured or slot >= 0 and (slot >= n or not recs[slot] or recs[slot].m ~= member) then
+	slot = -1 -- lost: its record lapsed and another took it (or n differs)
 end
 if slot >= 0 then
 	local r = recs[slot]
 	r.untl, r.flushed = now + ttl, ARGV[5] == '1'
 	save(slot)
-elseif ttl > 0 then
+elseif ttl > 0 and n == configured then
 	for j = 0, n - 1 do
 		if not recs[j] or free(recs[j]) then
 			slot, lastLife = j, math.max(now, lastLife + 1)
@@ -61,7 +78,7 @@ elseif ttl > 0 then
 	end
 end
 redis.call('PEXPIRE', tbl, keep + 60000)
-local out, live = { -1, 0, 0 }, 0
+local out, live = { -1, 0, 0, n }, 0
 if slot >= 0 and ttl > 0 then
 	out[1], out[2] = slot, recs[slot].life
 end

@@ -87,6 +87,9 @@ type Beat struct {
 	// its end, while its floor admits may count.
 	Flushed      bool
 	Keep, Settle time.Duration
+	// MaxInstances is the number of slots this instance is configured with.
+	// The table keeps the number its counting holders took their slots
+	// under; while one counts, an instance configured otherwise takes none.
 	MaxInstances int
 	// HotKeep is how long a hot key is answered past its Until.
 	HotKeep time.Duration
@@ -98,6 +101,10 @@ type SlotTable struct {
 	Slot int   // the instance slot held (-1: none)
 	Life int64 // this holder's life in it
 	Live int
+	// Slots is the fleet's max instances: the number the slots held were
+	// taken under (see Beat.MaxInstances); an instance configured otherwise
+	// takes no slot while one of them counts.
+	Slots int
 	// Lives are the lives whose floor admits may count (see Lease.Lives).
 	Lives []int64
 	Hot   []HotKey

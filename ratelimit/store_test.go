@@ -222,6 +222,45 @@ func TestSlotTableConformance(t *testing.T) {
 	}
 }
 
+// TestSlotTableKeepsTheFleetsMaxInstances: the table keeps the number of
+// slots its holders took theirs under. A newcomer configured otherwise takes
+// no slot (its floors would not add up with theirs) and learns the fleet's
+// number; once no record counts, the next beat's number is the fleet's.
+func TestSlotTableKeepsTheFleetsMaxInstances(t *testing.T) {
+	for _, sc := range storeCases() {
+		t.Run(sc.name, func(t *testing.T) {
+			s := sc.setup(t)(t)
+			const tbl, hot = "mi:slots:{fleet}", "mi:hot:{fleet}"
+			beat := func(b Beat) SlotTable {
+				t.Helper()
+				b.Keep, b.Settle, b.HotKeep = 10*time.Second, time.Second, time.Second
+				st, err := s.Beat(context.Background(), tbl, hot, b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st
+			}
+			if a := beat(Beat{Member: 1, Slot: -1, Now: t0, TTL: 2 * time.Second, MaxInstances: 4}); a.Slot != 0 || a.Slots != 4 {
+				t.Fatalf("first: %+v, want slot 0 of 4", a)
+			}
+			if b := beat(Beat{Member: 2, Slot: -1, Now: t0 + 100, TTL: 2 * time.Second, MaxInstances: 8}); b.Slot != -1 || b.Slots != 4 || len(b.Lives) != 1 {
+				t.Fatalf("configured for 8 in a fleet of 4: %+v, want no slot, the fleet's 4 and its life", b)
+			}
+			if a := beat(Beat{Member: 1, Slot: 0, Now: t0 + 200, TTL: 2 * time.Second, MaxInstances: 8}); a.Slot != -1 || a.Slots != 4 {
+				t.Fatalf("the holder reconfigured for 8: %+v, want its slot given up", a)
+			}
+			// Its record (not renewed, not flushed) counts until a keep after
+			// its end, t0+2000.
+			if b := beat(Beat{Member: 2, Slot: -1, Now: t0 + 11_900, TTL: 2 * time.Second, MaxInstances: 8}); b.Slot != -1 || b.Slots != 4 {
+				t.Fatalf("configured for 8 while one counts: %+v", b)
+			}
+			if b := beat(Beat{Member: 2, Slot: -1, Now: t0 + 12_100, TTL: 2 * time.Second, MaxInstances: 8}); b.Slot != 0 || b.Slots != 8 || len(b.Lives) != 1 {
+				t.Fatalf("configured for 8 once none counts: %+v, want slot 0 of 8", b)
+			}
+		})
+	}
+}
+
 // Keys of a pass on a Cluster live on different nodes; one pass serves all.
 func TestRedisStoreSpreadsOverClusterNodes(t *testing.T) {
 	c := redistest.StartCluster(t)

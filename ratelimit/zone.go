@@ -24,7 +24,7 @@ type Zone struct {
 	name    string
 	id      int // creation order; requests lock zones in this order
 	slots   window.Slots
-	storeID string // <prefix>:rl:{<name>:  — the key's hash and storeSuffix follow
+	storeID string // <prefix>:rl3:{<name>:  — the key's hash and storeSuffix follow
 	// storeSuffix is }:<slot length ms>x<slots>.
 	storeSuffix string
 	maxKeys     atomic.Int64
@@ -65,7 +65,7 @@ func (s *shard) locked(fn func(s *shard)) {
 }
 
 func newZone(prefix, name string, id int, slots window.Slots) *Zone {
-	z := &Zone{name: name, id: id, slots: slots, storeID: prefix + ":rl:{" + name + ":",
+	z := &Zone{name: name, id: id, slots: slots, storeID: prefix + ":rl3:{" + name + ":",
 		storeSuffix: "}:" + strconv.FormatInt(slots.Len/1e6, 10) + "x" + strconv.FormatInt(slots.N, 10)}
 	z.maxKeys.Store(DefaultMaxKeys)
 	z.arena.ringLen = int(slots.N) + 1
@@ -99,7 +99,7 @@ func (z *Zone) MaxKeys() int64 { return z.maxKeys.Load() }
 // Keys is the number of tracked keys.
 func (z *Zone) Keys() int64 { return z.keys.Load() }
 
-// storeKey names a key's hash of slot counts: <prefix>:rl:{<zone>:<hash>}:<slot
+// storeKey names a key's hash of slot counts: <prefix>:rl3:{<zone>:<hash>}:<slot
 // length ms>x<slots>. The braces are a Redis Cluster hash tag, so every
 // command of a key touches one slot; the suffix keeps counts of another
 // window length apart.
