@@ -160,13 +160,19 @@ func (e *Engine) safely(where string, work func()) {
 
 func (e *Engine) timedPass(early bool) {
 	defer safego.Recover("reconciler pass", e.onPanic)
+	if now := time.Now().UnixNano(); !early && now-e.lastBeat.Load() >= e.beatEvery() {
+		// A heartbeat renews the slot for as long as it lands before the
+		// record ends: a slow store (a loaded machine) is waited for up to
+		// half the record's life, not one pass's, so that the floors do not
+		// stop while the store still answers.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(e.staleAfter()/2))
+		e.heartbeat(ctx, now)
+		cancel()
+	}
 	// A pass bounded by one interval: a dead or black-holed store is known
 	// down by the time the next pass is due.
 	ctx, cancel := context.WithTimeout(context.Background(), passTimeout(time.Duration(e.interval.Load())))
 	defer cancel()
-	if now := time.Now().UnixNano(); !early && now-e.lastBeat.Load() >= e.beatEvery() {
-		e.heartbeat(ctx, now)
-	}
 	_ = e.pass(ctx, time.Now().UnixNano(), early)
 }
 
