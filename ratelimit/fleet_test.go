@@ -300,3 +300,62 @@ func TestEarlyPassesAreReported(t *testing.T) {
 		t.Fatalf("OnEarlySync called %d times for one early pass, want 1", early)
 	}
 }
+
+// A store that answers slowly (replies later than a pass may wait, as on a
+// loaded machine) is not a store that is down: the heartbeats still land,
+// within the client's read timeout, so the instances keep their slots and
+// their floors, and keys far below their limit are never denied.
+func TestASlowStoreKeepsTheFloors(t *testing.T) {
+	srv := redistest.StartWith(t, "--enable-debug-command", "yes")
+	client := func() *redis.Client { // the plugin's client settings
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 500 * time.Millisecond, ReadTimeout: 500 * time.Millisecond,
+			WriteTimeout: 500 * time.Millisecond, MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	l := mustLimit(t, 1000, 10*time.Second, 0) // F = 31 of 16 slots
+	engines := make([]*Engine, 2)
+	for i := range engines {
+		engines[i] = fleetEngine(t, NewRedisStore(client()), "slow")
+		engines[i].Zone("z", l)
+		engines[i].Start()
+		t.Cleanup(func() { engines[i].Close(time.Second) })
+	}
+	wait.Until(t, 5*time.Second, "both instances to hold a slot", func() bool {
+		return engines[0].slot.Load() >= 0 && engines[1].slot.Load() >= 0
+	})
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 5 * time.Second})
+	defer admin.Close()
+	stop := time.Now().Add(3 * time.Second)
+	stalls := make(chan error, 1)
+	go func() {
+		// Stalls of 300 ms, 20 ms apart: a call waits up to a stall (and
+		// longer than a pass may: 200 ms). Back to back stalls would starve
+		// the other clients of a stall's gap altogether.
+		for time.Now().Before(stop) {
+			if err := admin.Do(context.Background(), "DEBUG", "SLEEP", "0.3").Err(); err != nil {
+				stalls <- err
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		stalls <- nil
+	}()
+	for i := 0; time.Now().Before(stop.Add(500 * time.Millisecond)); i++ {
+		e := engines[i%2]
+		if v := allow(e, e.Zone("z", l), l, "key"+strconv.Itoa(i%100), time.Now().UnixNano()); !v.Allowed {
+			now := time.Now().UnixNano()
+			t.Fatalf("request %d of a key far below its limit denied while the store was slow: %+v (slot %d, held for %v more, floors %v, healthy %v, errors %d, last beat %v ago)", i, v,
+				e.slot.Load(), time.Duration(e.heldUntil.Load()-now), e.floors.Load(), e.Healthy(), e.SyncErrors(), time.Duration(now-e.lastBeat.Load()))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := <-stalls; err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range engines {
+		if f := e.floor(1000, time.Now().UnixNano()); f == 0 || !e.Healthy() {
+			t.Fatalf("instance %d after 3 s of a slow store: floor %d, healthy %v", i, f, e.Healthy())
+		}
+	}
+}
