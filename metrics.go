@@ -66,7 +66,7 @@ var metrics = struct {
 		Namespace: "fleetguard",
 		Subsystem: "fleetlimit",
 		Name:      "early_syncs_total",
-		Help:      "Early reconcile passes run for keys near their limit or new to this instance (near_limit on).",
+		Help:      "Early reconcile passes: passes run between intervals for keys queued for a lease call (past three quarters of their floor, a grant to renew, a hot key to mark).",
 	}),
 	storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "fleetguard",

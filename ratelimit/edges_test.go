@@ -170,8 +170,8 @@ func TestTheFleetHoldsAtItsEdges(t *testing.T) {
 	cases := []edgeCase{
 		{name: "churn graceful", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond},
 		{name: "churn kill", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true},
-		{name: "churn kill after founding", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true, churnAfter: 4500 * time.Millisecond},
-		{name: "churn graceful after founding", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, churnAfter: 4500 * time.Millisecond},
+		{name: "churn kill after the start", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true, churnAfter: 4500 * time.Millisecond},
+		{name: "churn graceful after the start", instances: 4, events: 100, rates: rates, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, churnAfter: 4500 * time.Millisecond},
 		{name: "join 2 to 4", instances: 2, events: 100, rates: rates, seconds: 40, pick: pickAny, joinAt: 15 * time.Second, joinN: 2},
 		{name: "churn kill 1000", instances: 4, events: 1000, rates: rates1000, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, kill: true, churnAfter: 4500 * time.Millisecond},
 		{name: "churn graceful 1000", instances: 4, events: 1000, rates: rates1000, seconds: 40, pick: pickAny, churnFrom: 2, churnEvery: 1500 * time.Millisecond, churnAfter: 4500 * time.Millisecond},

@@ -6,7 +6,7 @@
 // balancer would (a refused connection goes to another at once). The last
 // -restarts instances are stopped and started again every -every: with
 // SIGTERM (Caddy's graceful stop: fleetlimit pushes what it counted and
-// leaves the membership) and with SIGKILL (nothing pushed, no word), one case
+// releases its instance slot) and with SIGKILL (nothing pushed, no word), one case
 // each. Keys are offered at 4×, 90% and 50% of the limit, and the tiny
 // zone's key at 3× its limit.
 //
@@ -15,10 +15,10 @@
 // its response came back: it happened in between), the slowest response,
 // and the
 // denials; a key offered below its limit in every window should have none
-// but, with kills, in the window after the first restart (and a heartbeat
-// lifetime): the instances killed then were founders holding floor shares,
-// and what they admitted on them unseen is left aside until it leaves the
-// window (a graceful stop pushes it). Those are counted apart.
+// but, with kills, in the window after the first restart: a killed
+// instance's floor admits the store has not seen, and what it held of its
+// grants, are held back until they leave the window (a graceful stop pushes
+// them). Those are counted apart.
 //
 //	go run ./bench/churn [-instances 4] [-restarts 2] [-every 1.5s] [-duration 40s] [-cases graceful,kill]
 //
@@ -26,8 +26,7 @@
 // prints which instances admitted each key's worst window; CHURN_LIVES=1
 // (=tiny: the tiny zone's) prints every admit of the full zone's keys to stderr as "admit <key> <ms>
 // instance <n> life <start ms>", so that each life's admits can be told
-// apart; CHURN_LATE=1 starts the restarting instances 3 s after the others,
-// so that they are never founders.
+// apart; CHURN_LATE=1 starts the restarting instances 3 s after the others.
 package main
 
 import (
@@ -139,7 +138,7 @@ func (c *churnCase) run(ctx context.Context) error {
 	}
 	for i, in := range c.insts {
 		if os.Getenv("CHURN_LATE") != "" && i == len(c.insts)-*restarts {
-			time.Sleep(3 * time.Second) // the restarting ones join after the founding
+			time.Sleep(3 * time.Second) // the restarting ones join after the others
 		}
 		if err := c.start(ctx, in); err != nil {
 			return err
@@ -150,8 +149,7 @@ func (c *churnCase) run(ctx context.Context) error {
 			c.stop(in, syscall.SIGTERM)
 		}
 	}()
-	// Founders take their floor shares a heartbeat lifetime after the
-	// fleet's founding; the load starts once they have.
+	// The load starts once every instance has had time to take its slot.
 	time.Sleep(2500 * time.Millisecond)
 
 	loadCtx, cancel := context.WithTimeout(ctx, *duration)
