@@ -195,7 +195,7 @@ func newEngines(id storeIdentity, connect func() redis.UniversalClient, interval
 	prefix := id.name.prefix
 	logger = logger.With(zap.Stringer("store", id))
 	e.logger = logger
-	var slots ratelimit.SlotStore = ratelimit.NewMemoryStore()
+	var slots ratelimit.SlotStore // none alone: a Solo engine calls no store
 	var budgetStore budget.Store = budget.NewMemoryStore()
 	if connect != nil {
 		routeRedisLog()

@@ -145,7 +145,7 @@ func TestAllowExistingKeyDoesNotAllocate(t *testing.T) {
 // BenchmarkAllowOnAFloor is BenchmarkAllowExistingKey for an instance of a
 // fleet: a key admitted on its slot's floor, with no store call.
 func BenchmarkAllowOnAFloor(b *testing.B) {
-	e := newEngine(b, Options{Store: NewMemoryStore(), Prefix: "floor", SyncInterval: 100 * time.Millisecond})
+	e := newEngine(b, Options{Store: newScriptStore(b), Prefix: "floor", SyncInterval: 100 * time.Millisecond})
 	l := mustLimit(b, maxEvents/2, time.Hour, 0) // a floor of 2^26: never spent
 	z := e.Zone("z", l)
 	e.heartbeat(context.Background(), time.Now().UnixNano())

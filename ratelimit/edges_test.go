@@ -181,8 +181,8 @@ func TestTheFleetHoldsAtItsEdges(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, c := range cases {
 		for seed := range uint64(4) {
-			// Seeds 0-2 on the embedded store, seed 3 on Redis.
-			store, on := SlotStore(NewMemoryStore()), "memory"
+			// Seeds 0-2 on the scripts in process, seed 3 on Redis.
+			store, on := SlotStore(newScriptStore(t)), "script"
 			if seed == 3 {
 				store, on = NewRedisStore(srv.Client(t)), "redis"
 			}
@@ -225,7 +225,7 @@ func TestLimitsSmallerThanTheFleetHoldExactly(t *testing.T) {
 	for _, c := range cases {
 		for seed := range uint64(3) {
 			t.Run(c.name+"/seed"+strconv.FormatUint(seed, 10), func(t *testing.T) {
-				res := c.run(t, NewMemoryStore(), seed)
+				res := c.run(t, newScriptStore(t), seed)
 				for k, rate := range c.rates {
 					t.Logf("key %d at %.0f%% of the limit: worst window %d of %d, denied %d of %d", k, 100*rate/(float64(c.events)/10), res.worst[k], c.events, res.denied[k], res.asked[k])
 					if int64(res.worst[k]) > c.events {

@@ -17,8 +17,8 @@ import (
 
 // Options configure an Engine.
 type Options struct {
-	// Store holds the fleet's counts and slot table. Required; use
-	// NewMemoryStore for a single instance.
+	// Store holds the fleet's counts and slot table (RedisStore). Required
+	// but with Solo, where there is no fleet to share counts with.
 	Store SlotStore
 	// Prefix starts every store key.
 	Prefix string
@@ -28,9 +28,9 @@ type Options struct {
 	// IdleTTL is the least time an idle key is kept (default 10 minutes; a key
 	// is always kept for two of its windows).
 	IdleTTL time.Duration
-	// Solo says the store serves this instance alone (the embedded memory
-	// store): there is no fleet, and every key is limited on this
-	// instance's own count, with no store call.
+	// Solo says this instance is alone (the embedded store): there is no
+	// fleet, and every key is limited on this instance's own count, with
+	// no store call.
 	Solo bool
 	// MaxInstances is the number of instance slots of the fleet (default
 	// DefaultMaxInstances, at most 64); every instance of a fleet must say
@@ -133,8 +133,8 @@ type queued struct {
 
 // NewEngine builds an engine; call Start to run its reconciler.
 func NewEngine(o Options) (*Engine, error) {
-	if o.Store == nil {
-		return nil, errors.New("ratelimit: a slot store is required")
+	if o.Store == nil && !o.Solo {
+		return nil, errors.New("ratelimit: a slot store is required for a fleet")
 	}
 	if o.MaxInstances == 0 {
 		o.MaxInstances = DefaultMaxInstances

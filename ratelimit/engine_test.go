@@ -30,7 +30,7 @@ func mustLimitP(t testing.TB, events int64, w time.Duration, burst int64, precis
 // memoryEngine is a single instance on the embedded store.
 func memoryEngine(t testing.TB) *Engine {
 	t.Helper()
-	return newEngine(t, Options{Store: NewMemoryStore(), Prefix: "t", SyncInterval: 100 * time.Millisecond, Solo: true})
+	return newEngine(t, Options{Prefix: "t", SyncInterval: 100 * time.Millisecond, Solo: true})
 }
 
 func newEngine(t testing.TB, o Options) *Engine {
@@ -277,7 +277,7 @@ func TestNoWindowEverHoldsMoreThanTheLimit(t *testing.T) {
 		for name, times := range patterns(rng, s.w, 1_700_000_000*int64(time.Second)) {
 			t.Run(s.name+"/"+name, func(t *testing.T) {
 				o := s.opts
-				o.Store, o.Prefix, o.SyncInterval = NewMemoryStore(), "p", 100*time.Millisecond
+				o.Store, o.Prefix, o.SyncInterval = newScriptStore(t), "p", 100*time.Millisecond
 				e := newEngine(t, o)
 				l := mustLimitP(t, s.events, s.w, 0, s.precision)
 				z := e.Zone("z", l)

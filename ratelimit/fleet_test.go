@@ -130,7 +130,7 @@ func TestKeysUnderTheirFloorNeverTouchTheStore(t *testing.T) {
 // instance that holds it on its floor pushes its floor admits and marks its
 // slot at its next pass, so the fleet no longer holds that floor back.
 func TestAHotKeyReleasesTheOthersFloors(t *testing.T) {
-	store := NewMemoryStore()
+	store := newScriptStore(t)
 	l := mustLimit(t, 160, 10*time.Second, 0) // F = 5
 	a, b := fleetEngine(t, store, "hot"), fleetEngine(t, store, "hot")
 	za, zb := a.Zone("z", l), b.Zone("z", l)
@@ -287,7 +287,7 @@ func TestStalledStoreNeverCountsTwice(t *testing.T) {
 // Every early pass is reported to OnEarlySync (the early-syncs metric).
 func TestEarlyPassesAreReported(t *testing.T) {
 	var early int
-	e := newEngine(t, Options{Store: NewMemoryStore(), Prefix: "early", SyncInterval: 100 * time.Millisecond,
+	e := newEngine(t, Options{Store: newScriptStore(t), Prefix: "early", SyncInterval: 100 * time.Millisecond,
 		OnEarlySync: func() { early++ }})
 	l := mustLimit(t, 100, time.Hour, 0)
 	z := e.Zone("z", l)

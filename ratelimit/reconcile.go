@@ -204,9 +204,6 @@ func (e *Engine) evict(now int64) {
 	for _, z := range *e.zones.Load() {
 		z.evict(now, int64(e.idleTTL))
 	}
-	if s, ok := e.store.(interface{ Sweep() }); ok {
-		s.Sweep()
-	}
 }
 
 // pass calls the store for the queued keys and, unless early, pushes the

@@ -78,13 +78,7 @@ func (r *RedisStore) Lease(ctx context.Context, calls []Lease, replies []LeaseRe
 
 // Beat implements SlotStore.
 func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (SlotTable, error) {
-	args := make([]any, 0, 9+2*len(b.Hot))
-	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), bit(b.Flushed), b.Keep.Milliseconds(), b.MaxInstances, b.HotKeep.Milliseconds(),
-		b.Settle.Milliseconds())
-	for _, h := range b.Hot {
-		args = append(args, h.Key, h.Until)
-	}
-	res, err := slotsScript.Run(ctx, r.client, []string{key, hotKey}, args...).Slice()
+	res, err := slotsScript.Run(ctx, r.client, []string{key, hotKey}, beatArgs(&b)...).Slice()
 	if err != nil {
 		return SlotTable{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
@@ -93,6 +87,17 @@ func (r *RedisStore) Beat(ctx context.Context, key, hotKey string, b Beat) (Slot
 		return SlotTable{}, fmt.Errorf("fleet heartbeat: %w", err)
 	}
 	return t, nil
+}
+
+// beatArgs are slots.lua's arguments for b.
+func beatArgs(b *Beat) []any {
+	args := make([]any, 0, 9+2*len(b.Hot))
+	args = append(args, b.Member, b.Slot, b.Now, b.TTL.Milliseconds(), bit(b.Flushed), b.Keep.Milliseconds(), b.MaxInstances, b.HotKeep.Milliseconds(),
+		b.Settle.Milliseconds())
+	for _, h := range b.Hot {
+		args = append(args, h.Key, h.Until)
+	}
+	return args
 }
 
 // parseSlotTable reads slots.lua's reply: slot, life, live, the fleet's

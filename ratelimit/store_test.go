@@ -23,8 +23,8 @@ type storeCase struct {
 
 func storeCases() []storeCase {
 	return []storeCase{
-		{"memory", func(*testing.T) func(testing.TB) SlotStore {
-			m := NewMemoryStore() // one store shared by every "instance"
+		{"script", func(t *testing.T) func(testing.TB) SlotStore {
+			m := newScriptStore(t) // one store shared by every "instance"
 			return func(testing.TB) SlotStore { return m }
 		}},
 		{"redis", func(t *testing.T) func(testing.TB) SlotStore {
@@ -295,14 +295,8 @@ func TestRedisStoreSpreadsOverClusterNodes(t *testing.T) {
 func expiresIn(t testing.TB, s SlotStore, key string) time.Duration {
 	t.Helper()
 	switch s := s.(type) {
-	case *MemoryStore:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		k, ok := s.keys[key]
-		if !ok {
-			return -2 // as Redis answers for a key that does not exist
-		}
-		return time.Duration(k.expires-s.now().UnixMilli()) * time.Millisecond
+	case *scriptStore:
+		return s.pttl(key)
 	case *RedisStore:
 		d, err := s.client.PTTL(context.Background(), key).Result()
 		if err != nil {
@@ -314,11 +308,11 @@ func expiresIn(t testing.TB, s SlotStore, key string) time.Duration {
 	return 0
 }
 
-// TestStoreTwinsAgree runs the same random calls on the memory store and on
-// Redis and wants the same answers: the Lua scripts and their Go twins are
-// one semantics.
-func TestStoreTwinsAgree(t *testing.T) {
-	mem, red := NewMemoryStore(), NewRedisStore(redistest.Start(t).Client(t))
+// TestScriptStoreAgreesWithRedis runs the same random calls on the test
+// store (the scripts in process) and on Redis and wants the same answers:
+// what the simulations in these tests find holds for the store itself.
+func TestScriptStoreAgreesWithRedis(t *testing.T) {
+	mem, red := newScriptStore(t), NewRedisStore(redistest.Start(t).Client(t))
 	rng := rand.New(rand.NewPCG(40, 3))
 	ctx := context.Background()
 	now := t0
@@ -333,7 +327,7 @@ func TestStoreTwinsAgree(t *testing.T) {
 			slices.SortFunc(r.Hot, byKey)
 			if err1 != nil || err2 != nil || m.Slot != r.Slot || m.Life != r.Life || m.Live != r.Live ||
 				!slices.Equal(m.Lives, r.Lives) || !slices.Equal(m.Hot, r.Hot) {
-				t.Fatalf("call %d, %+v:\nmemory %+v %v\nredis  %+v %v", i, b, m, err1, r, err2)
+				t.Fatalf("call %d, %+v:\nscripts %+v %v\nredis  %+v %v", i, b, m, err1, r, err2)
 			}
 			continue
 		}
@@ -341,7 +335,7 @@ func TestStoreTwinsAgree(t *testing.T) {
 		m := leaseAll(t, mem, []Lease{c})[0]
 		r := leaseAll(t, red, []Lease{c})[0]
 		if m != r {
-			t.Fatalf("call %d, %+v:\nmemory %+v\nredis  %+v", i, c, m, r)
+			t.Fatalf("call %d, %+v:\nscripts %+v\nredis  %+v", i, c, m, r)
 		}
 	}
 }
