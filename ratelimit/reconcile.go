@@ -273,7 +273,7 @@ func (e *Engine) claimEnded(now int64, calls []call, leases []Lease) ([]call, []
 		z.eachShard(func(s *shard) {
 			for h, idx := range s.active {
 				en, ring := z.arena.at(idx)
-				if en.flags&flagQueued == 0 && now >= en.blockUntil && en.unpushed(ring) {
+				if en.flags&flagQueued == 0 && now >= s.lease(en).blockUntil && en.unpushed(ring) {
 					c, l := e.claim(z, s, h, en, ring, now, true)
 					calls, leases = append(calls, c), append(leases, l)
 				}

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +48,10 @@ type shard struct {
 	// hot are the shard's keys some instance called hot (until when, Unix
 	// ns), kept while they stay off the floor; nil while there are none.
 	hot map[keyhash.Hash]int64
+	// leases are the lease states of the shard's keys that went to leases
+	// (see leaseState); freeLeases the indexes of those freed.
+	leases     []leaseState
+	freeLeases []int32
 }
 
 // eachShard calls fn with each shard of z locked. The unlock is deferred, so
@@ -69,6 +74,9 @@ func newZone(prefix, name string, id int, slots window.Slots) *Zone {
 		storeSuffix: "}:" + strconv.FormatInt(slots.Len/1e6, 10) + "x" + strconv.FormatInt(slots.N, 10)}
 	z.maxKeys.Store(DefaultMaxKeys)
 	z.arena.ringLen = int(slots.N) + 1
+	z.arena.mem = new(offHeap)
+	// The arena's memory goes back once nothing reaches the zone.
+	runtime.AddCleanup(z, (*offHeap).release, z.arena.mem)
 	for i := range z.shards {
 		z.shards[i].entries = make(map[keyhash.Hash]int32)
 		z.shards[i].active = make(map[keyhash.Hash]int32)
@@ -188,12 +196,14 @@ func (z *Zone) insert(s *shard, h keyhash.Hash, now int64) (*entry, []uint32) {
 func (z *Zone) toLease(s *shard, h keyhash.Hash, e *entry) {
 	e.flags |= flagLease
 	s.active[h] = s.entries[h]
+	s.leaseOf(e)
 }
 
 // toFloor puts the key h of the locked shard s back on its floor.
 func (z *Zone) toFloor(s *shard, h keyhash.Hash, e *entry) {
 	e.flags &^= flagLease
-	e.block, e.blockUntil = 0, 0
+	ls := s.lease(e)
+	ls.block, ls.blockUntil = 0, 0
 	delete(s.active, h)
 }
 
@@ -213,9 +223,10 @@ func (z *Zone) evict(now, idleTTL int64) {
 	z.eachShard(func(s *shard) {
 		for h, idx := range s.entries {
 			e, _ := z.arena.at(idx)
-			if e.flags&flagQueued == 0 && now-e.lastSeen >= ttl && e.tat <= now {
+			if e.flags&flagQueued == 0 && now-e.lastSeen() >= ttl && e.tat <= now {
 				delete(s.entries, h)
 				delete(s.active, h)
+				s.dropLease(e)
 				z.keys.Add(-1)
 				z.arena.free(idx)
 			}
