@@ -44,6 +44,11 @@ func (a *arena) at(i int32) (*entry, []uint32) {
 	return &c.entries[i&(chunkSize-1)], c.rings[off : off+a.ringLen : off+a.ringLen]
 }
 
+// entry returns the entry at index i, as at does.
+func (a *arena) entry(i int32) *entry {
+	return &a.chunks[i>>chunkBits].Load().entries[i&(chunkSize-1)]
+}
+
 func (a *arena) alloc() int32 {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -1,6 +1,9 @@
 package ratelimit
 
-import "github.com/fleetguard/fleetguard/window"
+import (
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/window"
+)
 
 // entry is the state of one key of one zone on this instance, apart from its
 // ring, which lives beside it in the zone's arena, and its lease state (see
@@ -16,9 +19,10 @@ import "github.com/fleetguard/fleetguard/window"
 // admits or lease admits alike. A call takes them and pushes them once: a
 // failed push is never re-sent, so nothing is counted twice.
 type entry struct {
-	tat      int64 // GCRA theoretical arrival time, Unix ns
-	head     int64 // the slot of ring's newest count
-	calledAt int64 // the last call (or the entry's creation), Unix ns
+	hash     keyhash.Hash // the key's, which the shard's index compares
+	tat      int64        // GCRA theoretical arrival time, Unix ns
+	head     int64        // the slot of ring's newest count
+	calledAt int64        // the last call (or the entry's creation), Unix ns
 	// seen is the last request for the key in Unix seconds, rounded up:
 	// eviction needs no finer time, and rounding up never evicts early.
 	seen       uint32
@@ -46,8 +50,8 @@ const _ = uint8(MaxPrecision + 1)
 // enough to follow a shift of load between instances.
 const demandHorizon = 2
 
-func (e *entry) init(now int64, s window.Slots) {
-	*e = entry{head: s.Of(now), calledAt: now}
+func (e *entry) init(h keyhash.Hash, now int64, s window.Slots) {
+	*e = entry{hash: h, head: s.Of(now), calledAt: now}
 	e.see(now)
 }
 

@@ -23,6 +23,20 @@ func (o *offHeap) alloc(n int) []byte {
 	return b
 }
 
+// free gives back one region alloc returned.
+func (o *offHeap) free(b []byte) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i, r := range o.regions {
+		if &r[0] == &b[0] {
+			o.regions[i] = o.regions[len(o.regions)-1]
+			o.regions = o.regions[:len(o.regions)-1]
+			unmapMemory(r)
+			return
+		}
+	}
+}
+
 // release gives every region back.
 func (o *offHeap) release() {
 	o.mu.Lock()
