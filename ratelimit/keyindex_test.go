@@ -51,18 +51,7 @@ func TestKeyIndexMatchesAMap(t *testing.T) {
 		check(h)
 		check(key())
 		if step%20_000 == 0 {
-			x.sweep(a, func(i int32) bool {
-				h := a.entry(i).hash
-				if h.Lo != 0 {
-					return false
-				}
-				delete(want, h)
-				a.free(i)
-				return true
-			})
-			if x.keys != len(want) {
-				t.Fatalf("%d keys after a sweep, want %d", x.keys, len(want))
-			}
+			sweepLowZero(t, a, &x, want)
 			for h := range want {
 				check(h)
 			}
@@ -72,5 +61,22 @@ func TestKeyIndexMatchesAMap(t *testing.T) {
 	x.each(func(int32) { n++ })
 	if n != len(want) || x.keys != n {
 		t.Fatalf("each saw %d keys, the index counts %d, want %d", n, x.keys, len(want))
+	}
+}
+
+// sweepLowZero sweeps the keys whose hash's Lo is 0 out of x and want.
+func sweepLowZero(t *testing.T, a *arena, x *keyIndex, want map[keyhash.Hash]int32) {
+	t.Helper()
+	x.sweep(a, func(i int32) bool {
+		h := a.entry(i).hash
+		if h.Lo != 0 {
+			return false
+		}
+		delete(want, h)
+		a.free(i)
+		return true
+	})
+	if x.keys != len(want) {
+		t.Fatalf("%d keys after a sweep, want %d", x.keys, len(want))
 	}
 }
