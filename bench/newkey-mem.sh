@@ -37,13 +37,7 @@ if [ "${PIN:-1}" = "1" ] && [ "$(nproc)" -ge 2 ]; then
 fi
 $load_cpus redis-server --port "$redis_port" --save '' --appendonly no >"$work/redis.log" 2>&1 &
 
-cat >"$work/newkey.lua" <<'LUA'
-local n = 0
-request = function()
-	n = n + 1
-	return wrk.format(nil, nil, { ["X-API-Key"] = "new-" .. n })
-end
-LUA
+cp bench/newkey.lua "$work/newkey.lua"
 
 caddyfile() {
 	local global=""
