@@ -351,13 +351,7 @@ else
 fi
 
 # Every request a new key: wrk -t1, so one Lua counter names every key once.
-cat >"$work/newkey.lua" <<'LUA'
-local n = 0
-request = function()
-	n = n + 1
-	return wrk.format(nil, nil, { ["X-API-Key"] = "new-" .. n })
-end
-LUA
+cp bench/newkey.lua "$work/newkey.lua"
 newkey_events=100 newkey_window=1m
 admin_port=$((port + 100))
 admin="admin localhost:$admin_port"

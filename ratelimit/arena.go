@@ -3,11 +3,13 @@ package ratelimit
 import (
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // The arena stores a zone's entries and their slot rings in fixed chunks
-// addressed by index, so a tracked key costs its entry, its ring and a map
-// slot, with no per-key allocation or pointer for the collector to scan.
+// addressed by index, outside the Go heap (see offHeap), so a tracked key
+// costs its entry, its ring and a map slot, with no per-key allocation or
+// pointer for the collector to scan.
 // MaxKeys is the largest max_keys a zone takes.
 const MaxKeys = maxChunks * chunkSize
 
@@ -17,14 +19,17 @@ const (
 	maxChunks = 1 << 12 // 4M keys per zone
 )
 
+// chunk points into one region of off-heap memory: its entries, then its
+// rings.
 type chunk struct {
-	entries [chunkSize]entry
+	entries *[chunkSize]entry
 	rings   []uint32 // chunkSize rings of ringLen counts
 }
 
 type arena struct {
 	ringLen int
 	chunks  [maxChunks]atomic.Pointer[chunk]
+	mem     *offHeap
 
 	mu    sync.Mutex // guards next and freed, taken only for a new key
 	next  int32
@@ -37,6 +42,11 @@ func (a *arena) at(i int32) (*entry, []uint32) {
 	c := a.chunks[i>>chunkBits].Load()
 	off := int(i&(chunkSize-1)) * a.ringLen
 	return &c.entries[i&(chunkSize-1)], c.rings[off : off+a.ringLen : off+a.ringLen]
+}
+
+// entry returns the entry at index i, as at does.
+func (a *arena) entry(i int32) *entry {
+	return &a.chunks[i>>chunkBits].Load().entries[i&(chunkSize-1)]
 }
 
 func (a *arena) alloc() int32 {
@@ -52,10 +62,20 @@ func (a *arena) alloc() int32 {
 		panic("ratelimit: more than 4M keys in one zone")
 	}
 	if i&(chunkSize-1) == 0 {
-		a.chunks[i>>chunkBits].Store(&chunk{rings: make([]uint32, chunkSize*a.ringLen)})
+		a.chunks[i>>chunkBits].Store(a.newChunk())
 	}
 	a.next++
 	return i
+}
+
+const entryBytes = int(unsafe.Sizeof(entry{}))
+
+func (a *arena) newChunk() *chunk {
+	b := a.mem.alloc(chunkSize * (entryBytes + 4*a.ringLen))
+	return &chunk{
+		entries: (*[chunkSize]entry)(unsafe.Pointer(&b[0])),
+		rings:   unsafe.Slice((*uint32)(unsafe.Pointer(&b[chunkSize*entryBytes])), chunkSize*a.ringLen),
+	}
 }
 
 func (a *arena) free(i int32) {

@@ -317,7 +317,7 @@ func (e *Engine) Allow(now int64, checks []Check, out []Verdict) int {
 		s, en, ring, untracked := c.Zone.lock(c.Key, now)
 		tat, oldest := e.judge(c, s, en, ring, untracked, now, fleet, v)
 		if v.Allowed {
-			record(en, ring, untracked, c.Limit, tat, oldest, now, v)
+			record(s, en, ring, untracked, c.Limit, tat, oldest, now, v)
 		}
 		s.mu.Unlock()
 		if v.Allowed {
@@ -350,7 +350,7 @@ func (e *Engine) allowMany(now int64, checks []Check, out []Verdict, fleet bool)
 	}
 	if denied < 0 {
 		for i := range checks {
-			record(entries[i], rings[i], untracked[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
+			record(shards[i], entries[i], rings[i], untracked[i], checks[i].Limit, tats[i], oldest[i], now, &out[i])
 		}
 	}
 	for i := len(checks) - 1; i >= 0; i-- {

@@ -72,6 +72,19 @@ func stateOf(z *Zone, key string) (entry, []uint32) {
 	return *en, append([]uint32(nil), ring...)
 }
 
+// leaseStateOf reads a key's lease state (a copy; zero when it has none)
+// for a test.
+func leaseStateOf(z *Zone, key string) leaseState {
+	h := keyhash.Of(key)
+	s := z.shardOf(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if en, _ := z.lookup(s, h); en != nil && en.lease != 0 {
+		return *s.lease(en)
+	}
+	return leaseState{}
+}
+
 func TestNewLimitRejectsBadInput(t *testing.T) {
 	tests := []struct {
 		name      string

@@ -1,10 +1,16 @@
 package ratelimit
 
-import "github.com/fleetguard/fleetguard/window"
+import (
+	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/window"
+)
 
 // entry is the state of one key of one zone on this instance, apart from its
-// ring, which lives beside it in the zone's arena. Both are guarded by the
-// lock of the key's shard.
+// ring, which lives beside it in the zone's arena, and its lease state (see
+// leaseState), which only a key that went to leases has. Both are guarded by
+// the lock of the key's shard. Most keys stay on their floor, so the entry
+// holds what a floor key needs, in as few bytes as its ranges allow: every
+// tracked key costs them.
 //
 // The ring holds this instance's own admits of the key, per time slot of the
 // window: on its floor the key admits while the ring's sum is under F, and
@@ -13,28 +19,21 @@ import "github.com/fleetguard/fleetguard/window"
 // admits or lease admits alike. A call takes them and pushes them once: a
 // failed push is never re-sent, so nothing is counted twice.
 type entry struct {
-	tat      int64 // GCRA theoretical arrival time, Unix ns
-	lastSeen int64 // last request for the key, Unix ns
-	head     int64 // the slot of ring's newest count
-	from     int64 // the first slot with admits not pushed
-	calledAt int64 // the last call (or the entry's creation), Unix ns
-	// On leases: block admits are left of the grant, usable until
-	// blockUntil (Unix ns), which held ahead admits past the requests
-	// waiting for it; at the last call, room is what the fleet could admit
-	// past every grant, pushed the window's pushed admits, and holders how
-	// many instances held a grant. With no room, the next call waits until
-	// askAt (Unix ns), when the room may have grown.
-	blockUntil, askAt int64
-	block, room       int64
-	pushed            uint32
-
-	fromPushed uint32  // admits of slot from pushed already
-	demand     uint32  // requests seen (admitted or not) since the last call
-	rate       float32 // requests per sync interval, averaged over calls
-	ahead      uint32
-	holders    uint16
+	hash     keyhash.Hash // the key's, which the shard's index compares
+	tat      int64        // GCRA theoretical arrival time, Unix ns
+	head     int64        // the slot of ring's newest count
+	calledAt int64        // the last call (or the entry's creation), Unix ns
+	// seen is the last request for the key in Unix seconds, rounded up:
+	// eviction needs no finer time, and rounding up never evicts early.
+	seen       uint32
+	fromPushed uint32 // admits of slot from pushed already
+	demand     uint32 // requests seen (admitted or not) since the last call
+	lease      int32  // 1 + the index of the key's lease state in its shard; 0: none
 	waiting    uint16 // requests denied for want of a grant since the last call
-	flags      uint8
+	// back is head - from, at most the ring's length: a from that old is
+	// out of the window, and no older one reads otherwise.
+	back  uint8
+	flags uint8
 }
 
 const (
@@ -43,14 +42,28 @@ const (
 	flagRated                    // rate holds a measurement
 )
 
+// back counts up to a ring's length.
+const _ = uint8(MaxPrecision + 1)
+
 // demandHorizon is the time constant of a key's demand rate, in sync
 // intervals: long enough to smooth calls a few milliseconds apart, short
 // enough to follow a shift of load between instances.
 const demandHorizon = 2
 
-func (e *entry) init(now int64, s window.Slots) {
-	*e = entry{lastSeen: now, head: s.Of(now), from: s.Of(now), calledAt: now}
+func (e *entry) init(h keyhash.Hash, now int64, s window.Slots) {
+	*e = entry{hash: h, head: s.Of(now), calledAt: now}
+	e.see(now)
 }
+
+// see records a request at now.
+func (e *entry) see(now int64) { e.seen = uint32((now + 1e9 - 1) / 1e9) }
+
+// lastSeen is the last request for the key, Unix ns, rounded up to the
+// second.
+func (e *entry) lastSeen() int64 { return int64(e.seen) * 1e9 }
+
+// from is the first slot with admits not pushed (or one before the window).
+func (e *entry) from() int64 { return e.head - int64(e.back) }
 
 // advance moves the ring's head to slot, clearing the slots that left the
 // window.
@@ -61,7 +74,9 @@ func (e *entry) advance(ring []uint32, slot int64) {
 	n := int64(len(ring))
 	if slot-e.head >= n {
 		clear(ring)
+		e.back = uint8(n)
 	} else {
+		e.back = uint8(min(int64(e.back)+slot-e.head, n))
 		for s := e.head + 1; s <= slot; s++ {
 			ring[slotIndex(s, n)] = 0
 		}
@@ -110,22 +125,23 @@ func sumCounts(counts []uint32) uint64 {
 func (e *entry) takeUnpushed(ring []uint32) []SlotCount {
 	n := int64(len(ring))
 	var out []SlotCount
-	for slot := max(e.from, e.head-n+1); slot <= e.head; slot++ {
+	from := e.from()
+	for slot := max(from, e.head-n+1); slot <= e.head; slot++ {
 		c := int64(ring[slotIndex(slot, n)])
-		if slot == e.from {
+		if slot == from {
 			c -= int64(e.fromPushed)
 		}
 		if c > 0 {
 			out = append(out, SlotCount{Slot: slot, Count: c})
 		}
 	}
-	e.from, e.fromPushed = e.head, ring[slotIndex(e.head, n)]
+	e.back, e.fromPushed = 0, ring[slotIndex(e.head, n)]
 	return out
 }
 
 // unpushed reports whether the ring holds admits the store has not seen.
 func (e *entry) unpushed(ring []uint32) bool {
-	return e.from < e.head || ring[slotIndex(e.head, int64(len(ring)))] > e.fromPushed
+	return e.back > 0 || ring[slotIndex(e.head, int64(len(ring)))] > e.fromPushed
 }
 
 // untilFree returns how long until the count at head has dropped by need, as

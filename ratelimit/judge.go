@@ -13,7 +13,7 @@ func (e *Engine) judge(c *Check, s *shard, en *entry, ring []uint32, untracked *
 		return judgeUntracked(l, untracked, now, v), 0
 	}
 	en.advance(ring, l.slots.Of(now))
-	en.lastSeen = now
+	en.see(now)
 	en.demand++
 	used, oldest := en.scan(ring)
 	g := gcraCheck(en.tat, now, l)
@@ -57,34 +57,35 @@ func (e *Engine) judgeFloor(c *Check, s *shard, en *entry, used, now int64, v *V
 // is left: the grant, and this instance's share of the room the fleet had
 // at the last call (the rest may go to the others).
 func (e *Engine) judgeLease(c *Check, s *shard, en *entry, used, now int64, v *Verdict) int64 {
-	if now >= en.blockUntil {
-		en.block = 0
+	ls := s.lease(en)
+	if now >= ls.blockUntil {
+		ls.block = 0
 	}
-	if en.block == 0 && used < e.floorOf(c.Zone, s, c.Key, now) {
+	if ls.block == 0 && used < e.floorOf(c.Zone, s, c.Key, now) {
 		c.Zone.toFloor(s, c.Key, en)
 		return e.judgeFloor(c, s, en, used, now, v)
 	}
 	interval := e.interval.Load()
 	var queue bool
-	if en.block == 0 {
+	if ls.block == 0 {
 		// With no room at the last call, ask again once some may have
 		// grown.
-		queue = en.room > 0 || en.flags&flagRated == 0 || now >= en.askAt
+		queue = ls.room > 0 || en.flags&flagRated == 0 || now >= ls.askAt
 	} else {
 		// Half of what it held ahead spent, or about to end.
-		queue = en.block*2 <= int64(en.ahead) || en.blockUntil-now < 2*interval
+		queue = ls.block*2 <= int64(ls.ahead) || ls.blockUntil-now < 2*interval
 	}
 	if queue {
 		e.enqueue(c.Zone, c.Key, en)
 	}
-	if en.block == 0 {
+	if ls.block == 0 {
 		v.Fleet, v.Leasing = true, queue
 		v.RetryAfter = time.Duration(interval)
 		if queue {
 			en.waiting++
 		}
 	}
-	return en.block - 1 + e.share(en)
+	return ls.block - 1 + e.share(ls)
 }
 
 // settle completes a verdict the fleet did not refuse by the key's GCRA
@@ -115,15 +116,16 @@ func judgeUntracked(l *Limit, st *untrackedState, now int64, v *Verdict) (tat in
 
 // record counts an admitted request in the key's ring (and, on leases,
 // takes it from the grant), or for an untracked key in its local cap alone.
-// The caller holds the key's shard lock.
-func record(en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
+// The caller holds the key's shard lock, s.
+func record(s *shard, en *entry, ring []uint32, untracked *untrackedState, l *Limit, tat, oldest, now int64, v *Verdict) {
 	if en == nil {
 		untracked.tat = tat
 		return
 	}
 	ring[slotIndex(en.head, int64(len(ring)))]++
 	if en.flags&flagLease != 0 {
-		en.block = max(en.block-1, 0)
+		ls := s.lease(en)
+		ls.block = max(ls.block-1, 0)
 	}
 	en.tat = tat
 	// The oldest counted request (this one, if it is the only one) leaves the

@@ -36,22 +36,25 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 		Push: en.takeUnpushed(ring),
 	}
 	l.View, l.Lives = e.lives(now)
-	if now >= en.blockUntil || flush {
-		en.block = 0
+	if en.lease != 0 {
+		if ls := s.lease(en); now >= ls.blockUntil || flush {
+			ls.block = 0
+		}
 	}
 	if !flush {
 		if en.flags&flagLease == 0 {
 			held := max(e.floorOf(z, s, h, now)-used, 0)
 			z.toLease(s, h, en)
-			en.block = held
+			s.lease(en).block = held
 		}
-		ahead, life := e.ahead(z, en)
-		l.Hot, l.Held = true, en.block
-		l.Want = max(int64(en.waiting)+ahead-en.block, 0)
+		ls := s.lease(en)
+		ahead, life := e.ahead(z, en, ls)
+		l.Hot, l.Held = true, ls.block
+		l.Want = max(int64(en.waiting)+ahead-ls.block, 0)
 		// The grant (and what is held, counted again) may be used for its
 		// life; the store counts it a window more.
-		en.ahead, en.blockUntil = uint32(min(ahead, math.MaxUint32)), now+life
-		l.Until = (en.blockUntil + z.window()) / 1e6
+		ls.ahead, ls.blockUntil = uint32(min(ahead, math.MaxUint32)), now+life
+		l.Until = (ls.blockUntil + z.window()) / 1e6
 		en.calledAt = now
 		s.markHot(h, now+e.hotFor(z))
 		c.hot, c.demand, en.demand, en.waiting = true, en.demand, 0, 0
@@ -69,26 +72,26 @@ func (e *Engine) claim(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint
 // to the fleet for a window, so most requests there wait for their call
 // instead. A key not rated yet holds nothing ahead: its first call tells it
 // the room.
-func (e *Engine) ahead(z *Zone, en *entry) (n, life int64) {
+func (e *Engine) ahead(z *Zone, en *entry, ls *leaseState) (n, life int64) {
 	interval := e.interval.Load()
 	n, life = 0, min(leaseIntervals*interval, z.grantLife())
 	if en.flags&flagRated == 0 {
 		return n, life
 	}
-	perNs := float64(en.rate) / float64(interval)
-	n = int64(en.rate)
-	fleet := max(perNs*float64(z.window()*max(int64(en.holders), e.live.Load(), 1)), float64(en.pushed))
+	perNs := float64(ls.rate) / float64(interval)
+	n = int64(ls.rate)
+	fleet := max(perNs*float64(z.window()*max(int64(ls.holders), e.live.Load(), 1)), float64(ls.pushed))
 	if fleet < float64(z.events.Load())/2 {
 		n, life = int64(math.Ceil(perNs*float64(z.grantLife()))), z.grantLife()
 	}
-	return max(min(n, e.share(en)), 0), life
+	return max(min(n, e.share(ls)), 0), life
 }
 
 // share is this instance's share of the room the fleet had at the key's
 // last call: half of it, split among the instances that held grants or
 // lived, so that what the others take of the rest leaves it.
-func (e *Engine) share(en *entry) int64 {
-	return max(en.room, 0) / (2 * max(int64(en.holders), e.live.Load(), 1))
+func (e *Engine) share(ls *leaseState) int64 {
+	return max(ls.room, 0) / (2 * max(int64(ls.holders), e.live.Load(), 1))
 }
 
 // leaseIntervals is how long a grant near the limit may be used, in
@@ -106,29 +109,32 @@ func (e *Engine) merge(c *call, r *LeaseReply, now int64) {
 	if en == nil {
 		return
 	}
+	// A flushed floor key takes a lease state too: what the store said
+	// sizes its next grant.
+	ls := s.leaseOf(en)
 	if dt := now - c.since; c.hot && dt > 0 {
 		own := float64(c.demand) * float64(e.interval.Load()) / float64(dt)
 		keep := math.Exp(-float64(dt) / float64(demandHorizon*e.interval.Load()))
 		if en.flags&flagRated == 0 {
 			keep = 0
 		}
-		en.rate = float32(keep*float64(en.rate) + (1-keep)*own)
+		ls.rate = float32(keep*float64(ls.rate) + (1-keep)*own)
 		en.flags |= flagRated
 	}
-	en.room, en.holders = r.Room, uint16(min(max(r.Holders, 1), math.MaxUint16))
-	en.pushed = uint32(min(max(r.Pushed, 0), math.MaxUint32))
+	ls.room, ls.holders = r.Room, uint16(min(max(r.Holders, 1), math.MaxUint16))
+	ls.pushed = uint32(min(max(r.Pushed, 0), math.MaxUint32))
 	// With no room, ask again once some grows: the oldest pushed admits
 	// leave the window, another's grant lapses, or (others give back what
 	// they held) a few intervals on.
-	en.askAt = now + leaseIntervals*e.interval.Load()
+	ls.askAt = now + leaseIntervals*e.interval.Load()
 	if r.Oldest > 0 {
-		en.askAt = min(en.askAt, z.slots.LeavesAt(r.Oldest))
+		ls.askAt = min(ls.askAt, z.slots.LeavesAt(r.Oldest))
 	}
 	if r.Lapses > 0 {
-		en.askAt = min(en.askAt, r.Lapses*1e6)
+		ls.askAt = min(ls.askAt, r.Lapses*1e6)
 	}
 	if en.flags&flagLease != 0 {
-		en.block = max(en.block+r.Granted, 0)
+		ls.block = max(ls.block+r.Granted, 0)
 	}
 }
 

@@ -97,11 +97,11 @@ func (e *Engine) flush(ctx context.Context, now int64) bool {
 func (e *Engine) eachEntry(now int64, fn func(z *Zone, s *shard, h keyhash.Hash, en *entry, ring []uint32)) {
 	for _, z := range *e.zones.Load() {
 		z.eachShard(func(s *shard) {
-			for h, idx := range s.entries {
+			s.index.each(func(idx int32) {
 				en, ring := z.arena.at(idx)
 				en.advance(ring, z.slots.Of(now))
-				fn(z, s, h, en, ring)
-			}
+				fn(z, s, en.hash, en, ring)
+			})
 		})
 	}
 }
@@ -270,7 +270,7 @@ func (e *Engine) claimEnded(now int64, calls []call, leases []Lease) ([]call, []
 		z.eachShard(func(s *shard) {
 			for h, idx := range s.active {
 				en, ring := z.arena.at(idx)
-				if en.flags&flagQueued == 0 && now >= en.blockUntil && en.unpushed(ring) {
+				if en.flags&flagQueued == 0 && now >= s.lease(en).blockUntil && en.unpushed(ring) {
 					c, l := e.claim(z, s, h, en, ring, now, true)
 					calls, leases = append(calls, c), append(leases, l)
 				}

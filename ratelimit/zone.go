@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,8 +37,8 @@ type Zone struct {
 }
 
 type shard struct {
-	mu      sync.Mutex
-	entries map[keyhash.Hash]int32 // index into the zone's arena
+	mu    sync.Mutex
+	index keyIndex // the keys' entries in the zone's arena
 	// active are the entries on leases, which a full pass visits (keys on
 	// their floor need no store).
 	active map[keyhash.Hash]int32
@@ -47,6 +48,10 @@ type shard struct {
 	// hot are the shard's keys some instance called hot (until when, Unix
 	// ns), kept while they stay off the floor; nil while there are none.
 	hot map[keyhash.Hash]int64
+	// leases are the lease states of the shard's keys that went to leases
+	// (see leaseState); freeLeases the indexes of those freed.
+	leases     []leaseState
+	freeLeases []int32
 }
 
 // eachShard calls fn with each shard of z locked. The unlock is deferred, so
@@ -69,8 +74,10 @@ func newZone(prefix, name string, id int, slots window.Slots) *Zone {
 		storeSuffix: "}:" + strconv.FormatInt(slots.Len/1e6, 10) + "x" + strconv.FormatInt(slots.N, 10)}
 	z.maxKeys.Store(DefaultMaxKeys)
 	z.arena.ringLen = int(slots.N) + 1
+	z.arena.mem = new(offHeap)
+	// The arena's memory goes back once nothing reaches the zone.
+	runtime.AddCleanup(z, (*offHeap).release, z.arena.mem)
 	for i := range z.shards {
-		z.shards[i].entries = make(map[keyhash.Hash]int32)
 		z.shards[i].active = make(map[keyhash.Hash]int32)
 	}
 	return z
@@ -129,7 +136,7 @@ func (z *Zone) shardOf(h keyhash.Hash) *shard { return &z.shards[h.Lo&(shardCoun
 func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, *untrackedState) {
 	s := z.shardOf(h)
 	s.mu.Lock()
-	if i, ok := s.entries[h]; ok {
+	if _, i, ok := s.index.find(&z.arena, h); ok {
 		e, ring := z.arena.at(i)
 		return s, e, ring, nil
 	}
@@ -145,7 +152,7 @@ func (z *Zone) lock(h keyhash.Hash, now int64) (*shard, *entry, []uint32, *untra
 // track returns the state of h in a locked shard s, made now if the zone
 // has room for it (nil if not).
 func (z *Zone) track(s *shard, h keyhash.Hash, now int64) (*entry, []uint32) {
-	if i, ok := s.entries[h]; ok {
+	if _, i, ok := s.index.find(&z.arena, h); ok {
 		return z.arena.at(i)
 	}
 	if !z.reserveKey() {
@@ -176,9 +183,9 @@ func (z *Zone) reserveKey() bool {
 
 func (z *Zone) insert(s *shard, h keyhash.Hash, now int64) (*entry, []uint32) {
 	i := z.arena.alloc()
-	s.entries[h] = i
 	e, ring := z.arena.at(i)
-	e.init(now, z.slots)
+	e.init(h, now, z.slots)
+	s.index.insert(&z.arena, h, i)
 	clear(ring)
 	return e, ring
 }
@@ -187,19 +194,21 @@ func (z *Zone) insert(s *shard, h keyhash.Hash, now int64) (*entry, []uint32) {
 // admits are being pushed.
 func (z *Zone) toLease(s *shard, h keyhash.Hash, e *entry) {
 	e.flags |= flagLease
-	s.active[h] = s.entries[h]
+	_, s.active[h], _ = s.index.find(&z.arena, h)
+	s.leaseOf(e)
 }
 
 // toFloor puts the key h of the locked shard s back on its floor.
 func (z *Zone) toFloor(s *shard, h keyhash.Hash, e *entry) {
 	e.flags &^= flagLease
-	e.block, e.blockUntil = 0, 0
+	ls := s.lease(e)
+	ls.block, ls.blockUntil = 0, 0
 	delete(s.active, h)
 }
 
 // lookup returns the state of h in a locked shard s, or nil.
 func (z *Zone) lookup(s *shard, h keyhash.Hash) (*entry, []uint32) {
-	i, ok := s.entries[h]
+	_, i, ok := s.index.find(&z.arena, h)
 	if !ok {
 		return nil, nil
 	}
@@ -211,14 +220,16 @@ func (z *Zone) lookup(s *shard, h keyhash.Hash) (*entry, []uint32) {
 func (z *Zone) evict(now, idleTTL int64) {
 	ttl := max(idleTTL, 2*z.slots.N*z.slots.Len)
 	z.eachShard(func(s *shard) {
-		for h, idx := range s.entries {
-			e, _ := z.arena.at(idx)
-			if e.flags&flagQueued == 0 && now-e.lastSeen >= ttl && e.tat <= now {
-				delete(s.entries, h)
-				delete(s.active, h)
-				z.keys.Add(-1)
-				z.arena.free(idx)
+		s.index.sweep(&z.arena, func(idx int32) bool {
+			e := z.arena.entry(idx)
+			if e.flags&flagQueued != 0 || now-e.lastSeen() < ttl || e.tat > now {
+				return false
 			}
-		}
+			delete(s.active, e.hash)
+			s.dropLease(e)
+			z.keys.Add(-1)
+			z.arena.free(idx)
+			return true
+		})
 	})
 }

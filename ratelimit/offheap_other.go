@@ -1,0 +1,8 @@
+//go:build !unix
+
+package ratelimit
+
+// mapMemory is heap memory where there is no mmap.
+func mapMemory(n int) []byte { return make([]byte, n) }
+
+func unmapMemory([]byte) {}
