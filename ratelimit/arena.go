@@ -4,10 +4,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/fleetguard/fleetguard/internal/offheap"
 )
 
 // The arena stores a zone's entries and their slot rings in fixed chunks
-// addressed by index, outside the Go heap (see offHeap), so a tracked key
+// addressed by index, outside the Go heap (see internal/offheap), so a tracked key
 // costs its entry, its ring and a map slot, with no per-key allocation or
 // pointer for the collector to scan.
 // MaxKeys is the largest max_keys a zone takes.
@@ -29,7 +31,7 @@ type chunk struct {
 type arena struct {
 	ringLen int
 	chunks  [maxChunks]atomic.Pointer[chunk]
-	mem     *offHeap
+	mem     *offheap.Memory
 
 	mu    sync.Mutex // guards next and freed, taken only for a new key
 	next  int32
@@ -71,7 +73,7 @@ func (a *arena) alloc() int32 {
 const entryBytes = int(unsafe.Sizeof(entry{}))
 
 func (a *arena) newChunk() *chunk {
-	b := a.mem.alloc(chunkSize * (entryBytes + 4*a.ringLen))
+	b := a.mem.Alloc(chunkSize * (entryBytes + 4*a.ringLen))
 	return &chunk{
 		entries: (*[chunkSize]entry)(unsafe.Pointer(&b[0])),
 		rings:   unsafe.Slice((*uint32)(unsafe.Pointer(&b[chunkSize*entryBytes])), chunkSize*a.ringLen),

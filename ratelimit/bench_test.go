@@ -129,7 +129,7 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		heap = float64(after.HeapAlloc-before.HeapAlloc) / keys
-		offHeap = float64(z.arena.mem.size()) / keys
+		offHeap = float64(z.arena.mem.Size()) / keys
 		runtime.KeepAlive(e)
 	}
 	b.ReportMetric(heap+offHeap, "B/key")

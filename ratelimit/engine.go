@@ -79,8 +79,8 @@ type Engine struct {
 	solo         bool
 	maxInstances atomic.Int64
 	// fleetSlots is the fleet's max instances as the last heartbeat learned
-	// it (0: none yet): floors are sized by it, not by this instance's
-	// configuration, and lastMismatch is the last differing number logged.
+	// it (this instance's until then), and lastMismatch the last differing
+	// number logged.
 	fleetSlots, lastMismatch atomic.Int64
 	floors                   atomic.Bool
 
@@ -167,7 +167,7 @@ func NewEngine(o Options) (*Engine, error) {
 	e.slot.Store(-1)
 	passed := make(chan struct{})
 	e.passed.Store(&passed)
-	e.maxInstances.Store(int64(o.MaxInstances))
+	e.SetMaxInstances(o.MaxInstances)
 	e.SetSyncInterval(o.SyncInterval)
 	e.SetNearLimit(!o.FixedInterval)
 	e.healthy.Store(true)
@@ -185,27 +185,20 @@ func (e *Engine) SetSyncInterval(d time.Duration) {
 }
 
 // SetMaxInstances changes the number of instance slots (1 to 64; 0:
-// DefaultMaxInstances) from the next heartbeat on. Every instance of a fleet
-// must say the same: the floors of a fleet that disagrees do not add up.
+// DefaultMaxInstances) from the next heartbeat on (see learnSlots).
 func (e *Engine) SetMaxInstances(n int) {
 	if n <= 0 {
 		n = DefaultMaxInstances
 	}
 	e.maxInstances.Store(int64(min(n, 64)))
+	e.fleetSlots.CompareAndSwap(0, int64(min(n, 64)))
 }
 
 // MaxInstances is the number of instance slots this instance is
-// configured with.
+// configured with; floors are sized by the fleet's (slots).
 func (e *Engine) MaxInstances() int { return int(e.maxInstances.Load()) }
 
-// slots is the number of instance slots floors are sized by: the fleet's,
-// once a heartbeat has learned it.
-func (e *Engine) slots() int {
-	if n := e.fleetSlots.Load(); n > 0 {
-		return int(n)
-	}
-	return e.MaxInstances()
-}
+func (e *Engine) slots() int { return int(e.fleetSlots.Load()) }
 
 // SetNearLimit turns the floors on or off (see Options.FixedInterval).
 func (e *Engine) SetNearLimit(on bool) { e.floors.Store(on) }

@@ -4,13 +4,12 @@ import (
 	"unsafe"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/offheap"
 )
 
 // keyIndex finds a shard's keys in the zone's arena, where each entry holds
-// its key's hash. It replaces a map[keyhash.Hash]int32, whose slot (a 16 B
-// key and 4 B value padded to 24, its control byte, its growth headroom)
-// cost about 40 B of heap a key, twice that in RSS with the collector's
-// headroom. It is open addressing with linear probing over a power-of-two
+// its key's hash (a map[keyhash.Hash]int32 cost about 40 B of heap a key,
+// twice that in RSS). It is open addressing with linear probing over a power-of-two
 // table of 4 B slots, at most three quarters full, outside the heap once it
 // takes a page: 1 + the arena index in a slot's low indexBits (0: empty),
 // and a tag of the hash above them, so that a probe reads an entry only when
@@ -127,16 +126,16 @@ func (x *keyIndex) sweep(a *arena, drop func(i int32) bool) {
 
 // newSlots returns an empty table of n slots: on the heap while it is
 // smaller than a page, else outside it.
-func newSlots(mem *offHeap, n int) []uint32 {
+func newSlots(mem *offheap.Memory, n int) []uint32 {
 	if n*slotsBytes < pageBytes {
 		return make([]uint32, n)
 	}
-	b := mem.alloc(n * slotsBytes)
+	b := mem.Alloc(n * slotsBytes)
 	return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), n)
 }
 
-func freeSlots(mem *offHeap, s []uint32) {
+func freeSlots(mem *offheap.Memory, s []uint32) {
 	if len(s)*slotsBytes >= pageBytes {
-		mem.free(unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*slotsBytes))
+		mem.Free(unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*slotsBytes))
 	}
 }

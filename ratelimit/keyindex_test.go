@@ -5,13 +5,14 @@ import (
 	"testing"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/offheap"
 )
 
 // TestKeyIndexMatchesAMap inserts, finds, removes and sweeps random keys,
 // many sharing a home slot and a tag, against a map.
 func TestKeyIndexMatchesAMap(t *testing.T) {
-	a := &arena{ringLen: 1, mem: new(offHeap)}
-	defer a.mem.release()
+	a := &arena{ringLen: 1, mem: new(offheap.Memory)}
+	defer a.mem.Release()
 	var x keyIndex
 	want := map[keyhash.Hash]int32{}
 	rng := rand.New(rand.NewPCG(3, 4))

@@ -13,12 +13,10 @@ package ratelimit
 // With no room, the next call waits until askAt (Unix ns), when the room may
 // have grown.
 type leaseState struct {
-	blockUntil, askAt int64
-	block, room       int64
-	pushed            uint32
-	ahead             uint32
-	rate              float32 // requests per sync interval, averaged over calls
-	holders           uint16
+	blockUntil, askAt, block, room int64
+	pushed, ahead                  uint32
+	rate                           float32 // requests per sync interval, averaged over calls
+	holders                        uint16
 }
 
 // lease returns the lease state of en, which has one (a key on leases

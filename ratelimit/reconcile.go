@@ -161,10 +161,8 @@ func (e *Engine) safely(where string, work func()) {
 func (e *Engine) timedPass(early bool) {
 	defer safego.Recover("reconciler pass", e.onPanic)
 	if now := time.Now().UnixNano(); !early && now-e.lastBeat.Load() >= e.beatEvery() {
-		// A heartbeat renews the slot for as long as it lands before the
-		// record ends: a slow store (a loaded machine) is waited for up to
-		// half the record's life, not one pass's, so that the floors do not
-		// stop while the store still answers.
+		// A heartbeat is worth waiting for up to half its record's life,
+		// not a pass's: the floors must not stop while the store answers.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(e.staleAfter()/2))
 		e.heartbeat(ctx, now)
 		cancel()

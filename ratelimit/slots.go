@@ -78,16 +78,12 @@ func (e *Engine) heartbeat(ctx context.Context, now int64) {
 
 // learnSlots takes the fleet's max instances from a heartbeat. An instance
 // configured otherwise holds no slot (its floors would not add up with the
-// fleet's) and admits every key on leases until no slot is held under the
-// fleet's number; it says so once per number.
+// fleet's): it leases every key until none is held under the fleet's
+// number, and says so once.
 func (e *Engine) learnSlots(n int) {
 	e.fleetSlots.Store(int64(n))
-	if n == e.MaxInstances() {
-		e.lastMismatch.Store(0)
-		return
-	}
-	if e.lastMismatch.Swap(int64(n)) != int64(n) {
-		e.log.Warn("fleet max_instances differs from this instance's; taking no instance slot (every key on leases) until no instance holds one under the fleet's",
+	if n != e.MaxInstances() && e.lastMismatch.Swap(int64(n)) != int64(n) {
+		e.log.Warn("fleet max_instances differs from this instance's; every key on leases until no instance holds a slot under the fleet's",
 			zap.Int("configured", e.MaxInstances()), zap.Int("fleet", n))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/fleetguard/fleetguard/internal/keyhash"
+	"github.com/fleetguard/fleetguard/internal/offheap"
 	"github.com/fleetguard/fleetguard/window"
 )
 
@@ -74,9 +75,9 @@ func newZone(prefix, name string, id int, slots window.Slots) *Zone {
 		storeSuffix: "}:" + strconv.FormatInt(slots.Len/1e6, 10) + "x" + strconv.FormatInt(slots.N, 10)}
 	z.maxKeys.Store(DefaultMaxKeys)
 	z.arena.ringLen = int(slots.N) + 1
-	z.arena.mem = new(offHeap)
+	z.arena.mem = new(offheap.Memory)
 	// The arena's memory goes back once nothing reaches the zone.
-	runtime.AddCleanup(z, (*offHeap).release, z.arena.mem)
+	runtime.AddCleanup(z, (*offheap.Memory).Release, z.arena.mem)
 	for i := range z.shards {
 		z.shards[i].active = make(map[keyhash.Hash]int32)
 	}

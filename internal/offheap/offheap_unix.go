@@ -1,6 +1,6 @@
 //go:build unix
 
-package ratelimit
+package offheap
 
 import "syscall"
 

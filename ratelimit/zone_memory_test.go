@@ -22,14 +22,14 @@ func TestACollectedZoneGivesItsMemoryBack(t *testing.T) {
 		s.mu.Unlock()
 	}
 	mem := z.arena.mem
-	if mem.size() == 0 {
+	if mem.Size() == 0 {
 		t.Fatal("60000 keys took no memory outside the heap")
 	}
 	z = nil
 	deadline := time.Now().Add(5 * time.Second)
-	for mem.size() != 0 {
+	for mem.Size() != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes still mapped after the zone was collected", mem.size())
+			t.Fatalf("%d bytes still mapped after the zone was collected", mem.Size())
 		}
 		runtime.GC()
 		time.Sleep(10 * time.Millisecond)

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package ratelimit
+package offheap
 
 // mapMemory is heap memory where there is no mmap.
 func mapMemory(n int) []byte { return make([]byte, n) }
