@@ -10,12 +10,12 @@
 //
 // An admit, in the model's words:
 //
-//   - Slot. Every instance holds one of MaxInstances numbered instance
-//     slots, taken and renewed by its heartbeat (slots.lua). Its tenure of
-//     the slot is a life, named by when it began, with its floor usable at
-//     once. A slot released gracefully is free again within seconds; a dead
-//     holder's a window after its record's end, while its floor admits may
-//     count.
+//   - Slot. Every instance holds one of MaxInstances numbered slots (the
+//     store keeps the fleet's number), taken and renewed by its heartbeat
+//     (slots.lua). Its tenure of the slot is a life, named by when it began,
+//     with its floor usable at once. A slot released gracefully is free a
+//     settle later; a dead holder's a window after its record's end, while
+//     its floor admits may count.
 //   - Floor. A life may admit F = FloorFraction × events / MaxInstances of
 //     a key in any window on its own ring, with no store call. F does not
 //     depend on who else is live.
