@@ -165,6 +165,25 @@ func TestSlotStoreConformance(t *testing.T) {
 	}
 }
 
+// beater runs a case's beats on s's slot table tbl (hot keys hot), with
+// Keep 10 s, Settle 1 s and HotKeep 1 s, and MaxInstances 4 unless the beat
+// says; the hot keys come back sorted.
+func beater(t *testing.T, s SlotStore, tbl, hot string) func(Beat) SlotTable {
+	return func(b Beat) SlotTable {
+		t.Helper()
+		b.Keep, b.Settle, b.HotKeep = 10*time.Second, time.Second, time.Second
+		if b.MaxInstances == 0 {
+			b.MaxInstances = 4
+		}
+		st, err := s.Beat(context.Background(), tbl, hot, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.SortFunc(st.Hot, func(a, b HotKey) int { return strings.Compare(a.Key, b.Key) })
+		return st
+	}
+}
+
 // TestSlotTableConformance: every store hands out instance slots alike. A
 // newcomer takes the lowest free slot: never held, released flushed a settle
 // ago, or whose holder's floor admits no longer count (a keep after its end); each
@@ -173,18 +192,7 @@ func TestSlotStoreConformance(t *testing.T) {
 func TestSlotTableConformance(t *testing.T) {
 	for _, sc := range storeCases() {
 		t.Run(sc.name, func(t *testing.T) {
-			s := sc.setup(t)(t)
-			const tbl, hot = "st:slots:{fleet}", "st:hot:{fleet}"
-			beat := func(b Beat) SlotTable {
-				t.Helper()
-				b.Keep, b.Settle, b.MaxInstances, b.HotKeep = 10*time.Second, time.Second, 4, time.Second
-				st, err := s.Beat(context.Background(), tbl, hot, b)
-				if err != nil {
-					t.Fatal(err)
-				}
-				slices.SortFunc(st.Hot, func(a, b HotKey) int { return strings.Compare(a.Key, b.Key) })
-				return st
-			}
+			beat := beater(t, sc.setup(t)(t), "st:slots:{fleet}", "st:hot:{fleet}")
 			a := beat(Beat{Member: 11, Slot: -1, Now: t0, TTL: 2 * time.Second, Hot: []HotKey{{"k1", t0 + 1500}}})
 			if a.Slot != 0 || a.Life != t0 || a.Live != 1 || !slices.Equal(a.Hot, []HotKey{{"k1", t0 + 1500}}) || !slices.Equal(a.Lives, []int64{t0}) {
 				t.Fatalf("first: %+v", a)
@@ -229,17 +237,7 @@ func TestSlotTableConformance(t *testing.T) {
 func TestSlotTableKeepsTheFleetsMaxInstances(t *testing.T) {
 	for _, sc := range storeCases() {
 		t.Run(sc.name, func(t *testing.T) {
-			s := sc.setup(t)(t)
-			const tbl, hot = "mi:slots:{fleet}", "mi:hot:{fleet}"
-			beat := func(b Beat) SlotTable {
-				t.Helper()
-				b.Keep, b.Settle, b.HotKeep = 10*time.Second, time.Second, time.Second
-				st, err := s.Beat(context.Background(), tbl, hot, b)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return st
-			}
+			beat := beater(t, sc.setup(t)(t), "mi:slots:{fleet}", "mi:hot:{fleet}")
 			if a := beat(Beat{Member: 1, Slot: -1, Now: t0, TTL: 2 * time.Second, MaxInstances: 4}); a.Slot != 0 || a.Slots != 4 {
 				t.Fatalf("first: %+v, want slot 0 of 4", a)
 			}

@@ -31,16 +31,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -121,15 +118,13 @@ type churnCase struct {
 	restarted     atomic.Int64
 }
 
-// instance is one Caddy process slot: its ports, config and the process
-// running now (nil while it is down).
+// instance is one Caddy process slot: its ports, config and the process.
 type instance struct {
 	n            int
 	site, tiny   int // ports
 	admin        int
 	config, logf string
-	mu           sync.Mutex
-	cmd          *exec.Cmd
+	benchkit.Process
 }
 
 func (c *churnCase) run(ctx context.Context) error {
@@ -146,7 +141,7 @@ func (c *churnCase) run(ctx context.Context) error {
 	}
 	defer func() {
 		for _, in := range c.insts {
-			c.stop(in, syscall.SIGTERM)
+			in.Stop(syscall.SIGTERM)
 		}
 	}()
 	// The load starts once every instance has had time to take its slot.
@@ -306,7 +301,7 @@ func (c *churnCase) churn(ctx context.Context) {
 		case <-tick.C:
 		}
 		for _, in := range c.insts[len(c.insts)-*restarts:] {
-			c.stop(in, c.sig)
+			in.Stop(c.sig)
 			if err := c.start(ctx, in); err != nil && ctx.Err() == nil {
 				log.Printf("restarting instance %d: %v", in.n, err)
 			}
@@ -315,43 +310,10 @@ func (c *churnCase) churn(ctx context.Context) {
 	}
 }
 
+// start starts in's Caddy (its life named in CHURN_LIFE) and waits for its
+// site.
 func (c *churnCase) start(ctx context.Context, in *instance) error {
-	logf, err := os.OpenFile(in.logf, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(c.bin, "run", "--config", in.config, "--adapter", "caddyfile")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), fmt.Sprintf("CHURN_LIFE=%d", time.Now().UnixMilli()))
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	in.mu.Lock()
-	in.cmd = cmd
-	in.mu.Unlock()
-	// Up once its site accepts connections.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", in.tiny)); err == nil {
-			conn.Close()
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return errors.New("its site did not come up in 10 s")
-		}
-	}
-}
-
-func (c *churnCase) stop(in *instance, sig syscall.Signal) {
-	in.mu.Lock()
-	cmd := in.cmd
-	in.cmd = nil
-	in.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	_ = cmd.Wait()
+	return in.Start(ctx, c.bin, in.config, in.logf, in.tiny, fmt.Sprintf("CHURN_LIFE=%d", time.Now().UnixMilli()))
 }
 
 func (c *churnCase) caddyfile(in *instance) string {

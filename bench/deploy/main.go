@@ -27,10 +27,8 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -110,13 +108,11 @@ type fleet struct {
 	insts         []*instance
 }
 
-// instance is one Caddy process slot: its port and config, and the process
-// running now (nil while it is down).
+// instance is one Caddy process slot: its port and config, and the process.
 type instance struct {
 	port   int
 	config string
-	mu     sync.Mutex
-	cmd    *exec.Cmd
+	benchkit.Process
 }
 
 // run drives one case: the start phase, then the rolling restart.
@@ -126,7 +122,7 @@ func (f *fleet) run(ctx context.Context, l load, stats *redis.Client) error {
 	}
 	defer func() {
 		for _, in := range f.insts {
-			in.stop(syscall.SIGTERM)
+			in.Stop(syscall.SIGTERM)
 		}
 	}()
 	c := newClients(f, l)
@@ -158,7 +154,7 @@ func (f *fleet) run(ctx context.Context, l load, stats *redis.Client) error {
 		if i > 0 {
 			time.Sleep(*every)
 		}
-		in.stop(syscall.SIGTERM)
+		in.Stop(syscall.SIGTERM)
 		if err := f.start(ctx, in); err != nil {
 			c.note(err)
 		}
@@ -216,42 +212,9 @@ http://127.0.0.1:%d {
 	return nil
 }
 
-// start runs in's Caddy and returns once its site accepts connections.
+// start starts in's Caddy and waits for its site.
 func (f *fleet) start(ctx context.Context, in *instance) error {
-	logf, err := os.OpenFile(in.config+".log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(f.bin, "run", "--config", in.config, "--adapter", "caddyfile")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	in.mu.Lock()
-	in.cmd = cmd
-	in.mu.Unlock()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", in.port)); err == nil {
-			conn.Close()
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return errors.New("a site did not come up in 10 s")
-		}
-	}
-}
-
-// stop signals in's Caddy and waits for it to end.
-func (in *instance) stop(sig syscall.Signal) {
-	in.mu.Lock()
-	cmd := in.cmd
-	in.cmd = nil
-	in.mu.Unlock()
-	if cmd != nil {
-		_ = cmd.Process.Signal(sig)
-		_ = cmd.Wait()
-	}
+	return in.Start(ctx, f.bin, in.config, in.config+".log", in.port)
 }
 
 // commands is every command Redis has run but INFO itself.
