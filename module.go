@@ -73,7 +73,10 @@ type App struct {
 	// floor), and the rest goes by leases the store counts. Set it to the
 	// fleet's largest size: below it each floor is smaller than it could be
 	// (more store calls); past it the instances without a slot admit on
-	// leases only. Every instance of a fleet must say the same.
+	// leases only. Every instance of a fleet should say the same: the store
+	// keeps the number the held slots were taken under, and an instance
+	// that says otherwise takes no slot (every key on leases, and a warning
+	// logged) until none is held under it.
 	MaxInstances int `json:"max_instances,omitempty"`
 
 	engines  *engines
